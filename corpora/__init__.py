@@ -1,0 +1,10 @@
+"""Corpora: text sources, tokenizers, and the training / evaluation windows over a token stream."""
+from corpora.batching import EvalWindows, eval_batches, train_batch
+from corpora.builtin import builtin_lines
+from corpora.sources import DataError, load_lines
+from corpora.tokenizers import (ByteTokenizer, WordTokenizer, build_tokenizer, count_words,
+                                load_tokenizer, save_tokenizer)
+
+__all__ = ["EvalWindows", "eval_batches", "train_batch", "builtin_lines", "DataError", "load_lines",
+           "ByteTokenizer", "WordTokenizer", "build_tokenizer", "count_words", "load_tokenizer",
+           "save_tokenizer"]

@@ -1,0 +1,96 @@
+"""Tokenizers: byte-level and word-level (vocabulary from the train split, as fairseq builds it).
+
+Both turn a list of lines into one flat stream with an end-of-line token after every line.
+"""
+from __future__ import annotations
+
+import collections
+import json
+import pathlib
+from typing import Iterable
+
+import numpy as np
+
+TOKENIZERS = ("byte", "word")
+
+
+class ByteTokenizer:
+    """UTF-8 bytes; the end-of-line token is the newline byte."""
+    kind = "byte"
+    vocab_size = 256
+    eos_id = ord("\n")
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        data = "".join(line + "\n" for line in lines).encode("utf-8")
+        return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+    def to_json(self) -> dict:
+        return {"kind": "byte"}
+
+
+class WordTokenizer:
+    """Whitespace-separated words; ids by descending train-split frequency, then alphabetically.
+
+    Id 0 is `<eos>` (end of line), id 1 `<unk>` (words not in the vocabulary, and WikiText's own
+    `<unk>` token). `max_size` > 0 keeps only the most frequent words.
+    """
+    kind = "word"
+    EOS, UNK = "<eos>", "<unk>"
+    eos_id, unk_id = 0, 1
+
+    def __init__(self, words: list[str]):
+        self.words = [self.EOS, self.UNK] + [w for w in words if w not in (self.EOS, self.UNK)]
+        self.index = {w: i for i, w in enumerate(self.words)}
+
+    @classmethod
+    def from_lines(cls, lines: Iterable[str], max_size: int = 0) -> "WordTokenizer":
+        counts = collections.Counter(w for line in lines for w in line.split())
+        ranked = sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))
+        words = [w for w, _ in ranked]
+        return cls(words[: max_size - 2] if max_size else words)
+
+    @property
+    def vocab_size(self) -> int:
+        return len(self.words)
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        index, unk, eos = self.index, self.unk_id, self.eos_id
+        ids: list[int] = []
+        for line in lines:
+            ids.extend(index.get(w, unk) for w in line.split())
+            ids.append(eos)
+        return np.asarray(ids, dtype=np.int32)
+
+    def to_json(self) -> dict:
+        return {"kind": "word", "words": self.words[2:]}
+
+
+def build_tokenizer(kind: str, train_lines: list[str] | None = None, max_vocab: int = 0):
+    if kind == "byte":
+        return ByteTokenizer()
+    if kind == "word":
+        if train_lines is None:
+            raise ValueError("a word tokenizer needs the train split to build its vocabulary")
+        return WordTokenizer.from_lines(train_lines, max_vocab)
+    raise ValueError(f"unknown tokenizer {kind!r}; valid: {', '.join(TOKENIZERS)}")
+
+
+def save_tokenizer(tokenizer, path: pathlib.Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(tokenizer.to_json()))
+    tmp.replace(path)
+
+
+def load_tokenizer(path: pathlib.Path):
+    spec = json.loads(pathlib.Path(path).read_text())
+    if spec["kind"] == "byte":
+        return ByteTokenizer()
+    if spec["kind"] == "word":
+        return WordTokenizer(spec["words"])
+    raise ValueError(f"unknown tokenizer kind {spec['kind']!r} in {path}")
+
+
+def count_words(lines: Iterable[str]) -> int:
+    """Word-level token count of a split: whitespace words plus one end-of-line per line, the
+    denominator of word-level perplexity (WikiText-103 valid: 217,646)."""
+    return sum(len(line.split()) + 1 for line in lines)

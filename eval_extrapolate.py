@@ -1,0 +1,34 @@
+"""Perplexity at many lengths: python eval_extrapolate.py --workdir DIR [--lengths 64,128] [--stride S]
+
+Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
+(each window re-encodes L_valid - S tokens of context and scores S new ones). Results are merged
+into DIR/eval/extrapolation.json.
+"""
+from absl import app, flags
+
+from experiment import evaluate
+from experiment.cli import parse_flags, run_cleanly
+
+flags.DEFINE_string("workdir", None, "run directory with a checkpoint")
+flags.DEFINE_list("lengths", None, "evaluation lengths (default: the run's config.eval.lengths)")
+flags.DEFINE_integer("stride", 0, "sliding-window stride; 0 = nonoverlapping")
+flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (default: config.eval.split)")
+flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
+flags.mark_flags_as_required(["workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+
+    def go():
+        lengths = [int(x) for x in FLAGS.lengths] if FLAGS.lengths else None
+        for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens):
+            extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
+            print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
+                  f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
+    run_cleanly(go)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

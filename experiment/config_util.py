@@ -1,0 +1,57 @@
+"""Config helpers shared by the entry points: resolve derived values, save and load config.json."""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import ml_collections
+
+import posenc
+
+
+def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
+    """Fill derived values (evaluation lengths from multiples of the training length) and check
+    the few things that would otherwise fail deep inside JAX."""
+    config = ml_collections.ConfigDict(config.to_dict())
+    posenc.get(config.posenc.name)  # unknown scheme -> ValueError with the valid names
+    if not config.eval.get("lengths"):
+        config.eval.lengths = [int(m * config.train.seq_len) for m in config.eval.length_multipliers]
+    config.eval.lengths = [int(x) for x in _as_list(config.eval.lengths)]
+    return config
+
+
+def _as_list(value) -> list:
+    if isinstance(value, str):
+        return [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+    if isinstance(value, (int, float)):
+        return [value]
+    return list(value)
+
+
+def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=list))
+    tmp.replace(path)
+
+
+def load_config(path: pathlib.Path) -> ml_collections.ConfigDict:
+    return ml_collections.ConfigDict(json.loads(pathlib.Path(path).read_text()))
+
+
+# Keys that may differ when an existing run is resumed; anything else must match config.json.
+RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.checkpoint_every", "eval")
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts (ignoring RESUMABLE_KEYS)."""
+    diffs = []
+    for key in sorted(set(old) | set(new)):
+        dotted = f"{prefix}{key}"
+        if any(dotted == k or dotted.startswith(k + ".") for k in RESUMABLE_KEYS):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, dotted + ".")
+        elif (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+            diffs.append(f"{dotted}: {a!r} -> {b!r}")
+    return diffs

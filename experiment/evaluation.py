@@ -1,0 +1,147 @@
+"""Perplexity at many evaluation lengths (the protocol of Press et al. 2022, see corpora.batching).
+
+Results go to `WORKDIR/eval/extrapolation.json`: a list of records, one per (split, eval_length,
+stride), merged with what the file already holds.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import optax
+from flax import nnx
+from tqdm.auto import tqdm
+
+import corpora
+import posenc
+from experiment import checkpoints, config_util
+from experiment.training import ConfigError, build_model
+
+log = logging.getLogger(__name__)
+
+POSITION_BINS = 64  # per-position loss is stored in at most this many equal-width bins
+MAX_LOGITS_BYTES = 1 << 30
+MAX_SCORES_BYTES = 1 << 30
+
+
+def eval_batch_size(length: int, vocab_size: int, num_heads: int, batch_tokens: int) -> int:
+    """Windows per batch: `batch_tokens` tokens, fewer if the logits (B*L*V) or the dense attention
+    scores (B*H*L*L) would pass 1 GiB; never fewer than one window."""
+    by_tokens = batch_tokens // length
+    by_logits = MAX_LOGITS_BYTES // (4 * length * vocab_size)
+    by_scores = MAX_SCORES_BYTES // (4 * num_heads * length * length)
+    return max(1, min(by_tokens, by_logits, by_scores))
+
+
+def _require_run(workdir: pathlib.Path) -> None:
+    if not (workdir / "config.json").exists():
+        raise ConfigError(f"{workdir} is not a run directory (no config.json); train first: "
+                          f"python train.py --config configs/demo.py --workdir {workdir}")
+    ckpt = workdir / "checkpoints"
+    if not ckpt.exists() or checkpoints.manager(workdir).latest_step() is None:
+        raise ConfigError(f"{workdir} has no checkpoint yet; train first (the same train.py command "
+                          f"resumes an interrupted run)")
+
+
+def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
+    old = json.loads(path.read_text()) if path.exists() else []
+    key = lambda r: (r.get("split"), r["eval_length"], r["stride"])
+    merged = {key(r): r for r in old}
+    merged.update({key(r): r for r in new})
+    records = sorted(merged.values(), key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(records, indent=1))
+    tmp.replace(path)
+    return records
+
+
+def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int = 0,
+             split: str | None = None, batch_tokens: int | None = None,
+             skip_impossible: bool = False) -> list[dict]:
+    """Evaluate the run's latest checkpoint at each length; stride 0 = nonoverlapping.
+
+    A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
+    `skip_impossible` (sweeps that include a learned table)."""
+    workdir = pathlib.Path(workdir)
+    _require_run(workdir)
+    config = config_util.load_config(workdir / "config.json")
+    lengths = [int(x) for x in (lengths or config.eval.lengths)]
+    split = split or config.eval.split
+    batch_tokens = batch_tokens or config.eval.batch_tokens
+    if any(l < 1 for l in lengths):
+        raise ValueError(f"evaluation lengths must be positive, got {lengths}")
+    if stride and stride > min(lengths):
+        raise ValueError(f"stride {stride} is longer than evaluation length {min(lengths)}; "
+                         f"pass --stride <= {min(lengths)} (or 0 for nonoverlapping)")
+
+    tokenizer = corpora.load_tokenizer(workdir / "tokenizer.json")
+    model = build_model(config, tokenizer.vocab_size)
+    for length in list(lengths):
+        try:
+            model.scheme.check_length(length)
+        except posenc.LengthError as e:
+            if not skip_impossible:
+                raise
+            log.warning("skipping eval length %d: %s", length, e)
+            lengths.remove(length)
+    graphdef, params = nnx.split(model)
+    mngr = checkpoints.manager(workdir)
+    params, _, meta = checkpoints.restore(mngr, params)
+    lines = corpora.load_lines(config.data, split)
+    stream = tokenizer.encode_lines(lines)
+    words = corpora.count_words(lines)
+
+    @jax.jit
+    def score(params, inputs, targets, weights):
+        logits = nnx.merge(graphdef, params)(inputs)
+        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights
+        return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
+
+    results = []
+    for length in lengths:
+        s = stride or length
+        batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens)
+        windows = corpora.EvalWindows(len(stream), length, s)
+        total, count = 0.0, 0.0
+        pos_nll, pos_count = np.zeros(length), np.zeros(length)
+        t0 = time.perf_counter()
+        for inputs, targets, weights in tqdm(
+                corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
+                total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
+                unit="batch", dynamic_ncols=True, disable=None, leave=False):
+            nll_sum, nll_pos, w_pos = jax.device_get(score(params, inputs, targets, weights))
+            total += float(nll_sum)
+            pos_nll += nll_pos
+            pos_count += w_pos
+            count += float(w_pos.sum())
+        elapsed = time.perf_counter() - t0
+        nll = total / count
+        record = {"scheme": config.posenc.name, "train_length": int(config.train.seq_len),
+                  "eval_length": length, "stride": s, "split": split, "tokens": int(count),
+                  "nll": nll, "ppl": math.exp(nll), "tokenizer": tokenizer.kind,
+                  "step": int(meta["step"]), "tokens_per_s": count / elapsed,
+                  "position_nll": _binned(pos_nll, pos_count)}
+        if tokenizer.kind != "word":
+            record.update(words=words, word_ppl=math.exp(total / words))
+        log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
+        results.append(record)
+    _merge_results(workdir / "eval" / "extrapolation.json", results)
+    return results
+
+
+def _binned(nll_sum: np.ndarray, counts: np.ndarray) -> list[list[float]]:
+    """[[first position, last position, mean nll], ...] in at most POSITION_BINS equal bins."""
+    edges = np.unique(np.linspace(0, len(nll_sum), POSITION_BINS + 1).astype(int))
+    out = []
+    for a, b in zip(edges[:-1], edges[1:]):
+        c = counts[a:b].sum()
+        if c > 0:
+            out.append([int(a), int(b - 1), float(nll_sum[a:b].sum() / c)])
+    return out

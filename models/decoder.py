@@ -1,0 +1,139 @@
+"""A pre-LayerNorm decoder-only language model in Flax NNX.
+
+Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causal attention ->
+residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
+module shared by every layer unless its class sets `per_layer = True`.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import posenc
+from models.attention import dense_attention
+
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
+DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelConfig:
+    vocab_size: int
+    num_layers: int = 4
+    d_model: int = 128
+    num_heads: int = 4
+    mlp_dim: int = 512
+    activation: str = "gelu"
+    dropout: float = 0.0            # on embeddings, attention output and MLP output
+    attention_dropout: float = 0.0  # on attention probabilities
+    activation_dropout: float = 0.0 # inside the MLP
+    tie_embeddings: bool = True
+    dtype: str = "float32"          # compute dtype; parameters stay float32
+
+    @classmethod
+    def from_config(cls, model_cfg: Any, vocab_size: int) -> "ModelConfig":
+        fields = {f.name for f in dataclasses.fields(cls)} - {"vocab_size"}
+        given = dict(model_cfg)
+        unknown = set(given) - fields
+        if unknown:
+            raise ValueError(f"unknown model option(s) {sorted(unknown)}; valid: {sorted(fields)}")
+        cfg = cls(vocab_size=vocab_size, **given)
+        if cfg.d_model % cfg.num_heads:
+            raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
+        if cfg.activation not in ACTIVATIONS:
+            raise ValueError(f"unknown model.activation {cfg.activation!r}; valid: {sorted(ACTIVATIONS)}")
+        if cfg.dtype not in DTYPES:
+            raise ValueError(f"unknown model.dtype {cfg.dtype!r}; valid: {sorted(DTYPES)}")
+        return cfg
+
+
+def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
+    """Inverted dropout; the identity when `key` is None (evaluation) or rate is 0."""
+    if key is None or rate == 0.0:
+        return x
+    keep = jax.random.bernoulli(key, 1.0 - rate, x.shape)
+    return jnp.where(keep, x / (1.0 - rate), 0).astype(x.dtype)
+
+
+def _split(key, n):
+    return [None] * n if key is None else list(jax.random.split(key, n))
+
+
+class Attention(nnx.Module):
+    def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        self.scheme = scheme
+        self.head_dim = cfg.d_model // cfg.num_heads
+        dtype = DTYPES[cfg.dtype]
+        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype, rngs=rngs)
+        self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x_BxTxD, positions_BxT, key=None):
+        b, t, _ = x_BxTxD.shape
+        qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
+        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
+        out = dense_attention(q, k, v, positions_BxT, positions_BxT, self.scheme, mask_TxT,
+                              self.cfg.attention_dropout, key)
+        return self.out(out.reshape(b, t, self.cfg.d_model))
+
+
+class Block(nnx.Module):
+    def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = DTYPES[cfg.dtype]
+        self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+        self.attn = Attention(cfg, scheme, rngs=rngs)
+        self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+        self.fc1 = nnx.Linear(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
+        self.fc2 = nnx.Linear(cfg.mlp_dim, cfg.d_model, dtype=dtype, rngs=rngs)
+
+    def __call__(self, x_BxTxD, positions_BxT, key=None):
+        k_attn, k_res1, k_act, k_res2 = _split(key, 4)
+        x_BxTxD = x_BxTxD + dropout(self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn),
+                                    self.cfg.dropout, k_res1)
+        h = ACTIVATIONS[self.cfg.activation](self.fc1(self.ln2(x_BxTxD)))
+        h = dropout(h, self.cfg.activation_dropout, k_act)
+        return x_BxTxD + dropout(self.fc2(h), self.cfg.dropout, k_res2)
+
+
+class DecoderLM(nnx.Module):
+    """`model(tokens_BxT) -> logits_BxTxV`; positions default to 0 .. T-1 for every row."""
+
+    def __init__(self, cfg: ModelConfig, posenc_cfg: Any, train_length: int, *, rngs: nnx.Rngs):
+        self.cfg = cfg
+        dtype = DTYPES[cfg.dtype]
+        dims = posenc.ModelDims(d_model=cfg.d_model, num_heads=cfg.num_heads,
+                                head_dim=cfg.d_model // cfg.num_heads, num_layers=cfg.num_layers,
+                                train_length=train_length)
+        scheme_cls = posenc.get(posenc_cfg["name"])
+        per_layer = getattr(scheme_cls, "per_layer", False)
+        self.scheme = posenc.build(posenc_cfg, dims, rngs=rngs)
+        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
+                               embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5))
+        self.blocks = nnx.List([
+            Block(cfg, posenc.build(posenc_cfg, dims, rngs=rngs) if per_layer else self.scheme, rngs=rngs)
+            for _ in range(cfg.num_layers)])
+        self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+        if not cfg.tie_embeddings:
+            self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+
+    def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
+                 dropout_key: jax.Array | None = None) -> jax.Array:
+        b, t = tokens_BxT.shape
+        if positions_BxT is None:
+            self.scheme.check_length(t)
+            positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        keys = _split(dropout_key, self.cfg.num_layers + 1)
+        x = self.embed(tokens_BxT) * self.cfg.d_model ** 0.5
+        x = dropout(self.scheme.embed(x, positions_BxT), self.cfg.dropout, keys[0])
+        for block, key in zip(self.blocks, keys[1:]):
+            x = block(x, positions_BxT, key)
+        x = self.ln_f(x)
+        if self.cfg.tie_embeddings:
+            return self.embed.attend(x).astype(jnp.float32)
+        return self.unembed(x).astype(jnp.float32)

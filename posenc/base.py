@@ -1,0 +1,127 @@
+"""The positional-scheme interface and its registry.
+
+A scheme is an `nnx.Module` registered by name. It overrides only the hooks it needs; the defaults
+below are the identity (or `None`, meaning "no contribution"). Every hook takes explicit integer
+positions, never "the length seen so far", so that sliding windows, offsets and interpolation are
+just different position arrays. `bias` works on one (query block, key block) tile so that blockwise
+attention can call it per tile without a full T x T matrix ever existing outside attention.
+"""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any, ClassVar
+
+import jax
+from flax import nnx
+import ml_collections
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelDims:
+    """What a scheme may need to know about the model it sits in."""
+    d_model: int
+    num_heads: int
+    head_dim: int
+    num_layers: int
+    train_length: int  # the training sequence length L
+
+
+class LengthError(ValueError):
+    """A scheme cannot evaluate at the requested length; the message names the option that fixes it."""
+
+
+@dataclasses.dataclass(frozen=True)
+class NoOptions:
+    """A scheme without options."""
+
+
+class Scheme(nnx.Module):
+    """Base class: every hook is a no-op. Subclasses set `Options` (a frozen dataclass of defaults)."""
+
+    name: ClassVar[str] = ""
+    family: ClassVar[str] = ""        # "absolute" | "relative" | "none" | ...
+    citation: ClassVar[str] = ""
+    Options: ClassVar[type] = NoOptions
+
+    def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
+        self.options = options
+        self.dims = dims
+
+    # --- hooks -------------------------------------------------------------------------------------
+    def embed(self, x_BxTxD: jax.Array, positions_BxT: jax.Array) -> jax.Array:
+        """Token embeddings -> embeddings with absolute position information."""
+        return x_BxTxD
+
+    def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        """Per layer, before the dot product (RoPE and its relatives)."""
+        return q_BxTxHxK, k_BxSxHxK
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
+        """Additive logits bias for one tile, broadcastable to B x H x T x S (after 1/sqrt(d))."""
+        return None
+
+    def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
+        """A term added to the attention output, B x T x H x K, computed from the tile's probabilities."""
+        return None
+
+    def logit_scale(self, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
+        """Multiplier of the logits, broadcastable to B x H x T x S (per query)."""
+        return None
+
+    def check_length(self, length: int) -> None:
+        """Raise `LengthError` if positions 0 .. length-1 cannot be encoded."""
+
+
+_REGISTRY: dict[str, type[Scheme]] = {}
+
+
+def register(name: str):
+    """Class decorator: `@register("alibi")`."""
+    def wrap(cls: type[Scheme]) -> type[Scheme]:
+        if name in _REGISTRY:
+            raise ValueError(f"positional scheme {name!r} is registered twice")
+        if not dataclasses.is_dataclass(cls.Options):
+            raise TypeError(f"{cls.__name__}.Options must be a frozen dataclass")
+        cls.name = name
+        _REGISTRY[name] = cls
+        return cls
+    return wrap
+
+
+def names() -> list[str]:
+    """Every registered scheme, sorted."""
+    return sorted(_REGISTRY)
+
+
+def get(name: str) -> type[Scheme]:
+    """The scheme class registered as `name`; unknown names raise a ValueError listing the valid ones."""
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        raise ValueError(
+                f"unknown positional scheme {name!r}; registered schemes: {', '.join(names())}") from None
+
+
+def default_config(name: str = "alibi") -> ml_collections.ConfigDict:
+    """`posenc` config block: the chosen `name` plus one sub-block of defaults per registered scheme,
+    so that `--config.posenc.name=rope --config.posenc.rope.base=500000` works from any config."""
+    get(name)
+    cfg = ml_collections.ConfigDict({"name": name})
+    for scheme_name, cls in sorted(_REGISTRY.items()):
+        fields = {f.name: getattr(cls.Options(), f.name) for f in dataclasses.fields(cls.Options)}
+        if fields:
+            cfg[scheme_name] = fields
+    return cfg
+
+
+def build(posenc_cfg: Any, dims: ModelDims, *, rngs: nnx.Rngs) -> Scheme:
+    """Instantiate the scheme named in a `posenc` config block (ConfigDict or plain dict)."""
+    name = posenc_cfg["name"]
+    cls = get(name)
+    given = dict(posenc_cfg.get(name, None) or {})
+    valid = {f.name for f in dataclasses.fields(cls.Options)}
+    unknown = set(given) - valid
+    if unknown:
+        raise ValueError(f"unknown option(s) {sorted(unknown)} for positional scheme {name!r}; "
+                                          f"valid options: {sorted(valid) or 'none'}")
+    return cls(cls.Options(**given), dims, rngs=rngs)

@@ -1,0 +1,34 @@
+"""Run a grid and report: python sweep.py --config configs/demo.py --schemes sinusoidal,rope,alibi
+[--train_lengths 64,128] --workdir runs/demo [--config.a.b=v ...]
+
+Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
+interrupted ones resume; the plot and table go to WORKDIR/report.
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiment.cli import parse_flags, run_cleanly
+from experiment.sweep import sweep
+
+config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
+flags.DEFINE_list("schemes", None, "positional schemes to train (default: the config's posenc.name)")
+flags.DEFINE_list("train_lengths", None, "training lengths (default: the config's train.seq_len)")
+flags.DEFINE_string("workdir", None, "root folder; one sub-folder per run")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+
+    def go():
+        schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
+        lengths = [int(x) for x in FLAGS.train_lengths] if FLAGS.train_lengths else []
+        paths = sweep(FLAGS.config, schemes, lengths, FLAGS.workdir)
+        print(f"report: {paths['png']} and {paths['md']}")
+        print(open(paths["md"]).read())
+    run_cleanly(go)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,25 @@
+"""Train one run: python train.py --config configs/demo.py[:scheme] [--config.a.b=v ...] --workdir DIR
+
+The same command on an existing DIR resumes from its last checkpoint. Once training is complete
+the run is evaluated at config.eval.lengths (eval/extrapolation.json).
+"""
+from absl import app, flags
+from ml_collections import config_flags
+
+from experiment import train_and_evaluate
+from experiment.cli import parse_flags, run_cleanly
+
+config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
+flags.DEFINE_string("workdir", None, "run directory (created, or resumed if it exists)")
+flags.DEFINE_integer("max_steps", None, "stop after this many steps in this call (resume later)")
+flags.mark_flags_as_required(["config", "workdir"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    run_cleanly(lambda: train_and_evaluate(FLAGS.config, FLAGS.workdir, max_steps=FLAGS.max_steps))
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)
