@@ -22,7 +22,7 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                    tie_embeddings=True, dtype="float32")
     c.posenc = posenc.default_config(arg or "alibi")
-    c.train = dict(seq_len=64, batch_size=32, steps=1200, lr=2e-3, warmup_steps=100,
+    c.train = dict(seq_len=64, batch_size=32, steps=600, lr=2e-3, warmup_steps=100,
                    min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, grad_clip=1.0,
                    log_every=50, checkpoint_every=200)
     c.eval = dict(lengths=(), length_multipliers=(1, 2, 4, 8, 16), stride=0, split="valid",

@@ -14,7 +14,6 @@ import time
 import jax
 import jax.numpy as jnp
 import numpy as np
-import optax
 from flax import nnx
 from tqdm.auto import tqdm
 
@@ -100,8 +99,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
 
     @jax.jit
     def score(params, inputs, targets, weights):
-        logits = nnx.merge(graphdef, params)(inputs)
-        nll = optax.softmax_cross_entropy_with_integer_labels(logits, targets) * weights
+        nll = nnx.merge(graphdef, params).token_nll(inputs, targets) * weights
         return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
 
     results = []

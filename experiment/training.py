@@ -86,25 +86,17 @@ def lr_at(train_cfg, step: int) -> float:
         train_cfg.lr * train_cfg.min_lr_ratio)(step))
 
 
-def cross_entropy(logits_BxTxV, targets_BxT, weights_BxT=None):
-    nll = optax.softmax_cross_entropy_with_integer_labels(logits_BxTxV.astype(jnp.float32), targets_BxT)
-    if weights_BxT is None:
-        return nll.mean()
-    return (nll * weights_BxT).sum() / jnp.maximum(weights_BxT.sum(), 1.0)
-
-
 def make_train_step(graphdef, tx, dropout_seed: int):
     def train_step(params, opt_state, inputs_BxT, targets_BxT, step):
         key = jax.random.fold_in(jax.random.key(dropout_seed), step)
 
         def loss_fn(p):
-            logits = nnx.merge(graphdef, p)(inputs_BxT, dropout_key=key)
-            return cross_entropy(logits, targets_BxT)
+            return nnx.merge(graphdef, p).token_nll(inputs_BxT, targets_BxT, dropout_key=key).mean()
 
         loss, grads = jax.value_and_grad(loss_fn)(params)
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
-        return params, opt_state, {"loss": loss, "grad_norm": optax.global_norm(grads)}
+        return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return jax.jit(train_step, donate_argnums=(0, 1))
 
 

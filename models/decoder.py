@@ -122,8 +122,9 @@ class DecoderLM(nnx.Module):
         if not cfg.tie_embeddings:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
-    def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
-                 dropout_key: jax.Array | None = None) -> jax.Array:
+    def hidden(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
+               dropout_key: jax.Array | None = None) -> jax.Array:
+        """The final (normalised) hidden states, B x T x D."""
         b, t = tokens_BxT.shape
         if positions_BxT is None:
             self.scheme.check_length(t)
@@ -133,7 +134,20 @@ class DecoderLM(nnx.Module):
         x = dropout(self.scheme.embed(x, positions_BxT), self.cfg.dropout, keys[0])
         for block, key in zip(self.blocks, keys[1:]):
             x = block(x, positions_BxT, key)
-        x = self.ln_f(x)
+        return self.ln_f(x)
+
+    def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
+                 dropout_key: jax.Array | None = None) -> jax.Array:
+        """Logits over the vocabulary, B x T x V, float32."""
+        x = self.hidden(tokens_BxT, positions_BxT, dropout_key)
         if self.cfg.tie_embeddings:
             return self.embed.attend(x).astype(jnp.float32)
         return self.unembed(x).astype(jnp.float32)
+
+    def token_nll(self, tokens_BxT: jax.Array, targets_BxT: jax.Array,
+                  positions_BxT: jax.Array | None = None,
+                  dropout_key: jax.Array | None = None) -> jax.Array:
+        """Negative log-likelihood of each target, B x T, float32 (what training and evaluation use)."""
+        logits = self(tokens_BxT, positions_BxT, dropout_key)
+        log_z = jax.nn.logsumexp(logits, axis=-1)
+        return log_z - jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]

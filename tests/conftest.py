@@ -1,0 +1,38 @@
+"""Shared fixtures: a tiny config of the demo and the path of the shared WikiText data."""
+from __future__ import annotations
+
+import os
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+REPO = pathlib.Path(__file__).resolve().parents[1]
+SHARED_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext"
+
+
+def tiny_config(scheme: str = "alibi"):
+    from configs import demo
+    c = demo.get_config(scheme)
+    c.model.update(dict(num_layers=2, d_model=32, num_heads=4, mlp_dim=64))
+    c.train.update(dict(seq_len=16, batch_size=8, steps=6, log_every=1, checkpoint_every=2,
+                        warmup_steps=2, lr=3e-3))
+    c.eval.update(dict(length_multipliers=(1, 2), batch_tokens=4096))
+    return c
+
+
+def run_entry(*args: str, env: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    """Run an entry point (train.py, eval_extrapolate.py, ...) as a user would."""
+    full_env = {**os.environ, **(env or {})}
+    full_env.pop("LX_TRACEBACK", None)
+    return subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True,
+                          env=full_env, timeout=timeout)
+
+
+@pytest.fixture
+def wikitext103():
+    folder = SHARED_WIKITEXT / "wikitext-103"
+    if not (folder / "wiki.valid.tokens").exists():
+        pytest.skip("../shared/data/wikitext is not present")
+    return folder

@@ -1,0 +1,114 @@
+"""Training: falling loss for every scheme, exact resume, data parallelism, and the end-to-end run."""
+import json
+import os
+import pathlib
+import sys
+
+import numpy as np
+import pytest
+
+import posenc
+from experiment import evaluate, train, train_and_evaluate, write_report
+from experiment import training as training_module
+from tests.conftest import REPO, run_entry, tiny_config
+
+
+def losses(workdir):
+    return [json.loads(l)["loss"] for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
+
+
+@pytest.mark.parametrize("name", posenc.names())
+def test_loss_is_finite_and_falls(name, tmp_path):
+    config = tiny_config(name)
+    config.train.update(dict(steps=12, checkpoint_every=100, log_every=3, warmup_steps=3, lr=1e-2))
+    train(config, tmp_path)
+    curve = losses(tmp_path)
+    assert len(curve) == 4 and all(np.isfinite(curve))
+    assert curve[-1] < curve[0] - 0.3, curve
+
+
+def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
+    config = tiny_config("alibi")
+    straight = tmp_path / "straight"
+    train(config, straight)
+
+    # Interrupt the second run at step 3 as Ctrl-C would: a checkpoint is written at step 3.
+    resumed = tmp_path / "resumed"
+    real_batch = training_module.corpora.train_batch
+
+    def interrupting_batch(stream, step, *args):
+        if step == 3:
+            raise KeyboardInterrupt
+        return real_batch(stream, step, *args)
+
+    monkeypatch.setattr(training_module.corpora, "train_batch", interrupting_batch)
+    with pytest.raises(KeyboardInterrupt):
+        train(config, resumed)
+    monkeypatch.setattr(training_module.corpora, "train_batch", real_batch)
+    assert (resumed / "checkpoints" / "3").exists()
+    assert len(losses(resumed)) == 3
+
+    summary = train_and_evaluate(config, resumed)  # the same call resumes, then evaluates
+    assert summary["done"] and summary["step"] == 6
+    np.testing.assert_array_equal(losses(resumed), losses(straight))
+
+    records = json.loads((resumed / "eval" / "extrapolation.json").read_text())
+    assert [r["eval_length"] for r in records] == [16, 32]
+    for r in records:
+        assert {"scheme", "train_length", "eval_length", "stride", "tokens", "nll", "ppl"} <= set(r)
+        assert r["scheme"] == "alibi" and r["train_length"] == 16 and r["stride"] == r["eval_length"]
+        assert r["ppl"] == pytest.approx(np.exp(r["nll"])) and r["ppl"] < 256
+    assert records[0]["tokens"] == records[1]["tokens"] > 10_000
+
+    sliding = evaluate(resumed, [32], stride=8)
+    assert sliding[0]["tokens"] == records[0]["tokens"]
+    assert len(json.loads((resumed / "eval" / "extrapolation.json").read_text())) == 3  # merged
+
+    paths = write_report([resumed, straight] if (straight / "eval").exists() else [resumed], tmp_path / "report")
+    assert pathlib.Path(paths["png"]).stat().st_size > 10_000
+    table = pathlib.Path(paths["md"]).read_text()
+    assert "| 32 |" in table and f"{records[1]['ppl']:.2f}" in table and "stride 8" in table
+
+
+def test_max_steps_slices_a_run(tmp_path):
+    config = tiny_config("rope")
+    first = train(config, tmp_path, max_steps=2)
+    assert first == {**first, "step": 2, "done": False}
+    second = train(config, tmp_path)
+    assert second["step"] == 6 and second["done"]
+    assert [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+
+
+def test_resume_refuses_a_different_config(tmp_path):
+    config = tiny_config("alibi")
+    train(config, tmp_path, max_steps=1)
+    other = tiny_config("rope")
+    with pytest.raises(training_module.ConfigError, match="posenc.name"):
+        train(other, tmp_path)
+
+
+DP_SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import jax
+from tests.conftest import tiny_config
+from experiment import train
+config = tiny_config("rope")
+config.train.update(dict(steps=3, checkpoint_every=100))
+train(config, sys.argv[1])
+print(json.dumps({{"devices": jax.device_count(),
+                  "losses": [json.loads(l)["loss"] for l in open(sys.argv[1] + "/metrics.jsonl")]}}))
+"""
+
+
+def test_data_parallel_loss_equals_single_device(tmp_path):
+    script = DP_SCRIPT.format(repo=str(REPO))
+    out = {}
+    for n in (1, 4):
+        result = run_entry("-c", script, str(tmp_path / f"d{n}"),
+                           env={"XLA_FLAGS": f"--xla_force_host_platform_device_count={n}",
+                                "JAX_PLATFORMS": "cpu"})
+        assert result.returncode == 0, result.stderr[-3000:]
+        out[n] = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out[1]["devices"] == 1 and out[4]["devices"] == 4
+    np.testing.assert_allclose(out[4]["losses"], out[1]["losses"], rtol=1e-5)
