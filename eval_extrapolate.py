@@ -14,6 +14,8 @@ flags.DEFINE_list("lengths", None, "evaluation lengths (default: the run's confi
 flags.DEFINE_integer("stride", 0, "sliding-window stride; 0 = nonoverlapping")
 flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (default: config.eval.split)")
 flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
+flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
+                     "default: config.eval.max_tokens)")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -23,7 +25,8 @@ def main(argv):
 
     def go():
         lengths = [int(x) for x in FLAGS.lengths] if FLAGS.lengths else None
-        for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens):
+        for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens,
+                          max_tokens=FLAGS.max_tokens):
             extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
             print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
                   f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")

@@ -17,14 +17,15 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.data = dict(source="builtin", name="python_docs", path="", hf_config="", text_column="text",
-                  tokenizer="byte", max_vocab=0, train_split="train")
+                  tokenizer="byte", vocab_size=0, train_split="train")
     c.model = dict(num_layers=4, d_model=128, num_heads=4, mlp_dim=512, activation="gelu",
                    dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                    tie_embeddings=True, dtype="float32")
     c.posenc = posenc.default_config(arg or "alibi")
-    c.train = dict(seq_len=64, batch_size=32, steps=600, lr=2e-3, warmup_steps=100,
-                   min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, grad_clip=1.0,
+    c.train = dict(seq_len=64, batch_size=32, steps=600, optimizer="adamw", lr=2e-3, warmup_steps=100,
+                   warmup_init_lr=0.0, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, momentum=0.9,
+                   grad_clip=1.0,
                    log_every=50, checkpoint_every=200)
     c.eval = dict(lengths=(), length_multipliers=(1, 2, 4, 8, 16), stride=0, split="valid",
-                  batch_tokens=16384)
+                  batch_tokens=16384, max_tokens=0)
     return c

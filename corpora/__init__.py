@@ -2,9 +2,10 @@
 from corpora.batching import EvalWindows, eval_batches, train_batch
 from corpora.builtin import builtin_lines
 from corpora.sources import DataError, load_lines
-from corpora.tokenizers import (ByteTokenizer, WordTokenizer, build_tokenizer, count_words,
+from corpora.tokenizers import (BPETokenizer, ByteTokenizer, WordTokenizer, build_tokenizer, count_words,
+                                count_words_in_text,
                                 load_tokenizer, save_tokenizer)
 
 __all__ = ["EvalWindows", "eval_batches", "train_batch", "builtin_lines", "DataError", "load_lines",
-           "ByteTokenizer", "WordTokenizer", "build_tokenizer", "count_words", "load_tokenizer",
+           "BPETokenizer", "ByteTokenizer", "WordTokenizer", "build_tokenizer", "count_words", "count_words_in_text", "load_tokenizer",
            "save_tokenizer"]

@@ -1,4 +1,5 @@
-"""Tokenizers: byte-level and word-level (vocabulary from the train split, as fairseq builds it).
+"""Tokenizers: byte-level, word-level (vocabulary from the train split, as fairseq builds it) and
+byte-level BPE trained locally on the train split with HF `tokenizers`.
 
 Both turn a list of lines into one flat stream with an end-of-line token after every line.
 """
@@ -11,7 +12,7 @@ from typing import Iterable
 
 import numpy as np
 
-TOKENIZERS = ("byte", "word")
+TOKENIZERS = ("byte", "word", "bpe")
 
 
 class ByteTokenizer:
@@ -23,6 +24,9 @@ class ByteTokenizer:
     def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
         data = "".join(line + "\n" for line in lines).encode("utf-8")
         return np.frombuffer(data, dtype=np.uint8).astype(np.int32)
+
+    def decode(self, ids) -> str:
+        return bytes(np.asarray(ids, dtype=np.uint8)).decode("utf-8", errors="replace")
 
     def to_json(self) -> dict:
         return {"kind": "byte"}
@@ -61,17 +65,68 @@ class WordTokenizer:
             ids.append(eos)
         return np.asarray(ids, dtype=np.int32)
 
+    def decode(self, ids) -> str:
+        out, line = [], []
+        for i in ids:
+            if int(i) == self.eos_id:
+                out.append(" ".join(line) + "\n")
+                line = []
+            else:
+                line.append(self.words[int(i)])
+        return "".join(out) + " ".join(line)
+
     def to_json(self) -> dict:
         return {"kind": "word", "words": self.words[2:]}
 
 
-def build_tokenizer(kind: str, train_lines: list[str] | None = None, max_vocab: int = 0):
+class BPETokenizer:
+    """Byte-level BPE (GPT-2 style pre-tokenisation) trained on the train split; `<eos>` ends lines."""
+    kind = "bpe"
+    EOS = "<eos>"
+
+    def __init__(self, tokenizer):
+        self.tokenizer = tokenizer
+        self.eos_id = tokenizer.token_to_id(self.EOS)
+
+    @classmethod
+    def train(cls, lines: list[str], vocab_size: int) -> "BPETokenizer":
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers, trainers
+        tok = Tokenizer(models.BPE())
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False)
+        tok.decoder = decoders.ByteLevel()
+        trainer = trainers.BpeTrainer(vocab_size=vocab_size, special_tokens=[cls.EOS], show_progress=False,
+                                      initial_alphabet=pre_tokenizers.ByteLevel.alphabet())
+        tok.train_from_iterator(lines, trainer=trainer)
+        return cls(tok)
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.get_vocab_size()
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        ids: list[int] = []
+        for enc in self.tokenizer.encode_batch(list(lines)):
+            ids.extend(enc.ids)
+            ids.append(self.eos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def to_json(self) -> dict:
+        return {"kind": "bpe", "tokenizer": self.tokenizer.to_str()}
+
+
+def build_tokenizer(kind: str, train_lines: list[str] | None = None, vocab_size: int = 0):
+    """`vocab_size`: word: keep the most frequent (0 = all); bpe: the merges' target size (0 = 8192)."""
     if kind == "byte":
         return ByteTokenizer()
+    if kind in ("word", "bpe") and train_lines is None:
+        raise ValueError(f"a {kind} tokenizer needs the train split to build its vocabulary")
     if kind == "word":
-        if train_lines is None:
-            raise ValueError("a word tokenizer needs the train split to build its vocabulary")
-        return WordTokenizer.from_lines(train_lines, max_vocab)
+        return WordTokenizer.from_lines(train_lines, vocab_size)
+    if kind == "bpe":
+        return BPETokenizer.train(train_lines, vocab_size or 8192)
     raise ValueError(f"unknown tokenizer {kind!r}; valid: {', '.join(TOKENIZERS)}")
 
 
@@ -87,6 +142,9 @@ def load_tokenizer(path: pathlib.Path):
         return ByteTokenizer()
     if spec["kind"] == "word":
         return WordTokenizer(spec["words"])
+    if spec["kind"] == "bpe":
+        from tokenizers import Tokenizer
+        return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]))
     raise ValueError(f"unknown tokenizer kind {spec['kind']!r} in {path}")
 
 
@@ -94,3 +152,8 @@ def count_words(lines: Iterable[str]) -> int:
     """Word-level token count of a split: whitespace words plus one end-of-line per line, the
     denominator of word-level perplexity (WikiText-103 valid: 217,646)."""
     return sum(len(line.split()) + 1 for line in lines)
+
+
+def count_words_in_text(text: str) -> int:
+    """The same count for decoded text (a prefix of a split): words plus newlines."""
+    return len(text.split()) + text.count("\n")

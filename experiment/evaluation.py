@@ -24,7 +24,7 @@ from experiment.training import ConfigError, build_model
 
 log = logging.getLogger(__name__)
 
-POSITION_BINS = 64  # per-position loss is stored in at most this many equal-width bins
+POSITION_BINS = 64  # per-position loss is stored in at most this many bins
 MAX_LOGITS_BYTES = 1 << 30
 MAX_SCORES_BYTES = 1 << 30
 
@@ -50,7 +50,7 @@ def _require_run(workdir: pathlib.Path) -> None:
 
 def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
     old = json.loads(path.read_text()) if path.exists() else []
-    key = lambda r: (r.get("split"), r["eval_length"], r["stride"])
+    key = lambda r: (r.get("split"), r["eval_length"], r["stride"], r.get("max_tokens", 0))
     merged = {key(r): r for r in old}
     merged.update({key(r): r for r in new})
     records = sorted(merged.values(), key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
@@ -63,8 +63,11 @@ def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
 
 def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int = 0,
              split: str | None = None, batch_tokens: int | None = None,
-             skip_impossible: bool = False) -> list[dict]:
+             skip_impossible: bool = False, max_tokens: int | None = None) -> list[dict]:
     """Evaluate the run's latest checkpoint at each length; stride 0 = nonoverlapping.
+
+    `max_tokens` > 0 scores only the first max_tokens tokens of the split (quick looks and
+    CPU-sized sliding windows; the record says so), 0 the whole split, None config.eval.max_tokens.
 
     A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
     `skip_impossible` (sweeps that include a learned table)."""
@@ -74,6 +77,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
     lengths = [int(x) for x in (lengths or config.eval.lengths)]
     split = split or config.eval.split
     batch_tokens = batch_tokens or config.eval.batch_tokens
+    max_tokens = config.eval.get("max_tokens", 0) if max_tokens is None else max_tokens
     if any(l < 1 for l in lengths):
         raise ValueError(f"evaluation lengths must be positive, got {lengths}")
     if stride and stride > min(lengths):
@@ -96,6 +100,9 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
     lines = corpora.load_lines(config.data, split)
     stream = tokenizer.encode_lines(lines)
     words = corpora.count_words(lines)
+    if max_tokens and max_tokens < len(stream):
+        stream = stream[:max_tokens]
+        words = corpora.count_words_in_text(tokenizer.decode(stream))
 
     @jax.jit
     def score(params, inputs, targets, weights):
@@ -125,6 +132,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
                   "eval_length": length, "stride": s, "split": split, "tokens": int(count),
                   "nll": nll, "ppl": math.exp(nll), "tokenizer": tokenizer.kind,
                   "step": int(meta["step"]), "tokens_per_s": count / elapsed,
+                  "max_tokens": int(max_tokens), "data": _data_name(config.data),
                   "position_nll": _binned(pos_nll, pos_count)}
         if tokenizer.kind != "word":
             record.update(words=words, word_ppl=math.exp(total / words))
@@ -134,9 +142,14 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
     return results
 
 
+def _data_name(data) -> str:
+    return data.name if data.source in ("builtin", "hf") else str(data.path)
+
+
 def _binned(nll_sum: np.ndarray, counts: np.ndarray) -> list[list[float]]:
-    """[[first position, last position, mean nll], ...] in at most POSITION_BINS equal bins."""
-    edges = np.unique(np.linspace(0, len(nll_sum), POSITION_BINS + 1).astype(int))
+    """[[first position, last position, mean nll], ...] in at most POSITION_BINS bins of
+    geometrically growing width (the first positions one by one), for log-scale plots."""
+    edges = np.unique(np.concatenate([[0], np.geomspace(1, len(nll_sum), POSITION_BINS).round().astype(int)]))
     out = []
     for a, b in zip(edges[:-1], edges[1:]):
         c = counts[a:b].sum()

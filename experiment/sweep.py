@@ -32,7 +32,7 @@ def is_evaluated(workdir: pathlib.Path, config) -> bool:
     if not path.exists():
         return False
     done = {(r["eval_length"], r["stride"]) for r in json.loads(path.read_text())
-            if r.get("split") == config.eval.split}
+            if r.get("split") == config.eval.split and r.get("max_tokens", 0) == config.eval.get("max_tokens", 0)}
     stride = lambda l: config.eval.stride or l
     return all((l, stride(l)) in done for l in config.eval.lengths)
 

@@ -40,7 +40,7 @@ def load_tokenizer_for(config, workdir: pathlib.Path, train_lines: Callable[[], 
     if path.exists():
         return corpora.load_tokenizer(path)
     lines = train_lines() if config.data.tokenizer != "byte" else None
-    tokenizer = corpora.build_tokenizer(config.data.tokenizer, lines, config.data.get("max_vocab", 0))
+    tokenizer = corpora.build_tokenizer(config.data.tokenizer, lines, config.data.get("vocab_size", 0))
     corpora.save_tokenizer(tokenizer, path)
     return tokenizer
 
@@ -68,22 +68,35 @@ def build_model(config, vocab_size: int, seed: int | None = None) -> DecoderLM:
                      rngs=nnx.Rngs(config.seed if seed is None else seed))
 
 
-def make_optimizer(train_cfg) -> optax.GradientTransformation:
-    schedule = optax.warmup_cosine_decay_schedule(
-        init_value=0.0, peak_value=train_cfg.lr, warmup_steps=train_cfg.warmup_steps,
-        decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1),
+OPTIMIZERS = ("adamw", "nag")
+
+
+def lr_schedule(train_cfg) -> optax.Schedule:
+    """Linear warm-up from train.warmup_init_lr to train.lr, then cosine to lr * min_lr_ratio at
+    train.steps (fairseq's `cosine` scheduler with one period, as in Press et al.)."""
+    return optax.warmup_cosine_decay_schedule(
+        init_value=train_cfg.get("warmup_init_lr", 0.0), peak_value=train_cfg.lr,
+        warmup_steps=train_cfg.warmup_steps, decay_steps=max(train_cfg.steps, train_cfg.warmup_steps + 1),
         end_value=train_cfg.lr * train_cfg.min_lr_ratio)
-    decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
-    return optax.chain(
-        optax.clip_by_global_norm(train_cfg.grad_clip),
-        optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2, weight_decay=train_cfg.weight_decay,
-                    mask=decay_mask))
+
+
+def make_optimizer(train_cfg) -> optax.GradientTransformation:
+    """Gradient clipping, then AdamW (decay on matrices only) or NAG (SGD with Nesterov momentum)."""
+    schedule = lr_schedule(train_cfg)
+    name = train_cfg.get("optimizer", "adamw")
+    if name == "adamw":
+        decay_mask = lambda params: jax.tree.map(lambda p: p.ndim >= 2, params)
+        opt = optax.adamw(schedule, b1=train_cfg.b1, b2=train_cfg.b2,
+                          weight_decay=train_cfg.weight_decay, mask=decay_mask)
+    elif name == "nag":
+        opt = optax.sgd(schedule, momentum=train_cfg.momentum, nesterov=True)
+    else:
+        raise ConfigError(f"unknown train.optimizer {name!r}; valid: {', '.join(OPTIMIZERS)}")
+    return optax.chain(optax.clip_by_global_norm(train_cfg.grad_clip), opt)
 
 
 def lr_at(train_cfg, step: int) -> float:
-    return float(optax.warmup_cosine_decay_schedule(
-        0.0, train_cfg.lr, train_cfg.warmup_steps, max(train_cfg.steps, train_cfg.warmup_steps + 1),
-        train_cfg.lr * train_cfg.min_lr_ratio)(step))
+    return float(lr_schedule(train_cfg)(step))
 
 
 def make_train_step(graphdef, tx, dropout_seed: int):

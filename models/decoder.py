@@ -14,6 +14,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 import posenc
+from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention import dense_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
@@ -32,6 +33,8 @@ class ModelConfig:
     attention_dropout: float = 0.0  # on attention probabilities
     activation_dropout: float = 0.0 # inside the MLP
     tie_embeddings: bool = True
+    adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
+    adaptive_factor: int = 4        # band i has width d_model / factor**i
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
     @classmethod
@@ -41,7 +44,12 @@ class ModelConfig:
         unknown = set(given) - fields
         if unknown:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; valid: {sorted(fields)}")
+        if "adaptive_cutoffs" in given:
+            given["adaptive_cutoffs"] = tuple(int(c) for c in given["adaptive_cutoffs"])
         cfg = cls(vocab_size=vocab_size, **given)
+        if cfg.adaptive_cutoffs and cfg.adaptive_cutoffs[-1] >= vocab_size:
+            raise ValueError(f"model.adaptive_cutoffs={cfg.adaptive_cutoffs} must lie below the vocabulary "
+                             f"size {vocab_size}; lower them or use a larger vocabulary")
         if cfg.d_model % cfg.num_heads:
             raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
         if cfg.activation not in ACTIVATIONS:
@@ -113,13 +121,20 @@ class DecoderLM(nnx.Module):
         scheme_cls = posenc.get(posenc_cfg["name"])
         per_layer = getattr(scheme_cls, "per_layer", False)
         self.scheme = posenc.build(posenc_cfg, dims, rngs=rngs)
-        self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
-                               embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5))
+        if cfg.adaptive_cutoffs:
+            self.embed = AdaptiveInput(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
+                                       cfg.adaptive_factor, rngs=rngs, dtype=dtype)
+            self.softmax = AdaptiveSoftmax(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
+                                           cfg.adaptive_factor, rngs=rngs, dtype=dtype,
+                                           tie_to=self.embed if cfg.tie_embeddings else None)
+        else:
+            self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
+                                   embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5))
         self.blocks = nnx.List([
             Block(cfg, posenc.build(posenc_cfg, dims, rngs=rngs) if per_layer else self.scheme, rngs=rngs)
             for _ in range(cfg.num_layers)])
         self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
-        if not cfg.tie_embeddings:
+        if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
 
     def hidden(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
@@ -138,8 +153,10 @@ class DecoderLM(nnx.Module):
 
     def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
                  dropout_key: jax.Array | None = None) -> jax.Array:
-        """Logits over the vocabulary, B x T x V, float32."""
+        """Logits over the vocabulary, B x T x V, float32 (log-probabilities with adaptive softmax)."""
         x = self.hidden(tokens_BxT, positions_BxT, dropout_key)
+        if self.cfg.adaptive_cutoffs:
+            return self.softmax.log_probs(x)
         if self.cfg.tie_embeddings:
             return self.embed.attend(x).astype(jnp.float32)
         return self.unembed(x).astype(jnp.float32)
@@ -148,6 +165,8 @@ class DecoderLM(nnx.Module):
                   positions_BxT: jax.Array | None = None,
                   dropout_key: jax.Array | None = None) -> jax.Array:
         """Negative log-likelihood of each target, B x T, float32 (what training and evaluation use)."""
+        if self.cfg.adaptive_cutoffs:
+            return self.softmax.nll(self.hidden(tokens_BxT, positions_BxT, dropout_key), targets_BxT)
         logits = self(tokens_BxT, positions_BxT, dropout_key)
         log_z = jax.nn.logsumexp(logits, axis=-1)
         return log_z - jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]

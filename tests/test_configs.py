@@ -24,9 +24,27 @@ def load(path: pathlib.Path):
 def test_config_builds_a_model(path):
     config = config_util.resolve(load(path).get_config())
     assert config.eval.lengths and config.train.steps > 0
-    vocab = 256 if config.data.tokenizer == "byte" else config.data.get("max_vocab") or 1000
+    vocab = 256 if config.data.tokenizer == "byte" else config.data.get("vocab_size") or 1000
+    vocab = max([vocab, *[c + 1000 for c in config.model.get("adaptive_cutoffs", ())]])
     model_cfg = ModelConfig.from_config(config.model, vocab)
     abstract = nnx.eval_shape(lambda: DecoderLM(model_cfg, config.posenc, config.train.seq_len, rngs=nnx.Rngs(0)))
     params = nnx.state(abstract, nnx.Param)
     assert sum(x.size for x in jax.tree.leaves(params)) > 0
     assert "python" in (load(path).__doc__ or "")  # the docstring gives the command
+
+
+WIKITEXT103_VOCAB = 267_735  # Merity et al. 2016: the WikiText-103 training vocabulary
+
+
+@pytest.mark.parametrize("arg", ["alibi,512", "sinusoidal,512", "rope,1024", "t5,3072"])
+def test_paper_config_has_247m_parameters(arg):
+    config = config_util.resolve(load(REPO / "configs" / "wikitext103.py").get_config(arg))
+    scheme, length = arg.split(",")
+    assert config.posenc.name == scheme and config.train.seq_len == int(length)
+    assert config.train.batch_size * config.train.seq_len == 8 * 9216
+    model_cfg = ModelConfig.from_config(config.model, WIKITEXT103_VOCAB)
+    abstract = nnx.eval_shape(lambda: DecoderLM(model_cfg, config.posenc, config.train.seq_len, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    extra = {"t5": 32 * 8}.get(scheme, 0)  # T5's bucket table
+    assert abs(count - extra - 247e6) / 247e6 < 0.01, count
+    assert config.eval.lengths[0] == config.train.seq_len and 15_000 < max(config.eval.lengths) < 17_000

@@ -118,3 +118,16 @@ def test_wikitext103_valid_scores_217646_tokens(wikitext103, length, stride):
     assert corpora.count_words(lines) == 217_646
     total = sum(w.sum() for _, _, w in eval_batches(stream, length, stride, 256, tok.eos_id))
     assert total == 217_646
+
+
+def test_bpe_tokenizer_trains_locally_and_round_trips(tmp_path):
+    lines = load_lines({"source": "builtin", "name": "python_docs"}, "valid")[:3000]
+    tok = corpora.build_tokenizer("bpe", lines, 600)
+    assert tok.vocab_size == 600
+    ids = tok.encode_lines(["Return the value.", ""])
+    assert ids[-1] == tok.eos_id and (ids == tok.eos_id).sum() == 2
+    assert tok.decode(ids[:-2]) == "Return the value."
+    assert len(tok.encode_lines(lines)) < 0.6 * len(corpora.ByteTokenizer().encode_lines(lines))
+    corpora.save_tokenizer(tok, tmp_path / "t.json")
+    again = corpora.load_tokenizer(tmp_path / "t.json")
+    assert again.encode_lines(lines[:50]).tolist() == tok.encode_lines(lines[:50]).tolist()

@@ -1,0 +1,141 @@
+"""Adaptive input embeddings and adaptive softmax in Flax NNX.
+
+Baevski & Auli (2019), "Adaptive Input Representations for Neural Language Modeling", and
+Grave et al. (2017), "Efficient softmax approximation for GPUs", with the conventions of fairseq's
+`transformer_lm_wiki103` (used by Press et al. 2022) so that parameter counts match the papers.
+
+Vocabulary ids are sorted by frequency. Cutoffs (c0, ..., c_{n-1}) split them into bands
+[0, c0), [c0, c1), ..., [c_{n-1}, V); band i has width dim_i = d_model // factor**i, so rare words
+get small vectors. Band 0 is the softmax "head"; bands 1..n are its tail clusters.
+"""
+from __future__ import annotations
+
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+_xavier = nnx.initializers.xavier_uniform()
+
+
+def _bands(vocab_size: int, d_model: int, cutoffs: Sequence[int], factor: int) -> list[tuple[int, int, int]]:
+    """(start, end, dim) of every band; fails early on cutoffs that would give empty bands."""
+    edges = [0, *cutoffs, vocab_size]
+    if any(a >= b for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"cutoffs {tuple(cutoffs)} must increase strictly inside (0, {vocab_size})")
+    bands = [(lo, hi, d_model // factor ** i) for i, (lo, hi) in enumerate(zip(edges, edges[1:]))]
+    if bands[-1][2] < 1:
+        raise ValueError(f"d_model={d_model} // factor={factor}**{len(cutoffs)} leaves an empty band")
+    return bands
+
+
+class AdaptiveInput(nnx.Module):
+    """`emb(tokens_BxT) -> BxTxD`: band i looks up a (band_size_i x dim_i) table, then projects to D.
+
+    As in fairseq every band, the head included, has a bias-free projection dim_i -> d_model
+    (for the head a D x D matrix: with the wiki103 setting 1M parameters that a plain embedding
+    would not have). Tables start as N(0, dim_i**-0.5), projections as Xavier-uniform.
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
+                 rngs: nnx.Rngs, dtype=jnp.float32):
+        self.vocab_size, self.d_model, self.cutoffs, self.factor = vocab_size, d_model, tuple(cutoffs), factor
+        self.bands = tuple(_bands(vocab_size, d_model, cutoffs, factor))
+        self.embeds = nnx.List([
+            nnx.Embed(hi - lo, dim, dtype=dtype, rngs=rngs,
+                      embedding_init=nnx.initializers.normal(stddev=dim ** -0.5))
+            for lo, hi, dim in self.bands])
+        self.projs = nnx.List([
+            nnx.Linear(dim, d_model, use_bias=False, kernel_init=_xavier, dtype=dtype, rngs=rngs)
+            for _, _, dim in self.bands])
+
+    def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
+        out_BxTxD = None
+        for (lo, hi, _), embed, proj in zip(self.bands, self.embeds, self.projs):
+            # Every band is evaluated for every token and masked: static shapes, cheap (dim_i x D each).
+            local_BxT = jnp.clip(tokens_BxT - lo, 0, hi - lo - 1)
+            x_BxTxD = proj(embed(local_BxT))
+            in_band_BxTx1 = ((tokens_BxT >= lo) & (tokens_BxT < hi))[..., None]
+            x_BxTxD = jnp.where(in_band_BxTx1, x_BxTxD, 0)
+            out_BxTxD = x_BxTxD if out_BxTxD is None else out_BxTxD + x_BxTxD
+        return out_BxTxD
+
+
+class AdaptiveSoftmax(nnx.Module):
+    """Two-level softmax: p(w) = p(cluster(w) | h) * p(w | cluster, h); head words are their own cluster.
+
+    The head is one bias-free D -> c0 + n linear map, stored in two parts so the word part can be
+    tied: `tables[0]` (c0 x D, word logits h @ E_0^T) and `cluster_logits` (D -> n, one logit per
+    tail cluster). Tail cluster i (band i >= 1) projects h to dim_i with `tail_projs[i-1]`
+    (P_i, dim_i x D, applied as h @ P_i^T) and scores its words with `tables[i]` (E_i,
+    band_size_i x dim_i): logits (h @ P_i^T) @ E_i^T. Untied weights start Xavier-uniform.
+
+    With `tie_to=adaptive_input` (fairseq's tie_adaptive_weights + tie_adaptive_proj) the module
+    holds the *same* nnx.Param objects as the input and owns only `cluster_logits` (D x n):
+      * `tables[i]` is the input's band-i embedding table, for every band, the head included;
+      * `tail_projs[i-1]` is the input's band-i projection kernel (dim_i x D), used transposed;
+      * the input's band-0 projection (D x D) is *not* used by the softmax, as in fairseq's
+        TiedHeadModule: dim_0 == D, so the head table is scored against h directly.
+    Count parameters on a module holding both (nnx.state deduplicates shared Params).
+    """
+
+    def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
+                 rngs: nnx.Rngs, tie_to: AdaptiveInput | None = None, dtype=jnp.float32):
+        self.vocab_size, self.d_model, self.cutoffs, self.factor = vocab_size, d_model, tuple(cutoffs), factor
+        self.bands = tuple(_bands(vocab_size, d_model, cutoffs, factor))
+        self.dtype = dtype
+        n = len(self.cutoffs)
+        if tie_to is not None:
+            if (tie_to.vocab_size, tie_to.d_model, tie_to.cutoffs, tie_to.factor) != (
+                    vocab_size, d_model, self.cutoffs, factor):
+                raise ValueError("tie_to must have the same vocab_size, d_model, cutoffs and factor")
+            self.tables = nnx.List([e.embedding for e in tie_to.embeds])
+            self.tail_projs = nnx.List([p.kernel for p in tie_to.projs[1:]])
+        else:
+            keys = [rngs.params() for _ in range(2 * n + 1)]
+            self.tables = nnx.List([nnx.Param(_xavier(k, (hi - lo, dim)))
+                                    for k, (lo, hi, dim) in zip(keys, self.bands)])
+            self.tail_projs = nnx.List([nnx.Param(_xavier(k, (dim, d_model)))
+                                        for k, (_, _, dim) in zip(keys[n + 1:], self.bands[1:])])
+        self.cluster_logits = (nnx.Linear(d_model, n, use_bias=False, kernel_init=_xavier, dtype=dtype,
+                                          rngs=rngs) if n else None)
+
+    def _head_log_probs(self, h_BxTxD: jax.Array) -> jax.Array:
+        """log p over the c0 head words, then the n clusters: BxTxH with H = c0 + n, float32."""
+        h = h_BxTxD.astype(self.dtype)
+        logits_BxTxH = h @ self.tables[0][...].astype(self.dtype).T
+        if self.cluster_logits is not None:
+            logits_BxTxH = jnp.concatenate([logits_BxTxH, self.cluster_logits(h)], axis=-1)
+        return jax.nn.log_softmax(logits_BxTxH.astype(jnp.float32), axis=-1)
+
+    def _tail_logits(self, h_BxTxD: jax.Array, i: int) -> jax.Array:
+        """Unnormalised scores of the words of band i >= 1 given their cluster, BxTx(band_size_i)."""
+        h = h_BxTxD.astype(self.dtype)
+        z_BxTxd = h @ self.tail_projs[i - 1][...].astype(self.dtype).T
+        return (z_BxTxd @ self.tables[i][...].astype(self.dtype).T).astype(jnp.float32)
+
+    def log_probs(self, h_BxTxD: jax.Array) -> jax.Array:
+        """Full-vocabulary log-probabilities, BxTxV float32 (materialises V: evaluation / tests)."""
+        head_BxTxH = self._head_log_probs(h_BxTxD)
+        c0 = self.bands[0][1]
+        parts = [head_BxTxH[..., :c0]]
+        for i in range(1, len(self.bands)):
+            tail_BxTxS = jax.nn.log_softmax(self._tail_logits(h_BxTxD, i), axis=-1)
+            parts.append(head_BxTxH[..., c0 + i - 1, None] + tail_BxTxS)
+        return jnp.concatenate(parts, axis=-1)
+
+    def nll(self, h_BxTxD: jax.Array, targets_BxT: jax.Array) -> jax.Array:
+        """-log p(target), BxT float32, never building BxTxV (only BxTx(c0 + n) and each tail band)."""
+        head_BxTxH = self._head_log_probs(h_BxTxD)
+        c0 = self.bands[0][1]
+        # Head words index the head directly; a tail word scores its cluster's head entry.
+        cluster_BxT = jnp.searchsorted(jnp.asarray(self.cutoffs, jnp.int32), targets_BxT, side="right")
+        head_idx_BxT = jnp.where(cluster_BxT == 0, targets_BxT, c0 + cluster_BxT - 1)
+        lp_BxT = jnp.take_along_axis(head_BxTxH, head_idx_BxT[..., None], axis=-1)[..., 0]
+        for i, (lo, hi, _) in enumerate(self.bands[1:], start=1):
+            logits_BxTxS = self._tail_logits(h_BxTxD, i)
+            local_BxT = jnp.clip(targets_BxT - lo, 0, hi - lo - 1)
+            word_BxT = jnp.take_along_axis(logits_BxTxS, local_BxT[..., None], axis=-1)[..., 0]
+            lp_BxT = lp_BxT + jnp.where(cluster_BxT == i, word_BxT - jax.nn.logsumexp(logits_BxTxS, -1), 0.0)
+        return -lp_BxT

@@ -1,0 +1,15 @@
+#!/usr/bin/env bash
+# The reduced-scale reproduction, exactly as committed here (about 40 minutes on 2 CPU cores).
+# Run from anywhere after the README's set-up; PY and W may be overridden.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+W=${W:-runs/wikitext_small}
+# train each scheme on WikiText-103 valid (raw, byte-level), L = 64; nonoverlapping evaluation on the
+# first 262,144 bytes of the test split at L_valid = 64 ... 1024
+$PY sweep.py --config configs/wikitext_small.py --schemes sinusoidal,rope,t5,alibi --workdir "$W"
+# sliding window, stride 64, on the first 32,768 bytes of the test split
+for s in sinusoidal rope t5 alibi; do
+  $PY eval_extrapolate.py --workdir "$W/${s}_L64" --lengths 128,256,512,1024 --stride 64 --max_tokens 32768
+done
+$PY report.py "$W/sinusoidal_L64" "$W/rope_L64" "$W/t5_L64" "$W/alibi_L64" --out results/wikitext_small
