@@ -29,13 +29,25 @@ MAX_LOGITS_BYTES = 1 << 30
 MAX_SCORES_BYTES = 1 << 30
 
 
-def eval_batch_size(length: int, vocab_size: int, num_heads: int, batch_tokens: int) -> int:
-    """Windows per batch: `batch_tokens` tokens, fewer if the logits (B*L*V) or the dense attention
-    scores (B*H*L*L) would pass 1 GiB; never fewer than one window."""
+def eval_batch_size(length: int, vocab_size: int, num_heads: int, batch_tokens: int,
+                    tile: int | None = None) -> int:
+    """Windows per batch: `batch_tokens` tokens, fewer if the logits (B*L*V) or the attention scores
+    would pass 1 GiB (B*H*L*L dense; B*H*L*tile blockwise, `tile` given); never fewer than one."""
     by_tokens = batch_tokens // length
     by_logits = MAX_LOGITS_BYTES // (4 * length * vocab_size)
-    by_scores = MAX_SCORES_BYTES // (4 * num_heads * length * length)
+    by_scores = MAX_SCORES_BYTES // (4 * num_heads * length * min(length, tile or length))
     return max(1, min(by_tokens, by_logits, by_scores))
+
+
+def attention_tile(model_cfg, scheme_cls, length: int) -> int | None:
+    """The key-tile width attention will use at this length (None: dense, full rows)."""
+    kind = model_cfg.get("attention", "auto")
+    block = model_cfg.get("attention_block", 512)
+    if getattr(scheme_cls, "needs_full_rows", False):
+        return None
+    if kind == "blockwise" or (kind == "auto" and length > 2 * block):
+        return block
+    return None
 
 
 def _require_run(workdir: pathlib.Path) -> None:
@@ -112,7 +124,8 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
     results = []
     for length in lengths:
         s = stride or length
-        batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens)
+        batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
+                                attention_tile(config.model, type(model.scheme), length))
         windows = corpora.EvalWindows(len(stream), length, s)
         total, count = 0.0, 0.0
         pos_nll, pos_count = np.zeros(length), np.zeros(length)
@@ -138,7 +151,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
             record.update(words=words, word_ppl=math.exp(total / words))
         log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
         results.append(record)
-    _merge_results(workdir / "eval" / "extrapolation.json", results)
+        _merge_results(workdir / "eval" / "extrapolation.json", [record])  # each length kept as it finishes
     return results
 
 

@@ -15,10 +15,11 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
-from models.attention import dense_attention
+from models.attention import blockwise_attention, dense_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
+ATTENTION = ("auto", "dense", "blockwise")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -35,6 +36,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
     adaptive_factor: int = 4        # band i has width d_model / factor**i
+    attention: str = "auto"         # dense | blockwise | auto (blockwise beyond 2 blocks, unless dropping out)
+    attention_block: int = 512      # tile size of blockwise attention
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
     @classmethod
@@ -54,6 +57,8 @@ class ModelConfig:
             raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
         if cfg.activation not in ACTIVATIONS:
             raise ValueError(f"unknown model.activation {cfg.activation!r}; valid: {sorted(ACTIVATIONS)}")
+        if cfg.attention not in ATTENTION:
+            raise ValueError(f"unknown model.attention {cfg.attention!r}; valid: {', '.join(ATTENTION)}")
         if cfg.dtype not in DTYPES:
             raise ValueError(f"unknown model.dtype {cfg.dtype!r}; valid: {sorted(DTYPES)}")
         return cfg
@@ -84,9 +89,25 @@ class Attention(nnx.Module):
         b, t, _ = x_BxTxD.shape
         qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-        out = dense_attention(q, k, v, positions_BxT, positions_BxT, self.scheme, mask_TxT,
-                              self.cfg.attention_dropout, key)
+        dropping = key is not None and self.cfg.attention_dropout > 0
+        kind = self.cfg.attention
+        full_rows = getattr(self.scheme, "needs_full_rows", False)  # e.g. CoPE: a bias of whole rows
+        if kind == "auto":
+            long = t > 2 * self.cfg.attention_block
+            kind = "blockwise" if long and not dropping and not full_rows else "dense"
+        if kind == "blockwise" and full_rows:
+            raise ValueError(f"positional scheme {self.scheme.name!r} needs whole rows of keys for its bias "
+                             f"(not one key tile at a time); set --config.model.attention=dense (or auto)")
+        if kind == "blockwise":
+            if dropping:
+                raise ValueError("model.attention=blockwise does not implement attention dropout; "
+                                 "set --config.model.attention=dense (or auto) for training with it")
+            out = blockwise_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
+                                      self.cfg.attention_block)
+        else:
+            mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
+            out = dense_attention(q, k, v, positions_BxT, positions_BxT, self.scheme, mask_TxT,
+                                  self.cfg.attention_dropout, key)
         return self.out(out.reshape(b, t, self.cfg.d_model))
 
 
@@ -118,9 +139,8 @@ class DecoderLM(nnx.Module):
         dims = posenc.ModelDims(d_model=cfg.d_model, num_heads=cfg.num_heads,
                                 head_dim=cfg.d_model // cfg.num_heads, num_layers=cfg.num_layers,
                                 train_length=train_length)
-        scheme_cls = posenc.get(posenc_cfg["name"])
-        per_layer = getattr(scheme_cls, "per_layer", False)
         self.scheme = posenc.build(posenc_cfg, dims, rngs=rngs)
+        per_layer = getattr(self.scheme, "per_layer", False)  # read off the instance: wrappers decide
         if cfg.adaptive_cutoffs:
             self.embed = AdaptiveInput(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
                                        cfg.adaptive_factor, rngs=rngs, dtype=dtype)
@@ -144,6 +164,10 @@ class DecoderLM(nnx.Module):
         if positions_BxT is None:
             self.scheme.check_length(t)
             positions_BxT = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+        if dropout_key is not None:  # training: a scheme may train on other positions (randomized)
+            # fold_in(k, i) equals split(k, n)[i], so a constant far above the layer count is used.
+            positions_BxT = self.scheme.sample_positions(positions_BxT,
+                                                         jax.random.fold_in(dropout_key, 2**31 - 1))
         keys = _split(dropout_key, self.cfg.num_layers + 1)
         x = self.embed(tokens_BxT) * self.cfg.d_model ** 0.5
         x = dropout(self.scheme.embed(x, positions_BxT), self.cfg.dropout, keys[0])

@@ -5,11 +5,19 @@ Importing this package registers every scheme family below.
 from posenc.base import (LengthError, ModelDims, Scheme, build, default_config, get, names,
                          register)
 from posenc.absolute import sinusoidal_table
-from posenc.rotary import apply_rotary, rope_inverse_frequencies
+from posenc.rotary import (apply_rotary, rope_inverse_frequencies, scaled_inverse_frequencies,
+                           xpos_zeta, yarn_logit_scale)
 from posenc.bias import alibi_slopes, t5_relative_position_bucket
+from posenc.sandwich import sandwich_compression, sinusoid_inner_product
+from posenc.naive import binary_digits
+from posenc.hierarchical import hierarchical_positions
+from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their schemes)
 
 __all__ = [
     "LengthError", "ModelDims", "Scheme", "build", "default_config", "get", "names", "register",
-    "sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "alibi_slopes",
-    "t5_relative_position_bucket",
+    "sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
+    "xpos_zeta", "yarn_logit_scale", "alibi_slopes", "t5_relative_position_bucket",
+    "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",
 ]
+from posenc import relative_content  # noqa: F401,E402  (registers shaw, transformer_xl, deberta, tupe)
+from posenc import complex_order, conv, cope, recurrent, wrappers  # noqa: F401,E402  (register their schemes)

@@ -20,6 +20,7 @@ class NoPE(Scheme):
     """
     family = "none"
     citation = "Kazemnejad et al. 2023"
+    extrapolates = "partly"
 
 
 def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10000.0) -> jax.Array:
@@ -48,6 +49,7 @@ class Sinusoidal(Scheme):
     """
     family = "absolute"
     citation = "Vaswani et al. 2017"
+    extrapolates = "no"
     Options = SinusoidalOptions
 
     def embed(self, x_BxTxD, positions_BxT):
@@ -67,6 +69,7 @@ class Learned(Scheme):
     """
     family = "absolute"
     citation = "Gehring et al. 2017"
+    extrapolates = "no"
     Options = LearnedOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):

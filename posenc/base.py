@@ -41,6 +41,7 @@ class Scheme(nnx.Module):
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""        # "absolute" | "relative" | "none" | ...
     citation: ClassVar[str] = ""
+    extrapolates: ClassVar[str] = ""  # beyond the training length: yes | partly | with option | no
     Options: ClassVar[type] = NoOptions
 
     def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
@@ -70,6 +71,11 @@ class Scheme(nnx.Module):
 
     def check_length(self, length: int) -> None:
         """Raise `LengthError` if positions 0 .. length-1 cannot be encoded."""
+
+    def sample_positions(self, positions_BxT: jax.Array, key: jax.Array) -> jax.Array:
+        """Training only (the decoder calls it when it has a dropout key): the positions to train
+        with. The identity by default; `randomized` draws a sorted random subset of a longer range."""
+        return positions_BxT
 
 
 _REGISTRY: dict[str, type[Scheme]] = {}
@@ -124,4 +130,6 @@ def build(posenc_cfg: Any, dims: ModelDims, *, rngs: nnx.Rngs) -> Scheme:
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)} for positional scheme {name!r}; "
                                           f"valid options: {sorted(valid) or 'none'}")
+    if getattr(cls, "wraps_scheme", False):  # wrappers build their inner scheme from the same block
+        return cls(cls.Options(**given), dims, rngs=rngs, posenc_cfg=posenc_cfg)
     return cls(cls.Options(**given), dims, rngs=rngs)

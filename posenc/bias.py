@@ -37,6 +37,7 @@ class ALiBi(Scheme):
     """
     family = "relative"
     citation = "Press et al. 2022"
+    extrapolates = "yes"
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         slopes_H = jnp.asarray(alibi_slopes(self.dims.num_heads), jnp.float32)
@@ -83,6 +84,7 @@ class T5Bias(Scheme):
     """
     family = "relative"
     citation = "Raffel et al. 2020"
+    extrapolates = "partly"
     Options = T5Options
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):

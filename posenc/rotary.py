@@ -1,12 +1,19 @@
-"""Rotary position embedding: rotate query and key so that their dot product sees only m - n."""
+"""Rotary position embedding: rotate query and key so that their dot product sees only m - n.
+
+`rope` also carries the RoPE extensions that change no parameter, so that a model trained with plain
+RoPE can be evaluated with any of them (`--config.posenc.rope.<option>=...`): position
+interpolation, NTK-aware and dynamic NTK base scaling, YaRN, ReRoPE and xPos. `xpos` is registered
+as well: the same class with xPos switched on by default, as Sun et al. train it.
+"""
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import jax
 import jax.numpy as jnp
 
-from posenc.base import Scheme, register
+from posenc.base import ModelDims, Scheme, register
 
 
 def rope_inverse_frequencies(rotary_dim: int, base: float = 10000.0) -> jax.Array:
@@ -14,43 +21,252 @@ def rope_inverse_frequencies(rotary_dim: int, base: float = 10000.0) -> jax.Arra
     return base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
 
 
-def apply_rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array) -> jax.Array:
-    """Rotate the first 2*len(inv_freq) features of every head by angle position * theta_i.
+def apply_rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array,
+                 scale_BxTxR2: jax.Array | None = None) -> jax.Array:
+    """Rotate the first 2*R2 features of every head by angle position * theta_i (R2 = inv_freq's
+    last axis; `inv_freq` is R2 or, one set per row, B x 1 x R2).
 
     Pairs are (i, i + R/2) ("rotate half" layout); any fixed pairing gives the same scheme.
+    `scale_BxTxR2`, if given, multiplies both features of pair i after the rotation (xPos).
     """
-    rotary_dim = 2 * inv_freq.shape[0]
+    rotary_dim = 2 * inv_freq.shape[-1]
     x_rot, x_pass = x_BxTxHxK[..., :rotary_dim], x_BxTxHxK[..., rotary_dim:]
     angles_BxTxR2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
     cos = jnp.cos(angles_BxTxR2)[:, :, None, :]
     sin = jnp.sin(angles_BxTxR2)[:, :, None, :]
     x1, x2 = jnp.split(x_rot.astype(jnp.float32), 2, axis=-1)
-    rotated = jnp.concatenate([x1 * cos - x2 * sin, x2 * cos + x1 * sin], axis=-1)
+    y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
+    if scale_BxTxR2 is not None:
+        scale = scale_BxTxR2[:, :, None, :]
+        y1, y2 = y1 * scale, y2 * scale
+    rotated = jnp.concatenate([y1, y2], axis=-1)
     return jnp.concatenate([rotated.astype(x_BxTxHxK.dtype), x_pass], axis=-1)
 
 
 @dataclasses.dataclass(frozen=True)
 class RopeOptions:
     base: float = 10000.0
-    fraction: float = 1.0  # share of each head's features that are rotated (partial rotary)
+    fraction: float = 1.0         # share of each head's features that are rotated (partial rotary)
+    # Evaluation-time extensions (no parameters); the defaults below are plain RoPE.
+    pi_factor: float = 1.0        # position interpolation: positions x pi_factor (= L_train / L_target)
+    ntk_alpha: float = 1.0        # NTK-aware scaling: base' = base * alpha^(d / (d - 2))
+    dynamic_ntk: bool = False     # alpha = max(1, (largest key position + 1) / L_train), per row
+    yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
+    yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
+    yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
+    yarn_temperature: bool = True # logits x (0.1 ln s + 1)^2; False = "NTK-by-parts"
+    rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
+    xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
+    xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
+    xpos_scale_base: float = 512.0  # gamma
+
+
+def validate_rope_options(options: RopeOptions) -> None:
+    """Refuse values that have no meaning (ValueError naming the option)."""
+    if not 0.0 <= options.fraction <= 1.0:
+        raise ValueError(f"rope.fraction must lie in [0, 1], got {options.fraction}")
+    if options.pi_factor <= 0:
+        raise ValueError(f"rope.pi_factor must be positive (L_train / L_target), got {options.pi_factor}")
+    if options.ntk_alpha <= 0:
+        raise ValueError(f"rope.ntk_alpha must be positive, got {options.ntk_alpha}")
+    if options.dynamic_ntk and options.ntk_alpha != 1.0:
+        raise ValueError("rope.dynamic_ntk computes alpha from the positions; leave rope.ntk_alpha=1")
+    if options.yarn_scale < 1.0:
+        raise ValueError(f"rope.yarn_scale is L_target / L_train >= 1, got {options.yarn_scale}")
+    if not 0 < options.yarn_beta_slow < options.yarn_beta_fast:
+        raise ValueError(f"YaRN needs 0 < rope.yarn_beta_slow < rope.yarn_beta_fast, got "
+                         f"{options.yarn_beta_slow} and {options.yarn_beta_fast}")
+    if options.rerope_window < 0:
+        raise ValueError(f"rope.rerope_window must be >= 0 (0 = off), got {options.rerope_window}")
+    if options.rerope_window and options.xpos:
+        raise ValueError("rope.rerope_window cannot be combined with rope.xpos (the xPos decay "
+                         "would not be clamped with the relative position)")
+    if options.rerope_window and options.dynamic_ntk:
+        raise ValueError("rope.rerope_window cannot be combined with rope.dynamic_ntk (the bias of a "
+                         "tile cannot know the alpha of the whole window)")
+    if options.xpos_scale_base <= 0 or options.xpos_gamma0 <= 0:
+        raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
+
+
+def rotary_dim_of(options: RopeOptions, head_dim: int) -> int:
+    """How many features of each head are rotated: floor(head_dim * fraction) rounded down to even."""
+    return int(head_dim * options.fraction) // 2 * 2
+
+
+def ntk_base(base: float | jax.Array, alpha: float | jax.Array, rotary_dim: int):
+    """NTK-aware base (bloc97 2023): base * alpha^(d / (d - 2)), d = rotary_dim."""
+    if rotary_dim <= 2:
+        raise ValueError(f"NTK scaling needs more than 2 rotated features, got {rotary_dim}")
+    return base * alpha ** (rotary_dim / (rotary_dim - 2))
+
+
+def yarn_ramp(inv_freq: jax.Array, train_length: int, beta_slow: float, beta_fast: float) -> jax.Array:
+    """gamma(r) of Peng et al. (2023), r = L_train / lambda = L_train * theta / (2 pi) turns:
+    0 below beta_slow (interpolate), 1 above beta_fast (keep), linear in r between them."""
+    turns = train_length * inv_freq / (2 * math.pi)
+    return jnp.clip((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
+
+
+def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_length: int,
+                               length: jax.Array | int | None = None) -> jax.Array:
+    """The inverse frequencies RoPE uses under `options`, R/2 (or B x R/2 for a per-row `length`).
+
+    In this order (the papers use one at a time; combinations compose):
+      base' = base * alpha^(d/(d-2)), alpha = ntk_alpha, or max(1, length / L_train) with
+              dynamic_ntk (`length` = largest key position + 1, required then);
+      theta_i = base'^(-2i/d);
+      YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
+              theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i;
+      PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor).
+    """
+    base = options.base
+    if options.dynamic_ntk:
+        if length is None:
+            raise ValueError("dynamic NTK needs `length` (largest key position + 1)")
+        alpha = jnp.maximum(1.0, jnp.asarray(length, jnp.float32) / train_length)
+        base = ntk_base(base, alpha, rotary_dim)[..., None]
+    elif options.ntk_alpha != 1.0:
+        base = ntk_base(base, options.ntk_alpha, rotary_dim)
+    inv_freq = base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+    # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
+    s = options.yarn_scale
+    gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
+    inv_freq = inv_freq / s + gamma * inv_freq * (1.0 - 1.0 / s)
+    return inv_freq * options.pi_factor
+
+
+def yarn_logit_scale(options: RopeOptions) -> float | None:
+    """YaRN's 1/t with sqrt(1/t) = 0.1 ln(s) + 1, or None when off."""
+    if options.yarn_scale == 1.0 or not options.yarn_temperature:
+        return None
+    return (0.1 * math.log(options.yarn_scale) + 1.0) ** 2
+
+
+def xpos_zeta(rotary_dim: int, gamma0: float = 0.4) -> jax.Array:
+    """zeta_i = (2i/d + gamma0) / (1 + gamma0), i = 0 .. d/2 - 1 (Sun et al. 2022), d = rotary_dim."""
+    i = jnp.arange(rotary_dim // 2, dtype=jnp.float32)
+    return (2.0 * i / rotary_dim + gamma0) / (1.0 + gamma0)
+
+
+def xpos_scales(positions_BxT: jax.Array, center_B: jax.Array, zeta: jax.Array, scale_base: float,
+                sign: float) -> jax.Array:
+    """zeta^(sign * (p - c) / gamma), B x T x R/2. Queries use sign +1, keys -1; the centre c (the
+    same for queries and keys) cancels in every score and only keeps the powers in float range."""
+    exponent_BxT = sign * (positions_BxT.astype(jnp.float32) - center_B[:, None]) / scale_base
+    return zeta ** exponent_BxT[..., None]
 
 
 @register("rope")
 class Rope(Scheme):
-    """Rotary position embedding (RoFormer).
+    """Rotary position embedding (RoFormer), with evaluation-time extensions as options.
 
     q_m <- R(m theta) q_m, k_n <- R(n theta) k_n, with 2x2 rotations of feature pairs at angles
     m * theta_i, theta_i = base^(-2i/d); then <R(m theta) q, R(n theta) k> = <q, R((n - m) theta) k>.
     Su et al., "RoFormer: Enhanced Transformer with Rotary Position Embedding", 2021.
+
+    Options (all off by default; none adds a parameter, so each can be switched on at evaluation):
+    - fraction: partial rotary, only the first floor(fraction * d) (even) features rotate.
+    - pi_factor: position interpolation, theta_i <- pi_factor * theta_i, pi_factor = L_train /
+      L_target (Chen et al. 2023, "Extending Context Window of Large Language Models via
+      Positional Interpolation").
+    - ntk_alpha: NTK-aware scaling, base <- base * alpha^(d/(d-2)) (bloc97 2023, Reddit
+      "NTK-Aware Scaled RoPE"; formalised by Peng et al. 2023).
+    - dynamic_ntk: the same with alpha = max(1, (n_max + 1) / L_train), n_max the largest key
+      position of the row (emozilla 2023, "Dynamically Scaled RoPE"). This alpha depends on the
+      window, not only on the pair: within L_train it is plain RoPE; beyond it every position of
+      the window is encoded with the window's alpha, so a prefix longer than L_train is encoded
+      differently inside a longer window (by design of the method). It relies on `rotate` seeing
+      all keys of the window at once, as dense and blockwise attention both call it.
+    - yarn_scale (s), yarn_beta_fast (beta), yarn_beta_slow (alpha), yarn_temperature: YaRN (Peng
+      et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"):
+      r_i = L_train / lambda_i, lambda_i = 2 pi / theta_i; gamma(r) = 0 if r < alpha, 1 if
+      r > beta, (r - alpha)/(beta - alpha) otherwise; theta_i <- (1 - gamma) theta_i / s +
+      gamma theta_i; the logits are multiplied by 1/t, sqrt(1/t) = 0.1 ln(s) + 1 (`logit_scale`
+      hook; it multiplies the whole logit, the paper's softmax(q^T k / (t sqrt(d)))). The ramp is
+      the paper's, linear in r; the authors' code rounds its ends to whole feature indices.
+    - rerope_window (w): ReRoPE (Su 2023, "Transformer升级之路 12: 无限外推的ReRoPE?",
+      kexue.fm/archives/9708): the relative position m - n is replaced by min(m - n, w). Realised
+      exactly (up to float rounding) through the `bias` hook, which receives the rotated q and k:
+      for pairs with m - n > w it adds  scale * (<R(w - m) q'_m, R(-n) k'_n> - <q'_m, k'_n>) / sqrt(K)
+      (q', k' rotated at m and n), i.e. it replaces the RoPE logit by <R(w) q_m, k_n> / sqrt(K),
+      the logit at relative position w. Keys after the query (masked in a decoder) are left alone.
+      Costs two extra q k^T products per layer, as Su's own two-pass implementation. Not combinable
+      with xpos (its decay would not be clamped) nor with dynamic_ntk (a tile cannot know alpha).
+    - xpos, xpos_gamma0, xpos_scale_base: xPos (Sun et al. 2022, "A Length-Extrapolatable
+      Transformer"): after the rotation q_m <- q_m * zeta^(m/gamma), k_n <- k_n * zeta^(-n/gamma)
+      per feature pair, zeta_i = (2i/d + gamma0)/(1 + gamma0), gamma = xpos_scale_base, so that
+      pair i of every score decays by zeta_i^((m - n)/gamma). Positions are centred per call
+      (the same centre for q and k, which cancels) to keep the powers in float32 range. The
+      paper's blockwise causal attention at inference is not part of the encoding.
     """
     family = "relative"
     citation = "Su et al. 2021"
     Options = RopeOptions
 
+    def __init__(self, options, dims: ModelDims, *, rngs):
+        super().__init__(options, dims, rngs=rngs)
+        validate_rope_options(options)
+        self.rotary_dim = rotary_dim_of(options, dims.head_dim)
+        uses_ntk = options.dynamic_ntk or options.ntk_alpha != 1.0
+        if uses_ntk and 0 < self.rotary_dim <= 2:
+            raise ValueError(f"NTK scaling needs more than 2 rotated features per head, got "
+                             f"{self.rotary_dim}; raise rope.fraction")
+
+    def _inv_freq(self, k_pos_BxS: jax.Array) -> jax.Array:
+        """R/2, or B x 1 x R/2 with dynamic NTK (one alpha per row)."""
+        length_B = jnp.max(k_pos_BxS, axis=-1) + 1 if self.options.dynamic_ntk else None
+        inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim, self.dims.train_length,
+                                              length_B)
+        return inv_freq[:, None, :] if inv_freq.ndim == 2 else inv_freq
+
     def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
-        rotary_dim = int(self.dims.head_dim * self.options.fraction) // 2 * 2
-        if rotary_dim == 0:
+        if self.rotary_dim == 0:
             return q_BxTxHxK, k_BxSxHxK
-        inv_freq = rope_inverse_frequencies(rotary_dim, self.options.base)
-        return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq),
-                apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq))
+        inv_freq = self._inv_freq(k_pos_BxS)
+        q_scale = k_scale = None
+        if self.options.xpos:
+            zeta = xpos_zeta(self.rotary_dim, self.options.xpos_gamma0)
+            lo = jnp.minimum(q_pos_BxT.min(axis=-1), k_pos_BxS.min(axis=-1))
+            hi = jnp.maximum(q_pos_BxT.max(axis=-1), k_pos_BxS.max(axis=-1))
+            center_B = (lo + hi).astype(jnp.float32) / 2
+            q_scale = xpos_scales(q_pos_BxT, center_B, zeta, self.options.xpos_scale_base, 1.0)
+            k_scale = xpos_scales(k_pos_BxS, center_B, zeta, self.options.xpos_scale_base, -1.0)
+        return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq, q_scale),
+                apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale))
+
+    def logit_scale(self, q_pos_BxT, k_pos_BxS):
+        return yarn_logit_scale(self.options)
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        """ReRoPE's correction (see the class docstring); None when rerope_window is 0."""
+        window = self.options.rerope_window
+        if window == 0 or self.rotary_dim == 0:
+            return None
+        inv_freq = self._inv_freq(k_pos_BxS)
+        # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k.
+        q_far = apply_rotary(q_BxTxHxK, window - q_pos_BxT, inv_freq)
+        k_far = apply_rotary(k_BxSxHxK, -k_pos_BxS, inv_freq)
+        near_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                                  preferred_element_type=jnp.float32)
+        far_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_far, k_far, preferred_element_type=jnp.float32)
+        scale = q_BxTxHxK.shape[-1] ** -0.5 * (yarn_logit_scale(self.options) or 1.0)
+        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
+        return jnp.where(distance_Bx1xTxS > window, (far_BxHxTxS - near_BxHxTxS) * scale, 0.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class XposOptions(RopeOptions):
+    xpos: bool = True
+
+
+@register("xpos")
+class Xpos(Rope):
+    """xPos: RoPE whose feature pair i decays as zeta_i^((m - n)/gamma) with the distance.
+
+    q_m <- R(m theta) q_m * zeta^(m/gamma), k_n <- R(n theta) k_n * zeta^(-n/gamma),
+    zeta_i = (2i/d + gamma0)/(1 + gamma0), gamma0 = 0.4, gamma = scale_base = 512; so the score of
+    pair i is zeta_i^((m - n)/gamma) times its RoPE score. Every `rope` option applies as well.
+    Sun et al., "A Length-Extrapolatable Transformer", ACL 2023 (arXiv 2022).
+    """
+    citation = "Sun et al. 2022"
+    Options = XposOptions

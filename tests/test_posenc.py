@@ -119,3 +119,19 @@ def test_learned_table_refuses_longer_lengths_and_names_the_option():
     message = str(err.value)
     assert "learned" in message and "32" in message and "64" in message
     assert "--config.posenc.learned.max_length=64" in message
+
+
+@pytest.mark.parametrize("name", posenc.names())
+def test_every_scheme_documents_itself(name):
+    cls = posenc.get(name)
+    assert cls.__doc__ and len(cls.__doc__) > 60, "docstring with the formula and the citation"
+    assert cls.family and cls.citation
+    assert cls.extrapolates in ("yes", "partly", "with option", "no")
+
+
+def test_readme_scheme_table_is_generated_from_the_registry():
+    from posenc import catalogue
+    from tests.conftest import REPO
+    readme = (REPO / "README.md").read_text()
+    block = readme.split(catalogue.START)[1].split(catalogue.END)[0].strip()
+    assert block == catalogue.markdown_table(), "run: python -m posenc.catalogue --write README.md"

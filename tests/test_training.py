@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 import posenc
+from corpora import count_words, load_lines
 from experiment import evaluate, train, train_and_evaluate, write_report
 from experiment import training as training_module
 from tests.conftest import REPO, run_entry, tiny_config
@@ -59,6 +60,10 @@ def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
         assert r["scheme"] == "alibi" and r["train_length"] == 16 and r["stride"] == r["eval_length"]
         assert r["ppl"] == pytest.approx(np.exp(r["nll"])) and r["ppl"] < 256
     assert records[0]["tokens"] == records[1]["tokens"] > 10_000
+    # byte-level runs also report word-level perplexity: the same total NLL over the word count
+    words = count_words(load_lines(config.data, "valid"))
+    assert records[0]["words"] == words
+    assert records[0]["word_ppl"] == pytest.approx(np.exp(records[0]["nll"] * records[0]["tokens"] / words))
 
     sliding = evaluate(resumed, [32], stride=8)
     assert sliding[0]["tokens"] == records[0]["tokens"]
@@ -77,6 +82,17 @@ def test_max_steps_slices_a_run(tmp_path):
     second = train(config, tmp_path)
     assert second["step"] == 6 and second["done"]
     assert [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()] == list(range(1, 7))
+
+
+def test_nag_optimizer_and_warmup_from_init_lr(tmp_path):
+    config = tiny_config("alibi")
+    config.train.update(dict(optimizer="nag", momentum=0.9, lr=0.3, warmup_init_lr=1e-7, steps=12,
+                             warmup_steps=4, log_every=1, checkpoint_every=100))
+    train(config, tmp_path)
+    records = [json.loads(l) for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert records[0]["lr"] == pytest.approx(1e-7)
+    assert records[4]["lr"] == pytest.approx(0.3)
+    assert records[-1]["loss"] < records[0]["loss"] - 0.3
 
 
 def test_resume_refuses_a_different_config(tmp_path):

@@ -1,0 +1,77 @@
+"""Peak memory and tokens/s of evaluating ONE sequence of length L_valid = 1k ... 32k, for every
+scheme, dense and blockwise attention (benchmark model: d=256, 4 layers, 8 heads, bytes).
+
+    python -m benchmarks.long_eval_memory [--schemes alibi,rope] [--max_length 32768] [--run_up_to 32768]
+
+Memory is XLA's buffer assignment for the compiled evaluation program (arguments + outputs +
+temporaries: what the program needs at its peak), read without running it, so dense attention's
+quadratic growth is shown even where running it would not fit. Programs whose planned memory is
+under --run_budget_gb are also run, for tokens/s. Writes benchmarks/results/long_eval_memory.json.
+"""
+from __future__ import annotations
+
+import argparse
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import posenc
+from benchmarks import common
+
+
+def measure(scheme: str, attention: str, length: int, run_budget: float, block: int) -> dict:
+    model = common.build(scheme, train_length=length, attention=attention, attention_block=block)
+    graphdef, params = nnx.split(model)
+    tokens = jnp.zeros((1, length), jnp.int32)
+
+    @jax.jit
+    def score(params, tokens):
+        return nnx.merge(graphdef, params).token_nll(tokens, tokens).sum()
+
+    row = {"scheme": scheme, "attention": attention, "length": length}
+    try:
+        stats = common.compiled_stats(score, params, tokens)
+    except ValueError as e:  # a scheme that refuses blockwise attention (needs full rows)
+        row["note"] = str(e).split(";")[0][:60]
+        return row
+    row["peak_mb"] = stats["peak_bytes"] / 2 ** 20
+    if stats["peak_bytes"] < run_budget:
+        seconds = common.median_seconds(lambda: score(params, tokens), repeats=1, warmup=1)
+        row["tokens_per_s"] = length / seconds
+    else:
+        row["note"] = "not run: over budget"
+    return row
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default=",".join(posenc.names()))
+    ap.add_argument("--max_length", type=int, default=32768)
+    ap.add_argument("--run_up_to", type=int, default=32768, help="run (for tokens/s) only up to this length")
+    ap.add_argument("--run_budget_gb", type=float, default=4.0)
+    ap.add_argument("--block", type=int, default=512)
+    args = ap.parse_args()
+    lengths = [1024 * 2 ** i for i in range(16) if 1024 * 2 ** i <= args.max_length]
+    rows = []
+    for scheme in args.schemes.split(","):
+        for attention in ("dense", "blockwise"):
+            for length in lengths:
+                budget = args.run_budget_gb * 2 ** 30 if length <= args.run_up_to else 0
+                row = measure(scheme, attention, length, budget, args.block)
+                prev = next((r for r in reversed(rows) if r["scheme"] == scheme and r["attention"] == attention
+                             and "peak_mb" in r), None)
+                if prev and "peak_mb" in row:
+                    row["growth_per_doubling"] = row["peak_mb"] / prev["peak_mb"]
+                rows.append(row)
+                common.print_table([row], ["scheme", "attention", "length", "peak_mb", "growth_per_doubling",
+                                           "tokens_per_s", "note"])
+    path = common.write("long_eval_memory", {"model": common.BENCH_MODEL, "block": args.block, "rows": rows})
+    print()
+    common.print_table(rows, ["scheme", "attention", "length", "peak_mb", "growth_per_doubling", "tokens_per_s",
+                              "note"])
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,92 @@
+"""Training throughput of our decoder against x-transformers (PyTorch, CPU) on the same model and
+batch (d=256, 4 layers, 8 heads, FFN 1024, L=256, batch 8, byte vocabulary, tied embeddings, AdamW),
+for the schemes both have. Ours runs first, then theirs, in the same process; the ratio is
+ours / theirs in tokens/s (> 1: we are faster).
+
+    pip install -e '.[bench]'     # torch==2.13.0 (CPU) and x-transformers; not runtime dependencies
+    python -m benchmarks.vs_xtransformers [--schemes alibi,rope] [--repeats 10]
+
+Writes benchmarks/results/vs_xtransformers.json.
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import time
+
+from benchmarks import common
+from benchmarks.throughput import bench_scheme
+
+# our registry name -> x-transformers options (TransformerWrapper kwargs, Decoder kwargs)
+XT_SCHEMES = {
+    "sinusoidal": ({"use_abs_pos_emb": True, "scaled_sinu_pos_emb": True}, {}),
+    "rope": ({"use_abs_pos_emb": False}, {"rotary_pos_emb": True}),
+    "alibi": ({"use_abs_pos_emb": False}, {"alibi_pos_bias": True}),
+    "t5": ({"use_abs_pos_emb": False}, {"rel_pos_bias": True}),
+    "nope": ({"use_abs_pos_emb": False}, {}),
+}
+
+
+def xtransformers_tokens_per_s(scheme: str, seq_len: int, batch: int, repeats: int) -> float:
+    import torch
+    from x_transformers import Decoder, TransformerWrapper
+
+    torch.manual_seed(0)
+    wrapper_kw, decoder_kw = XT_SCHEMES[scheme]
+    m = common.BENCH_MODEL
+    model = TransformerWrapper(
+        num_tokens=m["vocab_size"], max_seq_len=seq_len, tie_embedding=True, **wrapper_kw,
+        attn_layers=Decoder(dim=m["d_model"], depth=m["num_layers"], heads=m["num_heads"],
+                            attn_dim_head=m["d_model"] // m["num_heads"],
+                            ff_mult=m["mlp_dim"] // m["d_model"], **decoder_kw))
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
+    tokens = torch.randint(0, m["vocab_size"], (batch, seq_len + 1))
+
+    def step():
+        logits = model(tokens[:, :-1])
+        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        opt.zero_grad(set_to_none=True)
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+
+    step()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - t0)
+    return batch * seq_len / statistics.median(times)
+
+
+def main():
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--schemes", default=",".join(XT_SCHEMES))
+    ap.add_argument("--seq_len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--repeats", type=int, default=10)
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    rows = []
+    for scheme in args.schemes.split(","):
+        ours = bench_scheme(scheme, args.seq_len, args.batch, "float32", args.repeats)["train_tokens_per_s"]
+        theirs = xtransformers_tokens_per_s(scheme, args.seq_len, args.batch, args.repeats)
+        row = {"scheme": scheme, "ours_tokens_per_s": ours, "xtransformers_tokens_per_s": theirs,
+               "ours_over_theirs": ours / theirs}
+        rows.append(row)
+        common.print_table([row], list(row))
+    print()
+    common.print_table(rows, ["scheme", "ours_tokens_per_s", "xtransformers_tokens_per_s", "ours_over_theirs"])
+    import x_transformers
+    path = common.write("vs_xtransformers", {"model": common.BENCH_MODEL, "seq_len": args.seq_len,
+                                             "batch": args.batch, "torch": torch.__version__,
+                                             "torch_threads": torch.get_num_threads(),
+                                             "x_transformers": getattr(x_transformers, "__version__", "?"),
+                                             "rows": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,82 @@
+"""Contextual Position Encoding (CoPE): positions that count gated keys instead of tokens."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc.base import ModelDims, Scheme, register
+
+
+def contextual_positions(gates_BxHxTxS: jax.Array) -> jax.Array:
+    """p_ij = sum_{t=j}^{S-1} g_it: a reverse cumulative sum over keys (masked gates are 0, so for a
+    causal row this is sum_{t=j}^{i} g_it)."""
+    return jnp.flip(jnp.cumsum(jnp.flip(gates_BxHxTxS, -1), axis=-1), -1)
+
+
+def interpolate_logits(z_BxHxTxP: jax.Array, p_BxHxTxS: jax.Array) -> jax.Array:
+    """z[p] for fractional p in [0, P-1]: (1 - w) z[floor p] + w z[floor p + 1], w = p - floor p,
+    gathered per (query, key) from the B x H x T x P table of per-integer-position logits."""
+    num = z_BxHxTxP.shape[-1]
+    lo = jnp.clip(jnp.floor(p_BxHxTxS), 0, num - 1)
+    w = p_BxHxTxS - lo
+    lo_i = lo.astype(jnp.int32)
+    hi_i = jnp.minimum(lo_i + 1, num - 1)
+    z_lo = jnp.take_along_axis(z_BxHxTxP, lo_i, axis=-1)
+    z_hi = jnp.take_along_axis(z_BxHxTxP, hi_i, axis=-1)
+    return (1.0 - w) * z_lo + w * z_hi
+
+
+@dataclasses.dataclass(frozen=True)
+class CopeOptions:
+    max_positions: int = 0  # rows of e (P); 0 means train_length + 1, every count seen in training
+
+
+@register("cope")
+class Cope(Scheme):
+    """Contextual Position Encoding: the position of key j seen from query i counts the keys
+    between them that the query's gates let through.
+
+        g_ij = sigmoid(q_i . k_j / sqrt(d)),   p_ij = sum_{t=j}^{i} g_it,
+        bias_ij = q_i . e[p_ij] = (1 - w) q_i . e[floor p_ij] + w q_i . e[floor p_ij + 1], w = p - floor p,
+
+    with e a learned P x d table (shared by the heads, one per layer) and p_ij clamped to P - 1.
+    q_i . e[p] is computed for every integer p (B x H x T x P) and gathered: no T x T x d tensor.
+    Golovneva, Wang, Weston & Sukhbaatar, "Contextual Position Encoding: Learning to Count What's
+    Important", 2024. The gate logit takes the same 1/sqrt(d) as the attention logit (the
+    authors' code gates the scaled logits); e starts as N(0, 0.02^2) (our choice).
+
+    p_ij sums over all keys j .. i, which one key tile does not hold: the scheme sets
+    `needs_full_rows`, and the decoder then uses dense attention (blockwise refuses it).
+    Positions are used only for the causal restriction (key position <= query position).
+    Extends to any length: counts beyond P - 1 are clamped (as in the paper's p_max).
+    """
+    family = "contextual"
+    citation = "Golovneva et al. 2024"
+    extrapolates = "yes"
+    Options = CopeOptions
+    per_layer = True
+    needs_full_rows = True
+
+    def __init__(self, options: CopeOptions, dims: ModelDims, *, rngs: nnx.Rngs):
+        super().__init__(options, dims, rngs=rngs)
+        if options.max_positions < 0:
+            raise ValueError(f"cope.max_positions must be >= 0 (0 = train_length + 1), got {options.max_positions}")
+        self.rows = options.max_positions or dims.train_length + 1
+        init = nnx.initializers.normal(stddev=0.02)
+        self.table = nnx.Param(init(rngs.params(), (self.rows, dims.head_dim), jnp.float32))
+
+    def positions(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array:
+        """The contextual positions p_ij, B x H x T x S, float32 (0 where j is after i)."""
+        logits = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                            preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
+        causal_Bx1xTxS = (k_pos_BxS[:, None, :] <= q_pos_BxT[:, :, None])[:, None]
+        gates = jnp.where(causal_Bx1xTxS, jax.nn.sigmoid(logits), 0.0)
+        return contextual_positions(gates)
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        p = jnp.minimum(self.positions(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS), self.rows - 1)
+        z_BxHxTxP = jnp.einsum("bthk,pk->bhtp", q_BxTxHxK.astype(jnp.float32), self.table[...])
+        return interpolate_logits(z_BxHxTxP, p)

@@ -1,0 +1,111 @@
+"""KERPLE: logits biases from conditionally positive definite kernels of the distance |i - j|."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc.base import ModelDims, Scheme, register
+
+
+def inverse_softplus(y: jax.Array) -> jax.Array:
+    """x with softplus(x) = y, for y > 0."""
+    return y + jnp.log(-jnp.expm1(-y))
+
+
+def inverse_sigmoid(y: jax.Array) -> jax.Array:
+    """x with sigmoid(x) = y, for 0 < y < 1."""
+    return jnp.log(y) - jnp.log1p(-y)
+
+
+def head_distances(q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
+    """|i - j| as float32, B x 1 x T x S (broadcasts over heads)."""
+    return jnp.abs(q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :]).astype(jnp.float32)[:, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class KerpleLogOptions:
+    r1_init_max: float = 2.0  # r1 starts uniform in (init_min, r1_init_max), one per head
+    r2_init_max: float = 1.0  # r2 starts uniform in (init_min, r2_init_max), one per head
+    init_min: float = 0.01
+
+
+@dataclasses.dataclass(frozen=True)
+class KerplePowerOptions:
+    r1_init_max: float = 1.0  # r1 starts uniform in (init_min, r1_init_max), one per head
+    r2_init_max: float = 1.99 # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
+    init_min: float = 0.01
+
+
+def _uniform_per_head(rngs: nnx.Rngs, num_heads: int, low: float, high: float) -> jax.Array:
+    return jax.random.uniform(rngs.params(), (num_heads,), jnp.float32, low, high)
+
+
+@register("kerple_log")
+class KerpleLog(Scheme):
+    """KERPLE, logarithmic variant: logits[h, i, j] += -r1_h * log(1 + r2_h * |i - j|).
+
+    r1_h, r2_h > 0 are learned per head, kept positive as softplus of unconstrained parameters, and
+    every layer has its own (`per_layer`). Initialised uniformly in (0.01, 2) and (0.01, 1).
+    Chi, Fan, Ramadge & Rudnicky, "KERPLE: Kernelized Relative Positional Embedding for Length
+    Extrapolation", NeurIPS 2022. The bias is added after the 1/sqrt(d) scaling.
+    """
+    family = "relative"
+    citation = "Chi et al. 2022"
+    Options = KerpleLogOptions
+    per_layer = True
+
+    def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
+        super().__init__(options, dims, rngs=rngs)
+        r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
+        r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
+        self.r1_raw = nnx.Param(inverse_softplus(r1))
+        self.r2_raw = nnx.Param(inverse_softplus(r2))
+
+    def coefficients(self) -> tuple[jax.Array, jax.Array]:
+        """(r1, r2), each of shape H."""
+        return jax.nn.softplus(self.r1_raw[...]), jax.nn.softplus(self.r2_raw[...])
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        r1_H, r2_H = self.coefficients()
+        distance = head_distances(q_pos_BxT, k_pos_BxS)
+        return -r1_H[:, None, None] * jnp.log1p(r2_H[:, None, None] * distance)
+
+
+@register("kerple_power")
+class KerplePower(Scheme):
+    """KERPLE, power variant: logits[h, i, j] += -r1_h * |i - j|^r2_h, r1_h > 0, 0 < r2_h <= 2.
+
+    Learned per head, every layer its own (`per_layer`): r1 = softplus(.), r2 = 2 * sigmoid(.), so
+    0 < r2 < 2. Initialised uniformly in (0.01, 1) and (0.01, 1.99).
+    Chi, Fan, Ramadge & Rudnicky, "KERPLE: Kernelized Relative Positional Embedding for Length
+    Extrapolation", NeurIPS 2022.
+    """
+    family = "relative"
+    citation = "Chi et al. 2022"
+    Options = KerplePowerOptions
+    per_layer = True
+
+    def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
+        super().__init__(options, dims, rngs=rngs)
+        if not 0 < options.init_min < options.r2_init_max < 2:
+            raise ValueError(f"kerple_power needs 0 < init_min < r2_init_max < 2, got "
+                             f"{options.init_min} and {options.r2_init_max}")
+        r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
+        r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
+        self.r1_raw = nnx.Param(inverse_softplus(r1))
+        self.r2_raw = nnx.Param(inverse_sigmoid(r2 / 2.0))
+
+    def coefficients(self) -> tuple[jax.Array, jax.Array]:
+        """(r1, r2), each of shape H."""
+        return jax.nn.softplus(self.r1_raw[...]), 2.0 * jax.nn.sigmoid(self.r2_raw[...])
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        r1_H, r2_H = self.coefficients()
+        distance = head_distances(q_pos_BxT, k_pos_BxS)
+        # d^r2 = exp(r2 log d) for d > 0 and 0 at d = 0, without a log(0) in the gradient.
+        safe_log = jnp.log(jnp.where(distance > 0, distance, 1.0))
+        power = jnp.where(distance > 0, jnp.exp(r2_H[:, None, None] * safe_log), 0.0)
+        return -r1_H[:, None, None] * power

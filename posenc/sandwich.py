@@ -1,0 +1,88 @@
+"""Sandwich: the inner product of two sinusoidal position vectors as a parameter-free logits bias."""
+from __future__ import annotations
+
+import dataclasses
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from posenc.base import Scheme, register
+
+
+def sandwich_compression(num_heads: int) -> np.ndarray:
+    """The per-head divisor 8h/H, h = 1 .. H: ALiBi's exponents (its slopes are 2^(-8h/H))."""
+    return 8.0 * np.arange(1, num_heads + 1) / num_heads
+
+
+def sinusoid_inner_product(distance: jax.Array, dim: int, base: float = 10000.0) -> jax.Array:
+    """sum_{k=1}^{dim/2} cos(distance / base^(2k/dim)) = p_i . p_j for sinusoidal p of width dim
+    (frequencies k = 1 .. dim/2 as in the paper), for integer distances i - j of any shape.
+
+    Summed one frequency at a time in a fixed order: elementwise, so a value does not depend on the
+    shape of the array it sits in, and no (..., dim/2) intermediate is materialised.
+    """
+    distance = distance.astype(jnp.float32)
+    inv_freq = base ** (-2.0 * jnp.arange(1, dim // 2 + 1, dtype=jnp.float32) / dim)
+
+    def add_frequency(k, total):
+        return total + jnp.cos(distance * inv_freq[k])
+
+    return jax.lax.fori_loop(0, dim // 2, add_frequency, jnp.zeros_like(distance))
+
+
+def distance_function(fn, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
+    """fn(i - j) for every (query, key) pair, B x T x S, for an elementwise `fn` of int32 distances.
+
+    When every row's positions are consecutive (the usual case) only the T + S - 1 distinct
+    distances are evaluated and then gathered; otherwise every pair is. Both give the same values.
+    """
+    t, s = q_pos_BxT.shape[1], k_pos_BxS.shape[1]
+    consecutive = (jnp.all(q_pos_BxT == q_pos_BxT[:, :1] + jnp.arange(t))
+                   & jnp.all(k_pos_BxS == k_pos_BxS[:, :1] + jnp.arange(s)))
+
+    def by_table(_):
+        offsets_D = jnp.arange(-(s - 1), t)
+        table_BxD = fn(q_pos_BxT[:, :1] - k_pos_BxS[:, :1] + offsets_D)
+        index_TxS = jnp.arange(t)[:, None] - jnp.arange(s)[None, :] + (s - 1)
+        return table_BxD[:, index_TxS]
+
+    def by_pair(_):
+        return fn(q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])
+
+    return jax.lax.cond(consecutive, by_table, by_pair, None)
+
+
+@dataclasses.dataclass(frozen=True)
+class SandwichOptions:
+    dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias
+    base: float = 10000.0
+
+
+@register("sandwich")
+class Sandwich(Scheme):
+    """Sandwich: logits[h, i, j] += (p_i . p_j - d'/2) / (8h/H), no parameters.
+
+    p_i . p_j = sum_{k=1}^{d'/2} cos((i - j) / 10000^(2k/d')), the inner product of two sinusoidal
+    position vectors of width d' (default 128), which depends only on i - j and decays roughly
+    logarithmically with the distance. As in the paper, every head h = 1 .. H divides it by its
+    compression ratio 8h/H (the exponents of ALiBi's slopes, 2^(-8h/H)), so heads see
+    differently stretched copies. We subtract d'/2 (the value at distance 0) so that the bias is 0
+    on the diagonal and negative elsewhere; a per-head constant, it leaves the softmax unchanged.
+    Chi, Fan, Rudnicky & Ramadge, "Dissecting Transformer Length Extrapolation via the Lens of
+    Receptive Field Analysis", ACL 2023. The bias is added after the 1/sqrt(d) scaling.
+    """
+    family = "relative"
+    citation = "Chi et al. 2023"
+    Options = SandwichOptions
+
+    def __init__(self, options, dims, *, rngs):
+        super().__init__(options, dims, rngs=rngs)
+        if options.dim < 2 or options.dim % 2:
+            raise ValueError(f"sandwich.dim must be even and >= 2, got {options.dim}")
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        inner_BxTxS = distance_function(
+            lambda d: sinusoid_inner_product(d, self.options.dim, self.options.base), q_pos_BxT, k_pos_BxS)
+        ratio_H = jnp.asarray(sandwich_compression(self.dims.num_heads), jnp.float32)
+        return (inner_BxTxS[:, None] - self.options.dim / 2) / ratio_H[None, :, None, None]

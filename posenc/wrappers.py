@@ -1,0 +1,148 @@
+"""Schemes that wrap any other registered scheme: log-n logit scaling and randomized positions.
+
+A wrapper names its inner scheme in `base` and builds it from the same `posenc` config block, so
+`--config.posenc.name=logn --config.posenc.logn.base=rope --config.posenc.rope.base=500000`
+configures both. Every hook is delegated to the inner scheme; the wrapper changes one thing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc.base import LengthError, ModelDims, Scheme, build, get, register
+
+
+class Wrapper(Scheme):
+    """Delegates every hook to `self.inner`, the scheme named by `options.base`."""
+    wraps_scheme = True
+
+    def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+        super().__init__(options, dims, rngs=rngs)
+        chain = tuple((posenc_cfg or {}).get("_wrapped_by", ())) + (self.name,)
+        get(options.base)  # unknown names: the registry's error, listing the valid ones
+        if options.base in chain:
+            raise ValueError(f"positional scheme {self.name!r} cannot wrap {options.base!r}: the chain "
+                             f"{' -> '.join(chain + (options.base,))} wraps itself")
+        inner_cfg = {key: posenc_cfg[key] for key in posenc_cfg.keys()} if posenc_cfg is not None else {}
+        inner_cfg.update(name=options.base, _wrapped_by=chain)
+        self.inner = build(inner_cfg, dims, rngs=rngs)
+        # Read off the instance by the decoder and attention: what the inner scheme needs.
+        self.per_layer = bool(getattr(self.inner, "per_layer", False))
+        self.needs_full_rows = bool(getattr(self.inner, "needs_full_rows", False))
+
+    def embed(self, x_BxTxD, positions_BxT):
+        return self.inner.embed(x_BxTxD, positions_BxT)
+
+    def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        return self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+
+    def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        return self.inner.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+
+    def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS):
+        return self.inner.value_bias(probs_BxHxTxS, q_pos_BxT, k_pos_BxS)
+
+    def logit_scale(self, q_pos_BxT, k_pos_BxS):
+        return self.inner.logit_scale(q_pos_BxT, k_pos_BxS)
+
+    def check_length(self, length):
+        self.inner.check_length(length)
+
+    def sample_positions(self, positions_BxT, key):
+        return self.inner.sample_positions(positions_BxT, key)
+
+
+def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
+    """max(1, log(n) / log(L_train)), n = q_pos + 1 keys seen by the query; B x 1 x T x 1."""
+    n = q_pos_BxT.astype(jnp.float32) + 1.0
+    scale_BxT = jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
+    return scale_BxT[:, None, :, None]
+
+
+@dataclasses.dataclass(frozen=True)
+class LognOptions:
+    base: str = "rope"  # the wrapped scheme (RoPE: the pairing of Su 2021 and later long-context LMs)
+
+
+@register("logn")
+class LogN(Wrapper):
+    """Log-n attention scaling around any scheme: the logits of the query at position m (which
+    attends to n = m + 1 keys) are multiplied by max(1, log n / log L_train), times the inner
+    scheme's own `logit_scale`. Within the training length nothing changes; beyond it the
+    softmax is sharpened so that its entropy does not grow with the number of keys.
+
+    Chiang & Cholak, "Overcoming a Theoretical Limitation of Self-Attention", ACL 2022 (scale by
+    log n); Su, "从熵不变性看Attention的Scale操作" (kexue.fm/archives/8823, 2021: log n / log L_train,
+    the form used here). Needs L_train >= 2. Extends to any length the inner scheme does.
+    """
+    family = "wrapper"
+    citation = "Chiang & Cholak 2022; Su 2021"
+    extrapolates = "partly"  # as far as its inner scheme (rope by default) does
+    Options = LognOptions
+
+    def __init__(self, options: LognOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+        if dims.train_length < 2:
+            raise ValueError(f"logn divides by log(train_length); it needs train_length >= 2, got {dims.train_length}")
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+
+    def logit_scale(self, q_pos_BxT, k_pos_BxS):
+        scale = logn_scale(q_pos_BxT, self.dims.train_length)
+        inner = self.inner.logit_scale(q_pos_BxT, k_pos_BxS)
+        return scale if inner is None else scale * inner
+
+
+def sorted_random_positions(key: jax.Array, batch: int, length: int, max_length: int) -> jax.Array:
+    """B x T int32: per row, a uniformly random T-subset of [0, max_length), in increasing order."""
+    def row(k):
+        return jnp.sort(jax.random.choice(k, max_length, (length,), replace=False))
+    return jax.vmap(row)(jax.random.split(key, batch)).astype(jnp.int32)
+
+
+@dataclasses.dataclass(frozen=True)
+class RandomizedOptions:
+    base: str = "rope"    # the wrapped scheme
+    max_length: int = 0   # L, the range positions are drawn from; 0 means 16 x train_length
+
+
+@register("randomized")
+class Randomized(Wrapper):
+    """Randomized positional encodings around any scheme: in training, a length-T sequence gets
+    the positions of a sorted, uniformly random T-subset of [0, L) (a new one per row and step);
+    in evaluation it gets 0 .. T-1 as usual. Position values up to L - 1 are thus all seen in
+    training, so evaluation up to length L stays in distribution for the inner scheme.
+
+    Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg & Veness, "Randomized Positional
+    Encodings Boost Length Generalization of Transformers", ACL 2023. The paper chooses L larger
+    than the longest test length; our default L = 16 x train_length matches the longest evaluation
+    multiplier of the demo sweep (eval lengths 1x .. 16x). Evaluation positions are 0 .. T-1 (the
+    decoder passes them unchanged without a dropout key), not a random subset.
+    Training needs T <= L; the inner scheme must encode positions up to L - 1 (`check_length`
+    asks it for max(length, L)).
+    """
+    family = "wrapper"
+    citation = "Ruoss et al. 2023"
+    extrapolates = "with option"  # up to max_length (a training-time choice)
+    Options = RandomizedOptions
+
+    def __init__(self, options: RandomizedOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+        if options.max_length < 0:
+            raise ValueError(f"randomized.max_length must be >= 0 (0 = 16 x train_length), got {options.max_length}")
+        self.max_length = options.max_length or 16 * dims.train_length
+
+    def check_length(self, length):
+        self.inner.check_length(max(length, self.max_length))
+
+    def sample_positions(self, positions_BxT, key):
+        b, t = positions_BxT.shape
+        if t > self.max_length:
+            raise LengthError(
+                f"positional scheme 'randomized' draws training positions from [0, {self.max_length}) "
+                f"but length {t} was requested; set --config.posenc.randomized.max_length={t} (or larger)")
+        sampled = sorted_random_positions(key, b, t, self.max_length).astype(positions_BxT.dtype)
+        return self.inner.sample_positions(sampled, jax.random.fold_in(key, 1))
