@@ -1,8 +1,9 @@
 """Perplexity at many lengths: python eval_extrapolate.py --workdir DIR [--lengths 64,128] [--stride S]
 
 Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
-(each window re-encodes L_valid - S tokens of context and scores S new ones). Results are merged
-into DIR/eval/extrapolation.json.
+(each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
+switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
+Results are merged into DIR/eval/extrapolation.json.
 """
 from absl import app, flags
 
@@ -16,6 +17,7 @@ flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (de
 flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
 flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
                      "default: config.eval.max_tokens)")
+flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -25,8 +27,12 @@ def main(argv):
 
     def go():
         lengths = [int(x) for x in FLAGS.lengths] if FLAGS.lengths else None
+        bad = [s for s in FLAGS.set if "=" not in s]
+        if bad:
+            raise ValueError(f"--set takes KEY=VALUE, got {bad[0]!r}")
+        overrides = dict(s.split("=", 1) for s in FLAGS.set)
         for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens,
-                          max_tokens=FLAGS.max_tokens):
+                          max_tokens=FLAGS.max_tokens, overrides=overrides):
             extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
             print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
                   f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")

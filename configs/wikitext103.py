@@ -51,7 +51,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   text_column="text", tokenizer="word", vocab_size=0, train_split="train")
     c.model = dict(num_layers=16, d_model=1024, num_heads=8, mlp_dim=4096, activation="relu",
                    dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, tie_embeddings=True,
-                   adaptive_cutoffs=(20000, 60000), adaptive_factor=4, dtype="bfloat16")
+                   adaptive_cutoffs=(20000, 60000), adaptive_factor=4, attention="auto", attention_block=512,
+                   dtype="bfloat16")
     c.posenc = posenc.default_config(scheme)
     c.train = dict(seq_len=train_length, batch_size=max(1, DEVICES * TOKENS_PER_DEVICE // train_length),
                    steps=286_000, optimizer="nag", lr=1.0, momentum=0.99, warmup_steps=16_000,

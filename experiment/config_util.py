@@ -39,14 +39,23 @@ def load_config(path: pathlib.Path) -> ml_collections.ConfigDict:
 
 
 # Keys that may differ when an existing run is resumed; anything else must match config.json.
-RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.checkpoint_every", "eval")
+RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.checkpoint_every", "eval", "model.attention",
+                  "model.attention_block")
 
 
 def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
-    """Dotted keys whose values differ between two config dicts (ignoring RESUMABLE_KEYS)."""
+    """Dotted keys whose values differ between two config dicts, ignoring RESUMABLE_KEYS, the option
+    blocks of schemes the run does not use, and keys the old config did not have yet (options added
+    by a later version of the code)."""
     diffs = []
+    if not prefix and isinstance(old.get("posenc"), dict) and isinstance(new.get("posenc"), dict):
+        keep = {"name", new["posenc"].get("name"), old["posenc"].get("name")}
+        old = {**old, "posenc": {k: v for k, v in old["posenc"].items() if k in keep}}
+        new = {**new, "posenc": {k: v for k, v in new["posenc"].items() if k in keep}}
     for key in sorted(set(old) | set(new)):
         dotted = f"{prefix}{key}"
+        if key not in old:
+            continue
         if any(dotted == k or dotted.startswith(k + ".") for k in RESUMABLE_KEYS):
             continue
         a, b = old.get(key), new.get(key)

@@ -50,6 +50,37 @@ def attention_tile(model_cfg, scheme_cls, length: int) -> int | None:
     return None
 
 
+EVAL_OVERRIDABLE = ("posenc.", "model.attention")
+
+
+def apply_overrides(config, overrides: dict[str, str]) -> None:
+    """Set eval-time knobs (scheme options that change no parameters, the attention path) on a
+    loaded config, typed like the values they replace."""
+    for dotted, raw in overrides.items():
+        if not dotted.startswith(EVAL_OVERRIDABLE) or dotted == "posenc.name":
+            raise ValueError(f"--set {dotted}: only posenc.<scheme>.<option> and model.attention* can change "
+                             f"at evaluation (anything else needs a new training run)")
+        *parents, leaf = dotted.split(".")
+        node = config
+        for part in parents:
+            if part not in node:
+                raise ValueError(f"--set {dotted}: no config key {part!r}; valid: {', '.join(sorted(node.keys()))}")
+            node = node[part]
+        if leaf not in node and parents == ["model"]:  # a run saved before the option existed
+            from models.decoder import ModelConfig
+            node[leaf] = ModelConfig.__dataclass_fields__[leaf].default
+        if leaf not in node:
+            raise ValueError(f"--set {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
+        old = node[leaf]
+        if isinstance(old, bool):
+            value = str(raw).lower() in ("1", "true", "yes")
+        elif old is None:
+            value = raw
+        else:
+            value = type(old)(raw)
+        node[leaf] = value
+
+
 def _require_run(workdir: pathlib.Path) -> None:
     if not (workdir / "config.json").exists():
         raise ConfigError(f"{workdir} is not a run directory (no config.json); train first: "
@@ -62,7 +93,8 @@ def _require_run(workdir: pathlib.Path) -> None:
 
 def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
     old = json.loads(path.read_text()) if path.exists() else []
-    key = lambda r: (r.get("split"), r["eval_length"], r["stride"], r.get("max_tokens", 0))
+    key = lambda r: (r.get("split"), r["eval_length"], r["stride"], r.get("max_tokens", 0),
+                     json.dumps(r.get("overrides", {}), sort_keys=True))
     merged = {key(r): r for r in old}
     merged.update({key(r): r for r in new})
     records = sorted(merged.values(), key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
@@ -75,17 +107,22 @@ def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
 
 def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int = 0,
              split: str | None = None, batch_tokens: int | None = None,
-             skip_impossible: bool = False, max_tokens: int | None = None) -> list[dict]:
+             skip_impossible: bool = False, max_tokens: int | None = None,
+             overrides: dict[str, str] | None = None) -> list[dict]:
     """Evaluate the run's latest checkpoint at each length; stride 0 = nonoverlapping.
 
     `max_tokens` > 0 scores only the first max_tokens tokens of the split (quick looks and
     CPU-sized sliding windows; the record says so), 0 the whole split, None config.eval.max_tokens.
+    `overrides` ({"posenc.rope.yarn_scale": "4"}) switch eval-time knobs on without retraining;
+    the records carry them.
 
     A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
     `skip_impossible` (sweeps that include a learned table)."""
     workdir = pathlib.Path(workdir)
     _require_run(workdir)
     config = config_util.load_config(workdir / "config.json")
+    overrides = dict(overrides or {})
+    apply_overrides(config, overrides)
     lengths = [int(x) for x in (lengths or config.eval.lengths)]
     split = split or config.eval.split
     batch_tokens = batch_tokens or config.eval.batch_tokens
@@ -108,7 +145,13 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
             lengths.remove(length)
     graphdef, params = nnx.split(model)
     mngr = checkpoints.manager(workdir)
-    params, _, meta = checkpoints.restore(mngr, params)
+    try:
+        params, _, meta = checkpoints.restore(mngr, params)
+    except ValueError as e:
+        if not overrides:
+            raise
+        raise ValueError(f"the checkpoint does not fit the model with {overrides}: an overridden option changes "
+                         f"the parameters, so it cannot change at evaluation ({str(e).splitlines()[0][:200]})") from e
     lines = corpora.load_lines(config.data, split)
     stream = tokenizer.encode_lines(lines)
     words = corpora.count_words(lines)
@@ -146,6 +189,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
                   "nll": nll, "ppl": math.exp(nll), "tokenizer": tokenizer.kind,
                   "step": int(meta["step"]), "tokens_per_s": count / elapsed,
                   "max_tokens": int(max_tokens), "data": _data_name(config.data),
+                  **({"overrides": overrides} if overrides else {}),
                   "position_nll": _binned(pos_nll, pos_count)}
         if tokenizer.kind != "word":
             record.update(words=words, word_ppl=math.exp(total / words))

@@ -50,6 +50,8 @@ def _series(run: dict):
         kind = "nonoverlapping" if r["stride"] == r["eval_length"] else f"stride {r['stride']}"
         if r.get("max_tokens"):
             kind += f", first {r['max_tokens']:,} tokens"
+        if r.get("overrides"):
+            kind += ", " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(r["overrides"].items()))
         out[(r.get("split", "valid"), kind)].append((r["eval_length"], r))
     return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
 

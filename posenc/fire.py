@@ -36,6 +36,7 @@ class Fire(Scheme):
     """
     family = "relative"
     citation = "Li et al. 2024"
+    extrapolates = "yes"
     Options = FireOptions
     per_layer = True
 

@@ -42,6 +42,7 @@ class Hierarchical(Learned):
     """
     family = "absolute"
     citation = "Su 2020 (blog, kexue.fm/archives/7947)"
+    extrapolates = "partly"  # to n^2 positions, n = the table's rows
     Options = HierarchicalOptions
 
     def __init__(self, options, dims, *, rngs):

@@ -35,7 +35,7 @@ class KerpleLogOptions:
 @dataclasses.dataclass(frozen=True)
 class KerplePowerOptions:
     r1_init_max: float = 1.0  # r1 starts uniform in (init_min, r1_init_max), one per head
-    r2_init_max: float = 1.99 # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
+    r2_init_max: float = 1.99  # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
     init_min: float = 0.01
 
 
@@ -54,6 +54,7 @@ class KerpleLog(Scheme):
     """
     family = "relative"
     citation = "Chi et al. 2022"
+    extrapolates = "yes"
     Options = KerpleLogOptions
     per_layer = True
 
@@ -85,6 +86,7 @@ class KerplePower(Scheme):
     """
     family = "relative"
     citation = "Chi et al. 2022"
+    extrapolates = "yes"
     Options = KerplePowerOptions
     per_layer = True
 

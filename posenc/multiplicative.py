@@ -33,6 +33,7 @@ class Multiplicative(Scheme):
     """
     family = "absolute"
     citation = "Su 2021 (blog, kexue.fm/archives/8130)"
+    extrapolates = "no"
     Options = MultiplicativeOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):

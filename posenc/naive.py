@@ -32,6 +32,7 @@ class Integer(Scheme):
     """
     family = "absolute"
     citation = "Kazemnejad 2019 (blog)"
+    extrapolates = "no"
 
     def embed(self, x_BxTxD, positions_BxT):
         return add_to_first_features(x_BxTxD, positions_BxT.astype(jnp.float32)[..., None])
@@ -61,6 +62,7 @@ class Normalized(Scheme):
     """
     family = "absolute"
     citation = "Kazemnejad 2019 (blog)"
+    extrapolates = "no"
     Options = NormalizedOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs):
@@ -101,6 +103,7 @@ class Binary(Scheme):
     """
     family = "absolute"
     citation = "Kazemnejad 2019 (blog)"
+    extrapolates = "no"
     Options = BinaryOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs):

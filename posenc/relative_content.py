@@ -60,6 +60,7 @@ class Shaw(Scheme):
     """
     family = "relative"
     citation = "Shaw et al. 2018"
+    extrapolates = "yes"
     Options = ShawOptions
     per_layer = True
 
@@ -120,6 +121,7 @@ class TransformerXL(Scheme):
     """
     family = "relative"
     citation = "Dai et al. 2019"
+    extrapolates = "partly"
     Options = TransformerXLOptions
     per_layer = True
 
@@ -174,6 +176,7 @@ class Deberta(Scheme):
     """
     family = "relative"
     citation = "He et al. 2021"
+    extrapolates = "yes"
     Options = DebertaOptions
     per_layer = True
 
@@ -235,6 +238,7 @@ class Tupe(Scheme):
     """
     family = "absolute+relative"
     citation = "Ke et al. 2021"
+    extrapolates = "no"
     Options = TupeOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):

@@ -201,6 +201,7 @@ class Rope(Scheme):
     """
     family = "relative"
     citation = "Su et al. 2021"
+    extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE at evaluation
     Options = RopeOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs):
@@ -269,4 +270,5 @@ class Xpos(Rope):
     Sun et al., "A Length-Extrapolatable Transformer", ACL 2023 (arXiv 2022).
     """
     citation = "Sun et al. 2022"
+    extrapolates = "partly"
     Options = XposOptions

@@ -74,6 +74,7 @@ class Sandwich(Scheme):
     """
     family = "relative"
     citation = "Chi et al. 2023"
+    extrapolates = "yes"
     Options = SandwichOptions
 
     def __init__(self, options, dims, *, rngs):
