@@ -2,7 +2,7 @@
 
 Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causal attention ->
 residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
-module shared by every layer unless its class sets `per_layer = True`.
+module shared by every layer unless it sets `per_layer = True` (one instance per layer).
 """
 from __future__ import annotations
 
@@ -140,7 +140,12 @@ class DecoderLM(nnx.Module):
                                 head_dim=cfg.d_model // cfg.num_heads, num_layers=cfg.num_layers,
                                 train_length=train_length)
         self.scheme = posenc.build(posenc_cfg, dims, rngs=rngs)
-        per_layer = getattr(self.scheme, "per_layer", False)  # read off the instance: wrappers decide
+        # Per-layer schemes get one instance per block (the first block's is also `self.scheme`, for
+        # `embed`); read off the instance, since a wrapper decides by what it wraps.
+        layer_schemes = [self.scheme] * cfg.num_layers
+        if getattr(self.scheme, "per_layer", False):
+            layer_schemes = [self.scheme] + [posenc.build(posenc_cfg, dims, rngs=rngs)
+                                             for _ in range(cfg.num_layers - 1)]
         if cfg.adaptive_cutoffs:
             self.embed = AdaptiveInput(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
                                        cfg.adaptive_factor, rngs=rngs, dtype=dtype)
@@ -150,9 +155,7 @@ class DecoderLM(nnx.Module):
         else:
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
                                    embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5))
-        self.blocks = nnx.List([
-            Block(cfg, posenc.build(posenc_cfg, dims, rngs=rngs) if per_layer else self.scheme, rngs=rngs)
-            for _ in range(cfg.num_layers)])
+        self.blocks = nnx.List([Block(cfg, scheme, rngs=rngs) for scheme in layer_schemes])
         self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
         if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
