@@ -39,8 +39,8 @@ def on_wikitext(run: dict) -> bool:
 
 
 def metric(record: dict, run: dict) -> float:
-    """Perplexity; on WikiText, word-level perplexity for byte / BPE runs (comparable with the paper)."""
-    return record.get("word_ppl", record["ppl"]) if on_wikitext(run) else record["ppl"]
+    """What the plot shows: token-level perplexity (the table adds word-level for byte / BPE runs)."""
+    return record["ppl"]
 
 
 def _series(run: dict):
@@ -58,8 +58,9 @@ def _series(run: dict):
 
 def paper_curve(run: dict, kind: str, mode: str) -> list[tuple[int, float]]:
     """The paper's matching curve: nonoverlapping, or its stride-1 sliding window for any stride
-    run; 'auto' only for runs on WikiText (the paper's data)."""
-    if mode == "never" or (mode == "auto" and not on_wikitext(run)):
+    run; 'auto' only for word-level runs on WikiText (the paper's data and units: its L_valid
+    counts words, so a byte or BPE run's lengths are not the same axis)."""
+    if mode == "never" or (mode == "auto" and not (on_wikitext(run) and run["tokenizer"] == "word")):
         return []
     return paper.curve(run["scheme"], run["train_length"], sliding=not kind.startswith("nonoverlapping"))
 
@@ -78,8 +79,7 @@ def plot(runs: list[dict], path: pathlib.Path, paper_mode: str = "auto") -> None
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
-    word_level = any("word_ppl" in r and on_wikitext(run) for run in runs for r in run["records"])
+    fig, ax = plt.subplots(figsize=(11, 5))
     drawn_paper = set()
     for i, run in enumerate(runs):
         color = f"C{i % 10}"
@@ -98,10 +98,10 @@ def plot(runs: list[dict], path: pathlib.Path, paper_mode: str = "auto") -> None
     _axes_lengths(ax, runs)
     ax.set_yscale("log")
     ax.set_xlabel("evaluation length L_valid (tokens)")
-    ax.set_ylabel(("word-level " if word_level else "") + "perplexity (log scale)")
+    ax.set_ylabel("perplexity per token (log scale)")
     corpora = sorted({f"{r['corpus']}, {r['tokenizer']}" for r in runs})
     ax.set_title(f"Perplexity vs. evaluation length ({'; '.join(corpora)})", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)
@@ -114,7 +114,7 @@ def plot_positions(runs: list[dict], path: pathlib.Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(8, 5))
+    fig, ax = plt.subplots(figsize=(11, 5))
     for i, run in enumerate(runs):
         candidates = [r for r in run["records"] if r["stride"] == r["eval_length"] and r.get("position_nll")
                       and not r.get("max_tokens")] or [r for r in run["records"] if r.get("position_nll")]
@@ -128,7 +128,7 @@ def plot_positions(runs: list[dict], path: pathlib.Path) -> None:
     ax.set_xlabel("position inside the evaluation window (token index + 1)")
     ax.set_ylabel("mean loss (nats per token)")
     ax.set_title("Loss by position inside the window (nonoverlapping)", fontsize=10)
-    ax.legend(fontsize=7)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
     fig.tight_layout()
     fig.savefig(path, dpi=120)
     plt.close(fig)

@@ -56,4 +56,7 @@ def test_report_uses_word_level_perplexity_for_subword_runs(tmp_path):
     records[0].update(words=217646, word_ppl=25.0)
     (run / "eval" / "extrapolation.json").write_text(json.dumps(records))
     text = pathlib.Path(write_report([run], tmp_path / "report")["md"]).read_text()
-    assert "(word ppl)" in text and "| 512 | 3.00 | 25.00 | 19.73 |" in text
+    # word-level perplexity beside the byte-level one; no paper column: its L_valid counts words
+    assert "(word ppl)" in text and "| 512 | 3.00 | 25.00 |" in text and "Press" not in text
+    forced = pathlib.Path(write_report([run], tmp_path / "r2", paper_mode="always")["md"]).read_text()
+    assert "| 512 | 3.00 | 25.00 | 19.73 |" in forced
