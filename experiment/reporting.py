@@ -117,7 +117,7 @@ def plot_positions(runs: list[dict], path: pathlib.Path) -> None:
     fig, ax = plt.subplots(figsize=(11, 5))
     for i, run in enumerate(runs):
         candidates = [r for r in run["records"] if r["stride"] == r["eval_length"] and r.get("position_nll")
-                      and not r.get("max_tokens")] or [r for r in run["records"] if r.get("position_nll")]
+                      and not r.get("overrides")]
         if not candidates:
             continue
         r = max(candidates, key=lambda r: r["eval_length"])
