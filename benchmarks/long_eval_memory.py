@@ -2,6 +2,7 @@
 scheme, dense and blockwise attention (benchmark model: d=256, 4 layers, 8 heads, bytes).
 
     python -m benchmarks.long_eval_memory [--schemes alibi,rope] [--max_length 32768] [--run_up_to 32768]
+        [--run_schemes alibi,rope]   # measure tokens/s for these only; the rest: planned memory only
 
 Memory is XLA's buffer assignment for the compiled evaluation program (arguments + outputs +
 temporaries: what the program needs at its peak), read without running it, so dense attention's
@@ -36,11 +37,11 @@ def measure(scheme: str, attention: str, length: int, run_budget: float, block: 
         row["note"] = str(e).split(";")[0][:60]
         return row
     row["peak_mb"] = stats["peak_bytes"] / 2 ** 20
-    if stats["peak_bytes"] < run_budget:
+    if 0 < run_budget and stats["peak_bytes"] < run_budget:
         seconds = common.median_seconds(lambda: score(params, tokens), repeats=1, warmup=1)
         row["tokens_per_s"] = length / seconds
     else:
-        row["note"] = "not run: over budget"
+        row["note"] = "not run: over budget" if run_budget else "planned only"
     return row
 
 
@@ -50,14 +51,19 @@ def main():
     ap.add_argument("--max_length", type=int, default=32768)
     ap.add_argument("--run_up_to", type=int, default=32768, help="run (for tokens/s) only up to this length")
     ap.add_argument("--run_budget_gb", type=float, default=4.0)
+    ap.add_argument("--run_schemes", default="", help="run (for tokens/s) only these schemes (default: all)")
+    ap.add_argument("--attention", default="dense,blockwise")
+    ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--block", type=int, default=512)
     args = ap.parse_args()
     lengths = [1024 * 2 ** i for i in range(16) if 1024 * 2 ** i <= args.max_length]
     rows = []
+    run_schemes = set(args.run_schemes.split(",")) if args.run_schemes else None
     for scheme in args.schemes.split(","):
-        for attention in ("dense", "blockwise"):
+        for attention in args.attention.split(","):
             for length in lengths:
-                budget = args.run_budget_gb * 2 ** 30 if length <= args.run_up_to else 0
+                run = length <= args.run_up_to and (run_schemes is None or scheme in run_schemes)
+                budget = args.run_budget_gb * 2 ** 30 if run else 0
                 row = measure(scheme, attention, length, budget, args.block)
                 prev = next((r for r in reversed(rows) if r["scheme"] == scheme and r["attention"] == attention
                              and "peak_mb" in r), None)
@@ -66,10 +72,15 @@ def main():
                 rows.append(row)
                 common.print_table([row], ["scheme", "attention", "length", "peak_mb", "growth_per_doubling",
                                            "tokens_per_s", "note"])
-    path = common.write("long_eval_memory", {"model": common.BENCH_MODEL, "block": args.block, "rows": rows})
+    import resource
+    rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+    name = "long_eval_memory" + (f"_{args.tag}" if args.tag else "")
+    path = common.write(name, {"model": common.BENCH_MODEL, "block": args.block, "rows": rows,
+                                             "process_peak_rss_mb": rss_mb, "args": vars(args)})
     print()
     common.print_table(rows, ["scheme", "attention", "length", "peak_mb", "growth_per_doubling", "tokens_per_s",
                               "note"])
+    print(f"peak resident memory of this whole process (all programs above, JAX itself included): {rss_mb:,.0f} MB")
     print(f"wrote {path}")
 
 

@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 from flax import nnx
 

@@ -1,8 +1,6 @@
 """The library behind the entry points: train, evaluate, report, sweep."""
 from __future__ import annotations
 
-import pathlib
-
 from experiment.evaluation import evaluate
 from experiment.reporting import write_report
 from experiment.training import ConfigError, is_trained, train

@@ -10,10 +10,9 @@ import json
 import logging
 import pathlib
 import time
-from typing import Any, Callable
+from typing import Callable
 
 import jax
-import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax

@@ -5,7 +5,6 @@ import dataclasses
 
 import jax
 import jax.numpy as jnp
-import numpy as np
 from flax import nnx
 
 from posenc.base import LengthError, ModelDims, Scheme, register

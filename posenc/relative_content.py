@@ -9,7 +9,6 @@ the angle-difference identity into a per-query and a per-key feature (exact for 
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp

@@ -1,5 +1,4 @@
 """Bad input gets one clear line, never a traceback from deep inside JAX."""
-import pytest
 
 import posenc
 

@@ -4,7 +4,7 @@ import pytest
 
 import corpora
 from corpora import DataError, EvalWindows, eval_batches, load_lines
-from tests.conftest import REPO, run_entry
+from tests.conftest import run_entry
 
 
 def test_byte_tokenizer_ends_every_line_with_newline():

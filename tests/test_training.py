@@ -1,8 +1,6 @@
 """Training: falling loss for every scheme, exact resume, data parallelism, and the end-to-end run."""
 import json
-import os
 import pathlib
-import sys
 
 import numpy as np
 import pytest
