@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, register
+from posenc.base import ModelDims, Scheme, check_table_length, register
 
 
 @register("nope")
@@ -81,8 +81,4 @@ class Learned(Scheme):
         return x_BxTxD + jnp.take(self.table[...], positions_BxT, axis=0).astype(x_BxTxD.dtype)
 
     def check_length(self, length):
-        if length > self.rows:
-            raise LengthError(
-                f"positional scheme 'learned' has a table of {self.rows} positions but length {length} "
-                f"was requested; train with --config.posenc.learned.max_length={length} (or larger), "
-                f"or evaluate at lengths <= {self.rows}")
+        check_table_length("learned", self.rows, length)

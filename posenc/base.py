@@ -30,6 +30,15 @@ class LengthError(ValueError):
     """A scheme cannot evaluate at the requested length; the message names the option that fixes it."""
 
 
+def check_table_length(scheme_name: str, rows: int, length: int, detail: str = "") -> None:
+    """The LengthError of a scheme with a learned table of `rows` positions (option max_length)."""
+    if length > rows:
+        raise LengthError(
+            f"positional scheme {scheme_name!r}{detail} has a table of {rows} positions but length {length} "
+            f"was requested; train with --config.posenc.{scheme_name}.max_length={length} (or larger), "
+            f"or evaluate at lengths <= {rows}")
+
+
 @dataclasses.dataclass(frozen=True)
 class NoOptions:
     """A scheme without options."""

@@ -7,7 +7,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.absolute import sinusoidal_table
-from posenc.base import LengthError, ModelDims, Scheme, register
+from posenc.base import ModelDims, Scheme, check_table_length, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -56,9 +56,5 @@ class Multiplicative(Scheme):
         return x_BxTxD * factor.astype(x_BxTxD.dtype)
 
     def check_length(self, length):
-        if self.options.table == "learned" and length > self.rows:
-            raise LengthError(
-                f"positional scheme 'multiplicative' (table=learned) has a table of {self.rows} "
-                f"positions but length {length} was requested; train with "
-                f"--config.posenc.multiplicative.max_length={length} (or larger), or evaluate at "
-                f"lengths <= {self.rows}")
+        if self.options.table == "learned":
+            check_table_length("multiplicative", self.rows, length, " (table=learned)")

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, register
+from posenc.base import ModelDims, Scheme, check_table_length, register
 from posenc.bias import t5_relative_position_bucket
 
 
@@ -270,8 +270,4 @@ class Tupe(Scheme):
         return jnp.asarray(2.0 ** -0.5, jnp.float32)
 
     def check_length(self, length):
-        if length > self.rows:
-            raise LengthError(
-                f"positional scheme 'tupe' has a table of {self.rows} positions but length {length} "
-                f"was requested; train with --config.posenc.tupe.max_length={length} (or larger), "
-                f"or evaluate at lengths <= {self.rows}")
+        check_table_length("tupe", self.rows, length)
