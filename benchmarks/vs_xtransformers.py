@@ -79,11 +79,11 @@ def main():
         common.print_table([row], list(row))
     print()
     common.print_table(rows, ["scheme", "ours_tokens_per_s", "xtransformers_tokens_per_s", "ours_over_theirs"])
-    import x_transformers
+    import importlib.metadata
     path = common.write("vs_xtransformers", {"model": common.BENCH_MODEL, "seq_len": args.seq_len,
                                              "batch": args.batch, "torch": torch.__version__,
                                              "torch_threads": torch.get_num_threads(),
-                                             "x_transformers": getattr(x_transformers, "__version__", "?"),
+                                             "x_transformers": importlib.metadata.version("x-transformers"),
                                              "rows": rows})
     print(f"wrote {path}")
 

@@ -17,13 +17,20 @@ def losses(workdir):
 
 
 @pytest.mark.parametrize("name", posenc.names())
-def test_loss_is_finite_and_falls(name, tmp_path):
+def test_loss_falls_and_evaluation_reaches_4x_the_training_length(name, tmp_path):
     config = tiny_config(name)
     config.train.update(dict(steps=12, checkpoint_every=100, log_every=3, warmup_steps=3, lr=1e-2))
     train(config, tmp_path)
     curve = losses(tmp_path)
     assert len(curve) == 4 and all(np.isfinite(curve))
     assert curve[-1] < curve[0] - 0.3, curve
+    # 4L = 64 on the first 2,048 tokens of the validation split, or the scheme's own clear refusal
+    try:
+        (record,) = evaluate(tmp_path, [4 * config.train.seq_len], max_tokens=2048)
+    except posenc.LengthError as e:
+        assert "max_length" in str(e) and posenc.get(name).extrapolates == "no"
+    else:
+        assert record["tokens"] == 2048 and np.isfinite(record["nll"])
 
 
 def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
