@@ -9,6 +9,20 @@ from posenc import Scheme
 NEG_INF = -1e30
 
 
+def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme) -> jax.Array:
+    """Logits of one (query block, key block) tile, float32 B x H x T x S: q k^T / sqrt(K), times
+    the scheme's `logit_scale`, plus its `bias` (added after the scaling, as ALiBi specifies)."""
+    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
+                                preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
+    scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
+    if scale is not None:
+        logits_BxHxTxS = logits_BxHxTxS * scale
+    bias = scheme.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+    if bias is not None:
+        logits_BxHxTxS = logits_BxHxTxS + bias
+    return logits_BxHxTxS
+
+
 def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
                     mask_TxS: jax.Array, dropout_rate: float = 0.0,
                     dropout_key: jax.Array | None = None) -> jax.Array:
@@ -18,16 +32,8 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
     is independent of the position values a scheme is given). Logits and softmax are float32.
     """
     q_BxTxHxK, k_BxSxHxK = scheme.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
-    head_dim = q_BxTxHxK.shape[-1]
-    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                                preferred_element_type=jnp.float32) * head_dim ** -0.5
-    scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
-    if scale is not None:
-        logits_BxHxTxS = logits_BxHxTxS * scale
-    bias = scheme.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
-    if bias is not None:
-        logits_BxHxTxS = logits_BxHxTxS + bias
-    logits_BxHxTxS = jnp.where(mask_TxS, logits_BxHxTxS, NEG_INF)
+    logits_BxHxTxS = jnp.where(mask_TxS, tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme),
+                               NEG_INF)
     probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1)
     if dropout_key is not None and dropout_rate > 0:
         keep = jax.random.bernoulli(dropout_key, 1.0 - dropout_rate, probs_BxHxTxS.shape)
@@ -64,7 +70,6 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
 
     qb, kb, vb = blocks(q_BxTxHxK), blocks(k_BxTxHxK), blocks(v_BxTxHxK)
     qpb, kpb = blocks(q_pos_BxT), blocks(k_pos_BxT)
-    scale = d ** -0.5
     idx = jnp.arange(block_size)
 
     def one_query_block(i):
@@ -74,13 +79,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
             def compute(carry):
                 m_BxHxQ, l_BxHxQ, acc_BxQxHxK = carry
                 k, v, k_pos = kb[j], vb[j], kpb[j]
-                s = jnp.einsum("bthk,bshk->bhts", q, k, preferred_element_type=jnp.float32) * scale
-                ls = scheme.logit_scale(q_pos, k_pos)
-                if ls is not None:
-                    s = s * ls
-                bias = scheme.bias(q, k, q_pos, k_pos)
-                if bias is not None:
-                    s = s + bias
+                s = tile_logits(q, k, q_pos, k_pos, scheme)
                 q_idx, k_idx = i * block_size + idx, j * block_size + idx
                 allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
                 s = jnp.where(allowed, s, NEG_INF)
