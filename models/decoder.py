@@ -15,11 +15,11 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
-from models.attention import blockwise_attention, dense_attention
+from models.attention import blockwise_attention, dense_attention, fused_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-ATTENTION = ("auto", "dense", "blockwise")
+ATTENTION = ("auto", "dense", "blockwise", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,7 +36,8 @@ class ModelConfig:
     tie_embeddings: bool = True
     adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
     adaptive_factor: int = 4        # band i has width d_model / factor**i
-    attention: str = "auto"         # dense | blockwise | auto (blockwise beyond 2 blocks, unless dropping out)
+    attention: str = "auto"         # dense | blockwise | fused | auto (blockwise beyond 2 blocks,
+                                    # unless dropping out); fused = jax.nn.dot_product_attention (GPU)
     attention_block: int = 512      # tile size of blockwise attention
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
@@ -98,7 +99,12 @@ class Attention(nnx.Module):
         if kind == "blockwise" and full_rows:
             raise ValueError(f"positional scheme {self.scheme.name!r} needs whole rows of keys for its bias "
                              f"(not one key tile at a time); set --config.model.attention=dense (or auto)")
-        if kind == "blockwise":
+        if kind == "fused":
+            if dropping:
+                raise ValueError("model.attention=fused does not implement attention dropout; "
+                                 "set --config.model.attention=dense (or auto) for training with it")
+            out = fused_attention(q, k, v, positions_BxT, positions_BxT, self.scheme)
+        elif kind == "blockwise":
             if dropping:
                 raise ValueError("model.attention=blockwise does not implement attention dropout; "
                                  "set --config.model.attention=dense (or auto) for training with it")

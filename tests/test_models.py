@@ -117,3 +117,21 @@ def test_blockwise_refuses_attention_dropout_in_training():
     model(tokens())  # evaluation: fine
     with pytest.raises(ValueError, match="attention=dense"):
         model(tokens(), dropout_key=jax.random.key(0))
+
+
+@pytest.mark.parametrize("name", posenc.names())
+def test_fused_attention_equals_dense_or_refuses_clearly(name):
+    """jax.nn.dot_product_attention (cuDNN on GPU; the XLA composite on this CPU) for the schemes it
+    can express: a rotation and / or an additive bias."""
+    base = {**CFG.__dict__, "num_layers": 1}
+    dense = DecoderLM(ModelConfig(**{**base, "attention": "dense"}), posenc.default_config(name),
+                      train_length=64, rngs=nnx.Rngs(0))
+    fused = DecoderLM(ModelConfig(**{**base, "attention": "fused"}), posenc.default_config(name),
+                      train_length=64, rngs=nnx.Rngs(0))
+    x = tokens(4, t=24)
+    try:
+        out = fused(x)
+    except ValueError as e:
+        assert "model.attention=fused cannot express it" in str(e)
+        return
+    np.testing.assert_allclose(out, dense(x), atol=1e-5, rtol=1e-5)
