@@ -49,20 +49,17 @@ def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, schem
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
     bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence."""
-    if scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or getattr(scheme, "needs_full_rows", False):
-        raise ValueError(f"positional scheme {scheme.name!r} scales logits or needs whole rows; "
-                         f"model.attention=fused cannot express it: use dense or blockwise")
+    probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
+    if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or getattr(scheme, "needs_full_rows", False)
+            or scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxT[:1, :1]) is not None):
+        raise ValueError(f"positional scheme {scheme.name!r} scales logits, adds a value term or needs "
+                         f"whole rows; model.attention=fused cannot express it: use dense or blockwise")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     bias = scheme.bias(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     if bias is not None:
         b, t, h, _ = q_BxTxHxK.shape
         bias = jnp.broadcast_to(bias, (b, h, t, t)).astype(q_BxTxHxK.dtype)
-    out = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias, is_causal=True)
-    probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
-    if scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxT[:1, :1]) is not None:
-        raise ValueError(f"positional scheme {scheme.name!r} adds a value term; model.attention=fused "
-                         f"cannot express it: use dense or blockwise")
-    return out
+    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias, is_causal=True)
 
 
 def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
