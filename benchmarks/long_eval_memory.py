@@ -3,6 +3,9 @@ scheme, dense and blockwise attention (benchmark model: d=256, 4 layers, 8 heads
 
     python -m benchmarks.long_eval_memory [--schemes alibi,rope] [--max_length 32768] [--run_up_to 32768]
         [--run_schemes alibi,rope]   # measure tokens/s for these only; the rest: planned memory only
+        [--isolated_length 32768]    # also run each scheme once at this length, blockwise, in a fresh
+                                     # process, for its tokens/s and that process's peak resident memory
+        [--isolated_schemes cope,shaw]  # ... only these
 
 Memory is XLA's buffer assignment for the compiled evaluation program (arguments + outputs +
 temporaries: what the program needs at its peak), read without running it, so dense attention's
@@ -12,6 +15,9 @@ under --run_budget_gb are also run, for tokens/s. Writes benchmarks/results/long
 from __future__ import annotations
 
 import argparse
+import multiprocessing
+import resource
+import time
 
 import jax
 import jax.numpy as jnp
@@ -45,6 +51,33 @@ def measure(scheme: str, attention: str, length: int, run_budget: float, block: 
     return row
 
 
+def _isolated_child(scheme: str, length: int, block: int, queue) -> None:
+    model = common.build(scheme, train_length=length, attention="blockwise", attention_block=block)
+    graphdef, params = nnx.split(model)
+    tokens = jnp.zeros((1, length), jnp.int32)
+    score = jax.jit(lambda params, tokens: nnx.merge(graphdef, params).token_nll(tokens, tokens).sum())
+    score = score.lower(params, tokens).compile()  # compile first: the timed call is one run
+    t0 = time.perf_counter()
+    jax.block_until_ready(score(params, tokens))
+    seconds = time.perf_counter() - t0
+    queue.put({"tokens_per_s": length / seconds,
+               "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
+
+
+def run_isolated(scheme: str, length: int, block: int) -> dict:
+    """Evaluate one sequence of `length` tokens blockwise in a fresh process: tokens/s of one run
+    (compiled beforehand), and the peak resident memory of that whole process (JAX, compilation
+    and run)."""
+    ctx = multiprocessing.get_context("spawn")
+    queue = ctx.Queue()
+    proc = ctx.Process(target=_isolated_child, args=(scheme, length, block, queue))
+    proc.start()
+    proc.join()
+    row = {"scheme": scheme, "attention": "blockwise", "length": length, "isolated": True}
+    row.update(queue.get() if proc.exitcode == 0 else {"note": f"failed (exit code {proc.exitcode})"})
+    return row
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=",".join(posenc.names()))
@@ -55,6 +88,9 @@ def main():
     ap.add_argument("--attention", default="dense,blockwise")
     ap.add_argument("--tag", default="", help="suffix of the results file")
     ap.add_argument("--block", type=int, default=512)
+    ap.add_argument("--isolated_length", type=int, default=0,
+                    help="also run every scheme at this length, blockwise, each in a fresh process")
+    ap.add_argument("--isolated_schemes", default="", help="only these schemes for --isolated_length")
     args = ap.parse_args()
     lengths = [1024 * 2 ** i for i in range(16) if 1024 * 2 ** i <= args.max_length]
     rows = []
@@ -72,14 +108,18 @@ def main():
                 rows.append(row)
                 common.print_table([row], ["scheme", "attention", "length", "peak_mb", "growth_per_doubling",
                                            "tokens_per_s", "note"])
-    import resource
+    if args.isolated_length:
+        for scheme in (args.isolated_schemes or args.schemes).split(","):
+            row = run_isolated(scheme, args.isolated_length, args.block)
+            rows.append(row)
+            common.print_table([row], ["scheme", "length", "tokens_per_s", "process_peak_rss_mb", "note"])
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     name = "long_eval_memory" + (f"_{args.tag}" if args.tag else "")
     path = common.write(name, {"model": common.BENCH_MODEL, "block": args.block, "rows": rows,
                                              "process_peak_rss_mb": rss_mb, "args": vars(args)})
     print()
     common.print_table(rows, ["scheme", "attention", "length", "peak_mb", "growth_per_doubling", "tokens_per_s",
-                              "note"])
+                              "process_peak_rss_mb", "note"])
     print(f"peak resident memory of this whole process (all programs above, JAX itself included): {rss_mb:,.0f} MB")
     print(f"wrote {path}")
 

@@ -22,20 +22,25 @@ TRAIN = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10, steps=1000, min
                                        weight_decay=0.1, grad_clip=1.0, optimizer="adamw"))
 
 
-def bench_scheme(scheme: str, seq_len: int, batch: int, dtype: str, repeats: int) -> dict:
-    model = common.build(scheme, train_length=seq_len, dtype=dtype)
+def train_runner(scheme: str, seq_len: int, batch: int, dtype: str = "float32", **model_overrides):
+    """A zero-argument function running one training step (forward, backward, clipping, AdamW) of
+    the benchmark model on a fixed batch, and what it needs: (run, step, state, tokens, graphdef)."""
+    model = common.build(scheme, train_length=seq_len, dtype=dtype, **model_overrides)
     graphdef, params = nnx.split(model)
     tx = make_optimizer(TRAIN)
-    opt_state = tx.init(params)
     step = make_train_step(graphdef, tx, dropout_seed=0)
     tokens = jax.random.randint(jax.random.key(0), (batch, seq_len), 0, 256)
-    train_stats = common.compiled_stats(step, params, opt_state, tokens, tokens, 0)
-    state = {"params": params, "opt": opt_state}
+    state = {"params": params, "opt": tx.init(params)}
 
-    def run_train():
+    def run():
         state["params"], state["opt"], metrics = step(state["params"], state["opt"], tokens, tokens, 0)
         return metrics["loss"]
+    return run, step, state, tokens, graphdef
 
+
+def bench_scheme(scheme: str, seq_len: int, batch: int, dtype: str, repeats: int) -> dict:
+    run_train, step, state, tokens, graphdef = train_runner(scheme, seq_len, batch, dtype)
+    train_stats = common.compiled_stats(step, state["params"], state["opt"], tokens, tokens, 0)
     train_s = common.median_seconds(run_train, repeats)
 
     @jax.jit

@@ -9,15 +9,18 @@ from posenc import Scheme
 NEG_INF = -1e30
 
 
-def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme) -> jax.Array:
+def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
+                bias: jax.Array | None = None) -> jax.Array:
     """Logits of one (query block, key block) tile, float32 B x H x T x S: q k^T / sqrt(K), times
-    the scheme's `logit_scale`, plus its `bias` (added after the scaling, as ALiBi specifies)."""
+    the scheme's `logit_scale`, plus its `bias` (added after the scaling, as ALiBi specifies), or
+    plus `bias` when given (a carried bias, computed by the caller)."""
     logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                 preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
     scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
     if scale is not None:
         logits_BxHxTxS = logits_BxHxTxS * scale
-    bias = scheme.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+    if bias is None:
+        bias = scheme.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
     if bias is not None:
         logits_BxHxTxS = logits_BxHxTxS + bias
     return logits_BxHxTxS
@@ -71,11 +74,16 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     function differentiable). `rotate` runs once on the whole sequence (it is per position); `bias`,
     `logit_scale` and `value_bias` run per tile. `value_bias` must be linear in the probabilities
     (true of Shaw et al.'s value term): it is accumulated with the same rescaling as the output.
-    Numerically equal to `dense_attention` up to float32 rounding.
+    A scheme whose bias needs whole rows (`needs_full_rows`, e.g. CoPE) provides instead
+    `carried_bias(q, k, q_pos, k_pos, carry_BxHxQ) -> (bias, carry)`: key tiles are then visited
+    from the diagonal down to the first (the online softmax does not mind the order), with a
+    per-query carry that starts at zero. Numerically equal to `dense_attention` up to float32
+    rounding.
     """
-    if getattr(scheme, "needs_full_rows", False):
-        raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias; "
-                         f"use dense attention (--config.model.attention=dense)")
+    carried = getattr(scheme, "needs_full_rows", False)
+    if carried and not hasattr(scheme, "carried_bias"):
+        raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
+                         f"carried_bias; use dense attention (--config.model.attention=dense)")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     nb = -(-t // block_size)
@@ -86,17 +94,23 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
         return jnp.moveaxis(x.reshape(b, nb, block_size, *x.shape[2:]), 1, 0)
 
     qb, kb, vb = blocks(q_BxTxHxK), blocks(k_BxTxHxK), blocks(v_BxTxHxK)
-    qpb, kpb = blocks(q_pos_BxT), blocks(k_pos_BxT)
+    # padded keys get a position after every query, so that a carried bias (gates) ignores them
+    qpb, kpb = blocks(q_pos_BxT), blocks(k_pos_BxT, fill=jnp.iinfo(jnp.int32).max if carried else 0)
     idx = jnp.arange(block_size)
 
     def one_query_block(i):
         q, q_pos = qb[i], qpb[i]
 
-        def tile(carry, j):
+        def tile(carry, step):
+            j = nb - 1 - step if carried else step  # carried biases see key tiles right to left
+
             def compute(carry):
-                m_BxHxQ, l_BxHxQ, acc_BxQxHxK = carry
+                m_BxHxQ, l_BxHxQ, acc_BxQxHxK, row_BxHxQ = carry
                 k, v, k_pos = kb[j], vb[j], kpb[j]
-                s = tile_logits(q, k, q_pos, k_pos, scheme)
+                bias = None
+                if carried:
+                    bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
+                s = tile_logits(q, k, q_pos, k_pos, scheme, bias)
                 q_idx, k_idx = i * block_size + idx, j * block_size + idx
                 allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
                 s = jnp.where(allowed, s, NEG_INF)
@@ -109,12 +123,12 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
                 if value_term is not None:
                     out = out + value_term.astype(jnp.float32)
                 acc = acc_BxQxHxK * jnp.moveaxis(correction, 1, 2)[..., None] + out
-                return m_new, l_new, acc
+                return m_new, l_new, acc, row_BxHxQ
             return jax.lax.cond(j <= i, compute, lambda c: c, carry), None
 
         init = (jnp.full((b, h, block_size), NEG_INF, jnp.float32), jnp.zeros((b, h, block_size), jnp.float32),
-                jnp.zeros((b, block_size, h, d), jnp.float32))
-        (m, l, acc), _ = jax.lax.scan(tile, init, jnp.arange(nb))
+                jnp.zeros((b, block_size, h, d), jnp.float32), jnp.zeros((b, h, block_size), jnp.float32))
+        (m, l, acc, _), _ = jax.lax.scan(tile, init, jnp.arange(nb))
         return (acc / jnp.moveaxis(l, 1, 2)[..., None]).astype(v_BxTxHxK.dtype)
 
     out_NBxBxQxHxK = jax.lax.map(one_query_block, jnp.arange(nb))

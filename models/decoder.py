@@ -16,10 +16,12 @@ from flax import nnx
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention import blockwise_attention, dense_attention, fused_attention
+from models.triangular import supports as triangular_supports
+from models.triangular import triangular_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-ATTENTION = ("auto", "dense", "blockwise", "fused")
+ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -36,9 +38,10 @@ class ModelConfig:
     tie_embeddings: bool = True
     adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
     adaptive_factor: int = 4        # band i has width d_model / factor**i
-    attention: str = "auto"         # dense | blockwise | fused | auto (blockwise beyond 2 blocks,
-                                    # unless dropping out); fused = jax.nn.dot_product_attention (GPU)
-    attention_block: int = 512      # tile size of blockwise attention
+    attention: str = "auto"         # auto | dense | triangular | blockwise | fused; auto = blockwise
+                                    # beyond 2 blocks (unless dropping out), else triangular where the
+                                    # scheme allows it, else dense. fused = jax.nn.dot_product_attention
+    attention_block: int = 512      # tile size of blockwise attention (and of the MLP, evaluating long)
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
     @classmethod
@@ -92,10 +95,16 @@ class Attention(nnx.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropping = key is not None and self.cfg.attention_dropout > 0
         kind = self.cfg.attention
-        full_rows = getattr(self.scheme, "needs_full_rows", False)  # e.g. CoPE: a bias of whole rows
+        # a bias of whole rows that cannot be carried across key tiles (CoPE can: `carried_bias`)
+        full_rows = getattr(self.scheme, "needs_full_rows", False) and not hasattr(self.scheme, "carried_bias")
         if kind == "auto":
             long = t > 2 * self.cfg.attention_block
-            kind = "blockwise" if long and not dropping and not full_rows else "dense"
+            if long and not dropping and not full_rows:
+                kind = "blockwise"
+            elif triangular_supports(self.scheme, positions_BxT, positions_BxT):
+                kind = "triangular"
+            else:
+                kind = "dense"
         if kind == "blockwise" and full_rows:
             raise ValueError(f"positional scheme {self.scheme.name!r} needs whole rows of keys for its bias "
                              f"(not one key tile at a time); set --config.model.attention=dense (or auto)")
@@ -104,6 +113,9 @@ class Attention(nnx.Module):
                 raise ValueError("model.attention=fused does not implement attention dropout; "
                                  "set --config.model.attention=dense (or auto) for training with it")
             out = fused_attention(q, k, v, positions_BxT, positions_BxT, self.scheme)
+        elif kind == "triangular":
+            out = triangular_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
+                                       self.cfg.attention_dropout, key)
         elif kind == "blockwise":
             if dropping:
                 raise ValueError("model.attention=blockwise does not implement attention dropout; "
@@ -131,9 +143,25 @@ class Block(nnx.Module):
         k_attn, k_res1, k_act, k_res2 = _split(key, 4)
         x_BxTxD = x_BxTxD + dropout(self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn),
                                     self.cfg.dropout, k_res1)
-        h = ACTIVATIONS[self.cfg.activation](self.fc1(self.ln2(x_BxTxD)))
-        h = dropout(h, self.cfg.activation_dropout, k_act)
-        return x_BxTxD + dropout(self.fc2(h), self.cfg.dropout, k_res2)
+
+        def mlp(x):
+            h = dropout(ACTIVATIONS[self.cfg.activation](self.fc1(self.ln2(x))), self.cfg.activation_dropout, k_act)
+            return dropout(self.fc2(h), self.cfg.dropout, k_res2)
+
+        chunk = self.cfg.attention_block
+        if key is None and x_BxTxD.shape[1] > 2 * chunk:  # long evaluation: B x chunk x mlp_dim at a time
+            return x_BxTxD + by_chunks(mlp, x_BxTxD, chunk)
+        return x_BxTxD + mlp(x_BxTxD)
+
+
+def by_chunks(fn, x_BxTxD: jax.Array, chunk: int) -> jax.Array:
+    """`fn` (position-wise) applied to `chunk` positions at a time, so that its intermediates are
+    O(chunk) rather than O(T); the last chunk is zero-padded."""
+    b, t, d = x_BxTxD.shape
+    n = -(-t // chunk)
+    x = jnp.pad(x_BxTxD, ((0, 0), (0, n * chunk - t), (0, 0))).reshape(b, n, chunk, d)
+    out = jax.lax.map(fn, jnp.moveaxis(x, 1, 0))
+    return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, -1)[:, :t]
 
 
 class DecoderLM(nnx.Module):

@@ -49,7 +49,9 @@ class Cope(Scheme):
     authors' code gates the scaled logits); e starts as N(0, 0.02^2) (our choice).
 
     p_ij sums over all keys j .. i, which one key tile does not hold: the scheme sets
-    `needs_full_rows`, and the decoder then uses dense attention (blockwise refuses it).
+    `needs_full_rows` and provides `carried_bias`, which blockwise attention calls on key tiles
+    from right to left, carrying each query's sum of the gates already seen (the keys after the
+    tile); `bias` is one call of it on whole rows.
     Positions are used only for the causal restriction (key position <= query position).
     Extends to any length: counts beyond P - 1 are clamped (as in the paper's p_max).
     """
@@ -68,15 +70,26 @@ class Cope(Scheme):
         init = nnx.initializers.normal(stddev=0.02)
         self.table = nnx.Param(init(rngs.params(), (self.rows, dims.head_dim), jnp.float32))
 
-    def positions(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array:
-        """The contextual positions p_ij, B x H x T x S, float32 (0 where j is after i)."""
+    def gates(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array:
+        """g_ij, B x H x T x S, float32 (0 where key j is after query i)."""
         logits = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                             preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
         causal_Bx1xTxS = (k_pos_BxS[:, None, :] <= q_pos_BxT[:, :, None])[:, None]
-        gates = jnp.where(causal_Bx1xTxS, jax.nn.sigmoid(logits), 0.0)
-        return contextual_positions(gates)
+        return jnp.where(causal_Bx1xTxS, jax.nn.sigmoid(logits), 0.0)
+
+    def positions(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array:
+        """The contextual positions p_ij, B x H x T x S, float32 (0 where j is after i)."""
+        return contextual_positions(self.gates(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS))
+
+    def carried_bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, gates_after_BxHxT):
+        """The bias of one key tile given the gates summed over the keys after it (per query), and
+        that sum extended by this tile: called on key tiles from right to left."""
+        gates = self.gates(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+        p = jnp.minimum(contextual_positions(gates) + gates_after_BxHxT[..., None], self.rows - 1)
+        z_BxHxTxP = jnp.einsum("bthk,pk->bhtp", q_BxTxHxK.astype(jnp.float32), self.table[...])
+        return interpolate_logits(z_BxHxTxP, p), gates_after_BxHxT + gates.sum(-1)
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
-        p = jnp.minimum(self.positions(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS), self.rows - 1)
-        z_BxHxTxP = jnp.einsum("bthk,pk->bhtp", q_BxTxHxK.astype(jnp.float32), self.table[...])
-        return interpolate_logits(z_BxHxTxP, p)
+        b, t, h, _ = q_BxTxHxK.shape
+        nothing_after = jnp.zeros((b, h, t), jnp.float32)
+        return self.carried_bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, nothing_after)[0]

@@ -93,15 +93,14 @@ def _dense_and_tiled(name, num_layers=1):
 
 @pytest.mark.parametrize("name", posenc.names())
 def test_blockwise_attention_equals_dense(name):
-    """Same parameters, two attention paths: tiles of 16 over 40 tokens (padding, skipped tiles)."""
-    if getattr(posenc.get(name), "needs_full_rows", False):
-        pytest.skip(f"{name} needs whole rows (needs_full_rows): blockwise attention refuses it")
+    """Same parameters, two attention paths: tiles of 16 over 40 tokens (padding, skipped tiles);
+    cope's whole-row bias goes through `carried_bias`, key tiles right to left."""
     dense, tiled = _dense_and_tiled(name)
     x = tokens(3, t=40)
     np.testing.assert_allclose(tiled(x), dense(x), atol=1e-5, rtol=1e-5)
 
 
-@pytest.mark.parametrize("name", ["alibi", "t5"])
+@pytest.mark.parametrize("name", ["alibi", "t5", "cope"])
 def test_blockwise_attention_gradients_equal_dense(name):
     dense, tiled = _dense_and_tiled(name)
     x = tokens(3, t=40)

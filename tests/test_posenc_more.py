@@ -156,14 +156,16 @@ def test_cope_positions_count_gates_and_integer_counts_hit_table_rows():
     assert scheme.needs_full_rows and posenc.get("cope").per_layer
 
 
-def test_cope_needs_dense_attention():
+def test_cope_runs_blockwise_by_carrying_gate_sums_and_a_wrapper_without_it_refuses():
     x = jax.random.randint(jax.random.key(0), (1, 40), 0, CFG.vocab_size)
     auto = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention_block": 8}), posenc.default_config("cope"),
                      train_length=16, rngs=nnx.Rngs(0))
     dense = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "dense"}), posenc.default_config("cope"),
                       train_length=16, rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(auto(x), dense(x), atol=1e-5)  # auto: dense despite 40 > 2 blocks
-    tiled = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "blockwise"}), posenc.default_config("cope"),
+    np.testing.assert_allclose(auto(x), dense(x), atol=1e-5)  # auto: blockwise, 40 > 2 blocks of 8
+    wrapped = posenc.default_config("logn")
+    wrapped.logn.base = "cope"  # logn does not pass carried_bias through: whole rows, dense only
+    tiled = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "blockwise"}), wrapped,
                       train_length=16, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="attention=dense"):
         tiled(x)
