@@ -48,13 +48,18 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
     return out_BxTxHxK
 
 
+def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
+    """Whether the scheme's `value_bias` hook returns a term (probed on a 1 x 1 tile at trace time)."""
+    probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
+    return scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is not None
+
+
 def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
     bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence."""
-    probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
     if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or getattr(scheme, "needs_full_rows", False)
-            or scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxT[:1, :1]) is not None):
+            or adds_value_term(scheme, q_pos_BxT, k_pos_BxT)):
         raise ValueError(f"positional scheme {scheme.name!r} scales logits, adds a value term or needs "
                          f"whole rows; model.attention=fused cannot express it: use dense or blockwise")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)

@@ -22,6 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from models.attention import adds_value_term
 from posenc import Scheme
 
 NEG_INF = -1e30
@@ -39,8 +40,7 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
     """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale."""
     if getattr(scheme, "needs_full_rows", False):
         return False
-    probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
-    if scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is not None:
+    if adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
         return False
     scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
     return scale is None or jnp.ndim(scale) == 0 or jnp.shape(scale)[-1] == 1
