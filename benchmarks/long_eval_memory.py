@@ -4,7 +4,8 @@ scheme, dense and blockwise attention (benchmark model: d=256, 4 layers, 8 heads
     python -m benchmarks.long_eval_memory [--schemes alibi,rope] [--max_length 32768] [--run_up_to 32768]
         [--run_schemes alibi,rope]   # measure tokens/s for these only; the rest: planned memory only
         [--isolated_length 32768]    # also run each scheme once at this length, blockwise, in a fresh
-                                     # process, for its tokens/s and that process's peak resident memory
+                                     # process, for its tokens/s and that process's peak resident memory;
+                                     # built for length / 64, or for length if it cannot encode 64x that
         [--isolated_schemes cope,shaw]  # ... only these
 
 Memory is XLA's buffer assignment for the compiled evaluation program (arguments + outputs +
@@ -25,6 +26,7 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
+from experiment.host_memory import keep_freed_host_memory
 
 
 def measure(scheme: str, attention: str, length: int, run_budget: float, block: int) -> dict:
@@ -52,7 +54,14 @@ def measure(scheme: str, attention: str, length: int, run_budget: float, block: 
 
 
 def _isolated_child(scheme: str, length: int, block: int, queue) -> None:
-    model = common.build(scheme, train_length=length, attention="blockwise", attention_block=block)
+    keep_freed_host_memory()  # as eval_extrapolate.py does
+    train_length = length // 64  # evaluate at 64x the training length, where the scheme can encode it
+    model = common.build(scheme, train_length=train_length, attention="blockwise", attention_block=block)
+    try:
+        model.scheme.check_length(length)
+    except posenc.LengthError:  # a table of positions (learned absolute, ...): build it L rows long
+        train_length = length
+        model = common.build(scheme, train_length=train_length, attention="blockwise", attention_block=block)
     graphdef, params = nnx.split(model)
     tokens = jnp.zeros((1, length), jnp.int32)
     score = jax.jit(lambda params, tokens: nnx.merge(graphdef, params).token_nll(tokens, tokens).sum())
@@ -60,7 +69,7 @@ def _isolated_child(scheme: str, length: int, block: int, queue) -> None:
     t0 = time.perf_counter()
     jax.block_until_ready(score(params, tokens))
     seconds = time.perf_counter() - t0
-    queue.put({"tokens_per_s": length / seconds,
+    queue.put({"train_length": train_length, "tokens_per_s": length / seconds,
                "process_peak_rss_mb": resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024})
 
 
@@ -79,6 +88,7 @@ def run_isolated(scheme: str, length: int, block: int) -> dict:
 
 
 def main():
+    keep_freed_host_memory()  # before JAX (and torch) start their threads
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=",".join(posenc.names()))
     ap.add_argument("--max_length", type=int, default=32768)
@@ -112,14 +122,15 @@ def main():
         for scheme in (args.isolated_schemes or args.schemes).split(","):
             row = run_isolated(scheme, args.isolated_length, args.block)
             rows.append(row)
-            common.print_table([row], ["scheme", "length", "tokens_per_s", "process_peak_rss_mb", "note"])
+            common.print_table([row], ["scheme", "train_length", "length", "tokens_per_s", "process_peak_rss_mb",
+                                       "note"])
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     name = "long_eval_memory" + (f"_{args.tag}" if args.tag else "")
     path = common.write(name, {"model": common.BENCH_MODEL, "block": args.block, "rows": rows,
                                              "process_peak_rss_mb": rss_mb, "args": vars(args)})
     print()
-    common.print_table(rows, ["scheme", "attention", "length", "peak_mb", "growth_per_doubling", "tokens_per_s",
-                              "process_peak_rss_mb", "note"])
+    common.print_table(rows, ["scheme", "attention", "train_length", "length", "peak_mb", "growth_per_doubling",
+                              "tokens_per_s", "process_peak_rss_mb", "note"])
     print(f"peak resident memory of this whole process (all programs above, JAX itself included): {rss_mb:,.0f} MB")
     print(f"wrote {path}")
 

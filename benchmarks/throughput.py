@@ -16,6 +16,7 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
+from experiment.host_memory import keep_freed_host_memory
 from experiment.training import make_optimizer, make_train_step
 
 TRAIN = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10, steps=1000, min_lr_ratio=0.1, b1=0.9, b2=0.98,
@@ -55,6 +56,7 @@ def bench_scheme(scheme: str, seq_len: int, batch: int, dtype: str, repeats: int
 
 
 def main():
+    keep_freed_host_memory()  # before JAX (and torch) start their threads
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=",".join(posenc.names()))
     ap.add_argument("--seq_len", type=int, default=256)

@@ -3,7 +3,8 @@ batch (d=256, 4 layers, 8 heads, FFN 1024, L=256, batch 8, byte vocabulary, tied
 for the schemes both have. Both are built in one process and their steps alternate (ours, theirs,
 ours, ...), so a busy machine slows both alike; the ratio is of median tokens/s, ours / theirs
 (> 1: we are faster). Ours runs with `model.attention=auto` (triangular at this length) and, for
-reference, with `dense`.
+reference, with `dense`. The process keeps freed host memory mapped, as our entry points do
+(experiment/host_memory.py), which applies to both frameworks in it.
 
     pip install -e '.[bench]'     # torch==2.13.0 (CPU) and x-transformers; not runtime dependencies
     python -m benchmarks.vs_xtransformers [--schemes alibi,rope] [--repeats 15]
@@ -19,6 +20,7 @@ import time
 
 from benchmarks import common
 from benchmarks.throughput import train_runner
+from experiment.host_memory import keep_freed_host_memory
 
 # our registry name -> x-transformers options (TransformerWrapper kwargs, Decoder kwargs)
 XT_SCHEMES = {
@@ -73,6 +75,7 @@ def interleaved_tokens_per_s(runners: dict, tokens_per_step: int, repeats: int) 
 
 
 def main():
+    keep_freed_host_memory()  # before JAX (and torch) start their threads
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--schemes", default=",".join(XT_SCHEMES))
     ap.add_argument("--seq_len", type=int, default=256)

@@ -8,11 +8,13 @@ from typing import Callable
 
 import posenc
 from corpora import DataError
+from experiment.host_memory import keep_freed_host_memory
 from experiment.training import ConfigError
 
 
 def run_cleanly(fn: Callable[[], object]) -> None:
     """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback)."""
+    keep_freed_host_memory()  # before JAX starts its threads (experiment/host_memory.py)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     for noisy in ("absl", "orbax", "jax", "datasets", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)

@@ -40,7 +40,8 @@ class ModelConfig:
     adaptive_factor: int = 4        # band i has width d_model / factor**i
     attention: str = "auto"         # auto | dense | triangular | blockwise | fused; auto = blockwise
                                     # beyond 2 blocks (unless dropping out), else triangular where the
-                                    # scheme allows it, else dense. fused = jax.nn.dot_product_attention
+                                    # scheme allows it (and its bias does no work per key), else dense.
+                                    # fused = jax.nn.dot_product_attention
     attention_block: int = 512      # tile size of blockwise attention (and of the MLP, evaluating long)
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
@@ -101,7 +102,8 @@ class Attention(nnx.Module):
             long = t > 2 * self.cfg.attention_block
             if long and not dropping and not full_rows:
                 kind = "blockwise"
-            elif triangular_supports(self.scheme, positions_BxT, positions_BxT):
+            elif (triangular_supports(self.scheme, positions_BxT, positions_BxT)
+                  and not getattr(self.scheme, "bias_work_per_key", False)):
                 kind = "triangular"
             else:
                 kind = "dense"

@@ -34,6 +34,7 @@ class Wrapper(Scheme):
         # Read off the instance by the decoder and attention: what the inner scheme needs.
         self.per_layer = bool(getattr(self.inner, "per_layer", False))
         self.needs_full_rows = bool(getattr(self.inner, "needs_full_rows", False))
+        self.bias_work_per_key = bool(getattr(self.inner, "bias_work_per_key", False))
 
     def embed(self, x_BxTxD, positions_BxT):
         return self.inner.embed(x_BxTxD, positions_BxT)

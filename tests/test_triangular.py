@@ -59,6 +59,24 @@ def test_auto_picks_triangular_where_possible_and_dense_elsewhere():
         np.testing.assert_allclose(auto(x), dense(x), atol=1e-5, rtol=1e-5)
 
 
+def test_auto_trains_schemes_whose_bias_works_per_key_with_dense(monkeypatch):
+    """DeBERTa's bias projects every key against all relative embeddings, which row tiles would
+    repeat for each key prefix; `auto` keeps it on dense (and so does a wrapper around it)."""
+    import models.decoder as decoder
+    calls = []
+    real = decoder.triangular_attention
+    monkeypatch.setattr(decoder, "triangular_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = tokens()
+    logn_deberta = posenc.default_config("logn")
+    logn_deberta.logn.base = "deberta"
+    for label, cfg, expected in (("alibi", posenc.default_config("alibi"), True),
+                                 ("deberta", posenc.default_config("deberta"), False),
+                                 ("logn(deberta)", logn_deberta, False)):
+        calls.clear()
+        DecoderLM(ModelConfig(**CFG, attention="auto"), cfg, train_length=80, rngs=nnx.Rngs(0))(x)
+        assert bool(calls) is expected, label
+
+
 @pytest.mark.parametrize("start", [0, 16])
 def test_tile_backward_with_dropout_and_bias_equals_autodiff(start):
     """The custom backward pass (dS = P * (dP - rowsum(dO * O))) against JAX's autodiff of the same
