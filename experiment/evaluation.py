@@ -20,6 +20,7 @@ import corpora
 import posenc
 from experiment import checkpoints, config_util
 from experiment.training import ConfigError, build_model
+from models.attention import needs_whole_rows
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,7 @@ def attention_tile(model_cfg, scheme_cls, length: int) -> int | None:
     """The key-tile width attention will use at this length (None: dense, full rows)."""
     kind = model_cfg.get("attention", "auto")
     block = model_cfg.get("attention_block", 512)
-    if getattr(scheme_cls, "needs_full_rows", False) and not hasattr(scheme_cls, "carried_bias"):
+    if needs_whole_rows(scheme_cls):
         return None
     if kind == "blockwise" or (kind == "auto" and length > 2 * block):
         return block

@@ -48,6 +48,12 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
     return out_BxTxHxK
 
 
+def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
+    """Whether the scheme's bias needs all keys of a row at once: `needs_full_rows` without a
+    `carried_bias` to carry it across key tiles. Such a scheme cannot run blockwise."""
+    return scheme.needs_full_rows and not hasattr(scheme, "carried_bias")
+
+
 def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
     """Whether the scheme's `value_bias` hook returns a term (probed on a 1 x 1 tile at trace time)."""
     probe = jnp.zeros((1, 1, 1, 1), jnp.float32)
@@ -58,7 +64,7 @@ def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, schem
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
     bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence."""
-    if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or getattr(scheme, "needs_full_rows", False)
+    if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or scheme.needs_full_rows
             or adds_value_term(scheme, q_pos_BxT, k_pos_BxT)):
         raise ValueError(f"positional scheme {scheme.name!r} scales logits, adds a value term or needs "
                          f"whole rows; model.attention=fused cannot express it: use dense or blockwise")
@@ -85,10 +91,10 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     per-query carry that starts at zero. Numerically equal to `dense_attention` up to float32
     rounding.
     """
-    carried = getattr(scheme, "needs_full_rows", False)
-    if carried and not hasattr(scheme, "carried_bias"):
+    if needs_whole_rows(scheme):
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
                          f"carried_bias; use dense attention (--config.model.attention=dense)")
+    carried = scheme.needs_full_rows  # and so has a carried_bias
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     nb = -(-t // block_size)

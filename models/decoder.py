@@ -15,7 +15,12 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
-from models.attention import blockwise_attention, dense_attention, fused_attention
+from models.attention import (
+    blockwise_attention,
+    dense_attention,
+    fused_attention,
+    needs_whole_rows,
+)
 from models.triangular import supports as triangular_supports
 from models.triangular import triangular_attention
 
@@ -96,14 +101,13 @@ class Attention(nnx.Module):
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropping = key is not None and self.cfg.attention_dropout > 0
         kind = self.cfg.attention
-        # a bias of whole rows that cannot be carried across key tiles (CoPE can: `carried_bias`)
-        full_rows = getattr(self.scheme, "needs_full_rows", False) and not hasattr(self.scheme, "carried_bias")
+        full_rows = needs_whole_rows(self.scheme)
         if kind == "auto":
             long = t > 2 * self.cfg.attention_block
             if long and not dropping and not full_rows:
                 kind = "blockwise"
             elif (triangular_supports(self.scheme, positions_BxT, positions_BxT)
-                  and not getattr(self.scheme, "bias_work_per_key", False)):
+                  and not self.scheme.bias_work_per_key):
                 kind = "triangular"
             else:
                 kind = "dense"
@@ -179,7 +183,7 @@ class DecoderLM(nnx.Module):
         # Per-layer schemes get one instance per block (the first block's is also `self.scheme`, for
         # `embed`); read off the instance, since a wrapper decides by what it wraps.
         layer_schemes = [self.scheme] * cfg.num_layers
-        if getattr(self.scheme, "per_layer", False):
+        if self.scheme.per_layer:
             layer_schemes = [self.scheme] + [posenc.build(posenc_cfg, dims, rngs=rngs)
                                              for _ in range(cfg.num_layers - 1)]
         if cfg.adaptive_cutoffs:

@@ -38,7 +38,7 @@ def tile_size(length: int) -> int:
 
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
     """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale."""
-    if getattr(scheme, "needs_full_rows", False):
+    if scheme.needs_full_rows:
         return False
     if adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
         return False

@@ -52,6 +52,12 @@ class Scheme(nnx.Module):
     citation: ClassVar[str] = ""
     extrapolates: ClassVar[str] = ""  # beyond the training length: yes | partly | with option | no
     Options: ClassVar[type] = NoOptions
+    # What the decoder and attention read off a scheme (a wrapper copies them from what it wraps):
+    per_layer: ClassVar[bool] = False          # one instance per layer rather than one shared by all
+    needs_full_rows: ClassVar[bool] = False    # a tile's bias depends on keys outside the tile (CoPE);
+                                               # blockwise then needs a `carried_bias` method
+    bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
+                                               # for each key prefix: `auto` trains it with dense
 
     def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
         self.options = options

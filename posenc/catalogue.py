@@ -39,7 +39,7 @@ def markdown_table() -> str:
              "|---|---|---|---|---|---|"]
     for name in names():
         cls = get(name)
-        per_layer = " (per layer)" if getattr(cls, "per_layer", False) else ""
+        per_layer = " (per layer)" if cls.per_layer else ""
         lines.append(f"| `{name}` | {cls.family or '-'} | {', '.join(f'`{h}`' for h in hooks_of(cls)) or '-'} | "
                      f"{learned_parameters(name)}{per_layer} | {cls.extrapolates or '-'} | {cls.citation or '-'} |")
     return "\n".join(lines)

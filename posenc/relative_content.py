@@ -178,9 +178,7 @@ class Deberta(Scheme):
     extrapolates = "yes"
     Options = DebertaOptions
     per_layer = True
-    # its bias projects every key against all 2k relative embeddings, work that triangular attention's
-    # row tiles would repeat for each key prefix (2.5x at L = 256): `auto` trains it with dense
-    bias_work_per_key = True
+    bias_work_per_key = True  # every key against all 2k relative embeddings (2.5x at L = 256 in rows)
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

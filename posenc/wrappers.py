@@ -32,9 +32,9 @@ class Wrapper(Scheme):
         inner_cfg.update(name=options.base, _wrapped_by=chain)
         self.inner = build(inner_cfg, dims, rngs=rngs)
         # Read off the instance by the decoder and attention: what the inner scheme needs.
-        self.per_layer = bool(getattr(self.inner, "per_layer", False))
-        self.needs_full_rows = bool(getattr(self.inner, "needs_full_rows", False))
-        self.bias_work_per_key = bool(getattr(self.inner, "bias_work_per_key", False))
+        self.per_layer = self.inner.per_layer
+        self.needs_full_rows = self.inner.needs_full_rows
+        self.bias_work_per_key = self.inner.bias_work_per_key
 
     def embed(self, x_BxTxD, positions_BxT):
         return self.inner.embed(x_BxTxD, positions_BxT)
