@@ -50,8 +50,8 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
 
 def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
     """Whether the scheme's bias needs all keys of a row at once: `needs_full_rows` without a
-    `carried_bias` to carry it across key tiles. Such a scheme cannot run blockwise."""
-    return scheme.needs_full_rows and not hasattr(scheme, "carried_bias")
+    `carried_bias` to carry it across key tiles (`carries_bias`). Such a scheme cannot run blockwise."""
+    return scheme.needs_full_rows and not scheme.carries_bias
 
 
 def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
@@ -94,7 +94,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     if needs_whole_rows(scheme):
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
                          f"carried_bias; use dense attention (--config.model.attention=dense)")
-    carried = scheme.needs_full_rows  # and so has a carried_bias
+    carried = scheme.needs_full_rows  # and so `carries_bias`
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     nb = -(-t // block_size)

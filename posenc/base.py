@@ -55,7 +55,8 @@ class Scheme(nnx.Module):
     # What the decoder and attention read off a scheme (a wrapper copies them from what it wraps):
     per_layer: ClassVar[bool] = False          # one instance per layer rather than one shared by all
     needs_full_rows: ClassVar[bool] = False    # a tile's bias depends on keys outside the tile (CoPE);
-                                               # blockwise then needs a `carried_bias` method
+                                               # blockwise then needs `carried_bias`:
+    carries_bias: ClassVar[bool] = False       # `carried_bias` is implemented (see its docstring)
     bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
                                                # for each key prefix: `auto` trains it with dense
 
@@ -83,6 +84,12 @@ class Scheme(nnx.Module):
     def logit_scale(self, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
         """Multiplier of the logits, broadcastable to B x H x T x S (per query)."""
         return None
+
+    def carried_bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, carry_BxHxT):
+        """For a `needs_full_rows` bias, blockwise: the bias of one key tile given a per-query carry
+        from the key tiles after it (zero before the last), and the carry extended by this tile:
+        (bias, carry). Key tiles are visited right to left. Only where `carries_bias` is set."""
+        raise NotImplementedError(f"positional scheme {self.name!r} has no carried_bias")
 
     def check_length(self, length: int) -> None:
         """Raise `LengthError` if positions 0 .. length-1 cannot be encoded."""

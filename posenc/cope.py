@@ -61,6 +61,7 @@ class Cope(Scheme):
     Options = CopeOptions
     per_layer = True
     needs_full_rows = True
+    carries_bias = True
 
     def __init__(self, options: CopeOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

@@ -35,6 +35,7 @@ class Wrapper(Scheme):
         self.per_layer = self.inner.per_layer
         self.needs_full_rows = self.inner.needs_full_rows
         self.bias_work_per_key = self.inner.bias_work_per_key
+        self.carries_bias = self.inner.carries_bias
 
     def embed(self, x_BxTxD, positions_BxT):
         return self.inner.embed(x_BxTxD, positions_BxT)
@@ -47,6 +48,9 @@ class Wrapper(Scheme):
 
     def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS):
         return self.inner.value_bias(probs_BxHxTxS, q_pos_BxT, k_pos_BxS)
+
+    def carried_bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, carry_BxHxT):
+        return self.inner.carried_bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, carry_BxHxT)
 
     def logit_scale(self, q_pos_BxT, k_pos_BxS):
         return self.inner.logit_scale(q_pos_BxT, k_pos_BxS)

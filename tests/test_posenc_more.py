@@ -9,6 +9,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM, ModelConfig
+from models.attention import blockwise_attention, needs_whole_rows
 from posenc.conv import causal_conv
 from posenc.cope import contextual_positions
 from posenc.recurrent import rk4_positions, sinusoidal_dynamics
@@ -156,19 +157,30 @@ def test_cope_positions_count_gates_and_integer_counts_hit_table_rows():
     assert scheme.needs_full_rows and posenc.get("cope").per_layer
 
 
-def test_cope_runs_blockwise_by_carrying_gate_sums_and_a_wrapper_without_it_refuses():
+@pytest.mark.parametrize("wrapper", [None, "logn", "randomized"])
+def test_cope_runs_blockwise_by_carrying_gate_sums_also_inside_a_wrapper(wrapper):
+    """auto at 40 > 2 tiles of 8 goes blockwise (cope's carried_bias, passed through by wrappers)."""
+    cfg = posenc.default_config(wrapper or "cope")
+    if wrapper:
+        cfg[wrapper].base = "cope"
     x = jax.random.randint(jax.random.key(0), (1, 40), 0, CFG.vocab_size)
-    auto = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention_block": 8}), posenc.default_config("cope"),
-                     train_length=16, rngs=nnx.Rngs(0))
-    dense = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "dense"}), posenc.default_config("cope"),
-                      train_length=16, rngs=nnx.Rngs(0))
-    np.testing.assert_allclose(auto(x), dense(x), atol=1e-5)  # auto: blockwise, 40 > 2 blocks of 8
-    wrapped = posenc.default_config("logn")
-    wrapped.logn.base = "cope"  # logn does not pass carried_bias through: whole rows, dense only
-    tiled = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "blockwise"}), wrapped,
-                      train_length=16, rngs=nnx.Rngs(0))
+    auto = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention_block": 8}), cfg, train_length=16, rngs=nnx.Rngs(0))
+    dense = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "dense"}), cfg, train_length=16,
+                      rngs=nnx.Rngs(0))
+    assert not needs_whole_rows(auto.scheme)
+    np.testing.assert_allclose(auto(x), dense(x), atol=1e-5)
+
+
+def test_blockwise_refuses_a_whole_row_bias_it_cannot_carry():
+    class WholeRows(posenc.Scheme):
+        name = "whole_rows"
+        needs_full_rows = True  # and no carried_bias
+
+    scheme = WholeRows(None, DIMS, rngs=nnx.Rngs(0))
+    assert needs_whole_rows(scheme)
+    q = jnp.zeros((1, 12, 2, 8))
     with pytest.raises(ValueError, match="attention=dense"):
-        tiled(x)
+        blockwise_attention(q, q, q, positions(1, 12), positions(1, 12), scheme, block_size=4)
 
 
 # --- logn -----------------------------------------------------------------------------------------
@@ -198,8 +210,8 @@ def test_logn_delegates_to_its_inner_scheme():
 
 def test_wrappers_take_on_what_their_inner_scheme_needs():
     wrapped = build("logn", logn__base="cope")
-    assert wrapped.per_layer and wrapped.needs_full_rows
-    assert not build("logn").needs_full_rows
+    assert wrapped.per_layer and wrapped.needs_full_rows and wrapped.carries_bias
+    assert not build("logn").needs_full_rows and not build("logn").carries_bias
     with pytest.raises(ValueError, match="wraps itself"):
         build("logn", logn__base="logn")
     with pytest.raises(ValueError, match="unknown positional scheme"):
