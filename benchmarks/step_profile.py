@@ -1,0 +1,165 @@
+"""Where one training step's time goes, ours against x-transformers, by category, from each
+framework's own profiler, on the benchmark model (d=256, 4 layers, 8 heads, L=256, batch 8).
+
+    pip install -e '.[bench]'
+    python -m benchmarks.step_profile [--scheme nope] [--steps 5]
+
+Ours: a `jax.profiler` trace of `--steps` training steps; every event is one XLA op of the compiled
+step, put in a category by its HLO instruction (shape, the JAX operation it came from, and the kind
+of fusion XLA made). Theirs: `torch.profiler` self CPU time of every aten op. Categories:
+  dense products  the q/k/v, output and MLP projections and the tied output layer, forward and
+                  backward (with their achieved GFLOP/s: 6 x tokens x weights in those products)
+  attention       everything on B x H x ... tensors (logits, softmax, mask, their gradients)
+  layout copies   transposes, slices, pads and concatenations outside attention
+  optimizer       gradient clipping and AdamW (ours: ops outside the differentiated function)
+  other           LayerNorm, GELU, residual adds, loss, bias gradients, embedding lookup
+Both profilers add overhead, so each column's sum exceeds the unprofiled step time shown with it.
+XLA's CPU runtime dispatches Eigen products (the weight gradients here) asynchronously: their time
+is booked to whatever op runs beside them, mostly the input-gradient products, hence the GFLOP/s
+of the dense products as a whole rather than per op. Writes benchmarks/results/step_profile_<scheme>.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import jax
+from flax import nnx
+
+from benchmarks import common
+from benchmarks.throughput import train_runner
+from benchmarks.vs_xtransformers import xtransformers_runner
+from experiment.host_memory import keep_freed_host_memory
+
+CATEGORIES = ("dense products", "attention", "layout copies", "optimizer", "other")
+_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+)")
+_OP_NAME = re.compile(r'op_name="([^"]+)"')
+_LAYOUT_OPS = {"transpose", "reshape", "pad", "slice", "split", "concatenate", "copy"}
+
+
+def xla_category(name: str, shape: str, op_name: str, batch: int, heads: int) -> str:
+    """The category of one instruction of the compiled step (see the module docstring)."""
+    if "jvp(" not in op_name:
+        return "optimizer"
+    if shape.startswith(f"f32[{batch},{heads},") or shape.startswith(f"bf16[{batch},{heads},"):
+        return "attention"
+    if op_name.endswith("dot_general") or name.startswith("dot"):
+        return "dense products"
+    if op_name.rsplit("/", 1)[-1] in _LAYOUT_OPS or name.startswith(("copy_bitcast", "bitcast_copy", "transpose")):
+        return "layout copies"  # (a fusion is named after its ops: copy_bitcast = a transposing copy)
+    return "other"
+
+
+def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
+    run, step, state, tokens, _ = train_runner(scheme, seq_len, batch)
+    hlo = step.lower(state["params"], state["opt"], tokens, tokens, 0).compile().as_text()
+    heads = common.BENCH_MODEL["num_heads"]
+    category = {}
+    for line in hlo.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            op = _OP_NAME.search(line)
+            category.setdefault(m.group(1), xla_category(m.group(1), m.group(2), op.group(1) if op else "",
+                                                         batch, heads))
+    step_ms = _median_step_ms(run, steps)
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(steps):
+            jax.block_until_ready(run())
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
+        events = json.load(gzip.open(path))["traceEvents"]
+    ms = collections.Counter()
+    for e in events:  # complete events named after an instruction of the step (not runtime spans)
+        if e.get("ph") == "X" and e["name"] in category:
+            ms[category[e["name"]]] += e["dur"] / 1e3 / steps
+    return {"step_ms": step_ms, "ms": {c: ms[c] for c in CATEGORIES}}
+
+
+def theirs_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    run = xtransformers_runner(scheme, seq_len, batch)
+    step_ms = _median_step_ms(run, steps)
+    with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
+        for _ in range(steps):
+            run()
+    ms = collections.Counter()
+    heads = common.BENCH_MODEL["num_heads"]
+    for row in prof.key_averages(group_by_input_shape=True):
+        ms[torch_category(row.key, row.input_shapes, batch, heads)] += row.self_cpu_time_total / 1e3 / steps
+    return {"step_ms": step_ms, "ms": {c: ms[c] for c in CATEGORIES}}
+
+
+def torch_category(name: str, shapes: list, batch: int, heads: int) -> str:
+    dims = [s for s in shapes if isinstance(s, list) and s]
+    if "foreach" in name or ("norm" in name and "layer_norm" not in name) or name.startswith("Optimizer"):
+        return "optimizer"
+    if name in ("aten::bmm", "aten::_softmax", "aten::_softmax_backward_data") or any(
+            (len(s) == 4 and s[:2] == [batch, heads]) or (len(s) == 3 and s[0] == batch * heads) for s in dims):
+        return "attention"
+    if name in ("aten::mm", "aten::addmm"):
+        return "dense products"
+    if name in ("aten::copy_", "aten::cat", "aten::clone", "aten::contiguous", "aten::slice", "aten::t",
+                "aten::transpose", "aten::permute"):
+        return "layout copies"
+    return "other"
+
+
+def _median_step_ms(run, steps: int) -> float:
+    for _ in range(2):
+        jax.block_until_ready(run())
+    times = []
+    for _ in range(max(steps, 5)):
+        t0 = time.perf_counter()
+        jax.block_until_ready(run())
+        times.append(time.perf_counter() - t0)
+    return statistics.median(times) * 1e3
+
+
+def dense_gflop_per_step(scheme: str, seq_len: int, batch: int) -> float:
+    """6 x tokens x the weights that take part in products: 2-D kernels and the tied output layer."""
+    model = common.build(scheme, train_length=seq_len)
+    weights = sum(p.size for path, p in nnx.to_flat_state(nnx.state(model, nnx.Param))
+                  if path[-1] in ("kernel", "embedding") and p.ndim == 2)
+    return 6 * batch * seq_len * weights / 1e9
+
+
+def main():
+    keep_freed_host_memory()  # as our entry points do; applies to torch in this process too
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--scheme", default="nope")
+    ap.add_argument("--seq_len", type=int, default=256)
+    ap.add_argument("--batch", type=int, default=8)
+    ap.add_argument("--steps", type=int, default=5)
+    args = ap.parse_args()
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    sides = {"ours": ours_profile(args.scheme, args.seq_len, args.batch, args.steps),
+             "x-transformers": theirs_profile(args.scheme, args.seq_len, args.batch, args.steps)}
+    gflop = dense_gflop_per_step(args.scheme, args.seq_len, args.batch)
+    rows = [{"category": c, **{side: r["ms"][c] for side, r in sides.items()}} for c in CATEGORIES]
+    rows.append({"category": "sum (profiled)", **{side: sum(r["ms"].values()) for side, r in sides.items()}})
+    rows.append({"category": "step, unprofiled", **{side: r["step_ms"] for side, r in sides.items()}})
+    rows.append({"category": "dense GFLOP/s", **{side: gflop / r["ms"]["dense products"] * 1e3
+                                                 for side, r in sides.items()}})
+    print(f"{args.scheme}: ms per training step (dense products: {gflop:.1f} GFLOP per step)")
+    common.print_table(rows, ["category", *sides])
+    path = common.write(f"step_profile_{args.scheme}", {"model": common.BENCH_MODEL, "scheme": args.scheme,
+                                                         "seq_len": args.seq_len, "batch": args.batch,
+                                                         "steps": args.steps, "dense_gflop_per_step": gflop,
+                                                         "rows": rows})
+    print(f"wrote {path}")
+
+
+if __name__ == "__main__":
+    main()
