@@ -55,7 +55,7 @@ class Scheme(nnx.Module):
     # What the decoder and attention read off a scheme (a wrapper copies them from what it wraps):
     per_layer: ClassVar[bool] = False          # one instance per layer rather than one shared by all
     needs_full_rows: ClassVar[bool] = False    # a tile's bias depends on keys outside the tile (CoPE);
-                                               # blockwise then needs `carried_bias`:
+                                               # blockwise then needs `carried_bias`
     carries_bias: ClassVar[bool] = False       # `carried_bias` is implemented (see its docstring)
     bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
                                                # for each key prefix: `auto` trains it with dense
