@@ -49,7 +49,7 @@ def xla_category(name: str, shape: str, op_name: str, batch: int, heads: int) ->
     """The category of one instruction of the compiled step (see the module docstring)."""
     if "jvp(" not in op_name:
         return "optimizer"
-    if shape.startswith(f"f32[{batch},{heads},") or shape.startswith(f"bf16[{batch},{heads},"):
+    if shape.startswith((f"f32[{batch},{heads},", f"bf16[{batch},{heads},")):
         return "attention"
     if op_name.endswith("dot_general") or name.startswith("dot"):
         return "dense products"
@@ -76,7 +76,8 @@ def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
             jax.block_until_ready(run())
         jax.profiler.stop_trace()
         (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
-        events = json.load(gzip.open(path))["traceEvents"]
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
     ms = collections.Counter()
     for e in events:  # complete events named after an instruction of the step (not runtime spans)
         if e.get("ph") == "X" and e["name"] in category:
@@ -85,7 +86,6 @@ def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
 
 
 def theirs_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
-    import torch
     from torch.profiler import ProfilerActivity, profile
 
     run = xtransformers_runner(scheme, seq_len, batch)
