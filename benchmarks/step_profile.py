@@ -27,9 +27,7 @@ import gzip
 import json
 import os
 import re
-import statistics
 import tempfile
-import time
 
 import jax
 from flax import nnx
@@ -69,7 +67,7 @@ def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
             op = _OP_NAME.search(line)
             category.setdefault(m.group(1), xla_category(m.group(1), m.group(2), op.group(1) if op else "",
                                                          batch, heads))
-    step_ms = _median_step_ms(run, steps)
+    step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         for _ in range(steps):
@@ -89,7 +87,7 @@ def theirs_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
     run = xtransformers_runner(scheme, seq_len, batch)
-    step_ms = _median_step_ms(run, steps)
+    step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(steps):
             run()
@@ -113,17 +111,6 @@ def torch_category(name: str, shapes: list, batch: int, heads: int) -> str:
                 "aten::transpose", "aten::permute"):
         return "layout copies"
     return "other"
-
-
-def _median_step_ms(run, steps: int) -> float:
-    for _ in range(2):
-        jax.block_until_ready(run())
-    times = []
-    for _ in range(max(steps, 5)):
-        t0 = time.perf_counter()
-        jax.block_until_ready(run())
-        times.append(time.perf_counter() - t0)
-    return statistics.median(times) * 1e3
 
 
 def dense_gflop_per_step(scheme: str, seq_len: int, batch: int) -> float:

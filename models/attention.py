@@ -93,7 +93,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     """
     if needs_whole_rows(scheme):
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
-                         f"carried_bias; use dense attention (--config.model.attention=dense)")
+                         f"carried_bias; set --config.model.attention=dense (or auto)")
     carried = scheme.needs_full_rows  # and so `carries_bias`
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape

@@ -111,9 +111,6 @@ class Attention(nnx.Module):
                 kind = "triangular"
             else:
                 kind = "dense"
-        if kind == "blockwise" and full_rows:
-            raise ValueError(f"positional scheme {self.scheme.name!r} needs whole rows of keys for its bias "
-                             f"(not one key tile at a time); set --config.model.attention=dense (or auto)")
         if kind == "fused":
             if dropping:
                 raise ValueError("model.attention=fused does not implement attention dropout; "
