@@ -25,8 +25,9 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.posenc = posenc.default_config(arg or "alibi")
     c.train = dict(seq_len=64, batch_size=32, steps=600, optimizer="adamw", lr=2e-3, warmup_steps=100,
                    warmup_init_lr=0.0, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, momentum=0.9,
-                   grad_clip=1.0,
+                   grad_clip=1.0, device_batch_tokens=0,  # 0: the whole update in one step per device
                    log_every=50, checkpoint_every=200)
+    c.mesh = dict(fsdp=1)  # devices that shard parameters and optimizer state (1: replicated)
     c.eval = dict(lengths=(), length_multipliers=(1, 2, 4, 8, 16), stride=0, split="valid",
                   batch_tokens=16384, max_tokens=0)
     return c

@@ -10,6 +10,10 @@ trains ALiBi at 64 ... 3072).
     # offline: point at a local copy of the three splits (wiki.{train,valid,test}.tokens)
     ... --config.data.source=local --config.data.path=/data/wikitext-103
 
+On 1, 2, 4 or 8 GPUs the same command trains with the paper's update (README, "On GPUs and TPUs"):
+train.device_batch_tokens = 9216 splits it into micro-steps. `configs/wikitext103.py:alibi,512,1.3b`
+is the appendix's larger model (25 layers, d = 2048, 16 heads, FFN 8192, 1.3B parameters).
+
 The model (247M parameters at the WikiText-103 vocabulary): 16 layers, d = 1024, 8 heads,
 FFN 4096, ReLU, pre-LayerNorm, dropout 0.3 / attention 0.1 / activation 0.1, word-level vocabulary
 of the train split, tied adaptive input + adaptive softmax (cutoffs 20000, 60000; factor 4).
@@ -35,21 +39,31 @@ TOKENS_PER_DEVICE = 9216
 DEVICES = 8
 
 
-def paper_eval_lengths(train_length: int) -> list[int]:
-    """The L_valid values of the paper's tables for this training length (nonoverlapping)."""
+def paper_eval_lengths(train_length: int) -> tuple[int, ...]:
+    """The L_valid values of the paper's tables for this training length (nonoverlapping); a tuple,
+    as --config.eval.lengths=... overrides only tuples."""
     lengths = sorted({r["eval_length"] for r in paper.rows()
                       if r["train_length"] == train_length and r["stride"] == r["eval_length"]})
-    return lengths or [train_length * m for m in (1, 2, 4, 8, 16)]
+    return tuple(lengths or [train_length * m for m in (1, 2, 4, 8, 16)])
+
+
+# The appendix's larger model (1.3B parameters): `configs/wikitext103.py:alibi,512,1.3b`.
+SIZES = {"247m": dict(num_layers=16, d_model=1024, num_heads=8, mlp_dim=4096),
+         "1.3b": dict(num_layers=25, d_model=2048, num_heads=16, mlp_dim=8192)}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    scheme, _, length = (arg or "alibi,512").partition(",")
+    """`arg`: SCHEME[,L[,SIZE]], SIZE 247m (default) or 1.3b."""
+    scheme, length, size = ((arg or "alibi,512").split(",") + ["", ""])[:3]
     train_length = int(length or 512)
+    size = (size or "247m").lower()
+    if size not in SIZES:
+        raise ValueError(f"unknown model size {size!r} in configs/wikitext103.py:{arg}; valid: {', '.join(SIZES)}")
     c = ml_collections.ConfigDict()
     c.seed = 1
     c.data = dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-103-v1", path="",
                   text_column="text", tokenizer="word", vocab_size=0, train_split="train")
-    c.model = dict(num_layers=16, d_model=1024, num_heads=8, mlp_dim=4096, activation="relu",
+    c.model = dict(**SIZES[size], activation="relu",
                    dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, tie_embeddings=True,
                    adaptive_cutoffs=(20000, 60000), adaptive_factor=4, attention="auto", attention_block=512,
                    dtype="bfloat16")
@@ -57,7 +71,10 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c.train = dict(seq_len=train_length, batch_size=max(1, DEVICES * TOKENS_PER_DEVICE // train_length),
                    steps=286_000, optimizer="nag", lr=1.0, momentum=0.99, warmup_steps=16_000,
                    warmup_init_lr=1e-7, min_lr_ratio=1e-4, weight_decay=0.0, b1=0.9, b2=0.98,
-                   grad_clip=0.1, log_every=100, checkpoint_every=2000)
+                   grad_clip=0.1, device_batch_tokens=TOKENS_PER_DEVICE, log_every=100, checkpoint_every=2000)
+    # 1 device: 8 micro-steps of 9,216 tokens per update; 8 devices: one each. mesh.fsdp = N shards
+    # parameters and optimizer state N ways (1: replicated).
+    c.mesh = dict(fsdp=1)
     c.eval = dict(lengths=paper_eval_lengths(train_length), length_multipliers=(1,), stride=0,
                   split="valid", batch_tokens=16384, max_tokens=0)
     return c

@@ -17,13 +17,15 @@ from typing import Iterator
 import numpy as np
 
 
-def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int):
+def train_batch(stream: np.ndarray, step: int, batch_size: int, seq_len: int, seed: int,
+                rows: slice = slice(None)):
     """Random windows of seq_len + 1 tokens, a deterministic function of (seed, step), so a resumed
-    run sees exactly the batches an uninterrupted one would. Returns (inputs, targets), B x L each."""
+    run sees exactly the batches an uninterrupted one would. Returns (inputs, targets), B x L each;
+    with `rows`, only those rows of the batch (one host's share of a global batch)."""
     if len(stream) < seq_len + 2:
         raise ValueError(f"the training split has {len(stream)} tokens, too few for train.seq_len={seq_len}")
     rng = np.random.default_rng([seed, step])
-    starts = rng.integers(0, len(stream) - seq_len, size=batch_size)
+    starts = rng.integers(0, len(stream) - seq_len, size=batch_size)[rows]
     windows = stream[starts[:, None] + np.arange(seq_len + 1)]
     return windows[:, :-1], windows[:, 1:]
 

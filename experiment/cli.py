@@ -1,24 +1,47 @@
 """What the entry points share: the --config flag and clean errors instead of deep tracebacks."""
 from __future__ import annotations
 
+import ast
 import logging
 import os
 import sys
 from typing import Callable
 
+import ml_collections
+from absl import flags
+
 import posenc
 from corpora import DataError
+from experiment import accelerator, distributed
 from experiment.host_memory import keep_freed_host_memory
 from experiment.training import ConfigError
 
 
-def run_cleanly(fn: Callable[[], object]) -> None:
-    """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback)."""
+flags.DEFINE_string("coordinator_address", None, "several processes as one job: HOST:PORT of process 0 "
+                    "(found automatically on TPU pods and under SLURM; experiment/distributed.py)")
+flags.DEFINE_integer("num_processes", None, "several processes as one job: how many")
+flags.DEFINE_integer("process_id", None, "several processes as one job: this one's index, 0 .. num_processes-1")
+
+
+def start_runtime() -> None:
+    """What every entry point does before its work: malloc settings on CPU, the compilation cache,
+    the multi-process runtime (when launched as several processes), logging (warnings only on the
+    processes that do not write)."""
     keep_freed_host_memory()  # before JAX starts its threads (experiment/host_memory.py)
     logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
     for noisy in ("absl", "orbax", "jax", "datasets", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
+    accelerator.enable_compilation_cache()
+    f = flags.FLAGS
+    distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+    if not distributed.is_writer():
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def run_cleanly(fn: Callable[[], object]) -> None:
+    """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback)."""
     try:
+        start_runtime()
         fn()
     except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
         if os.environ.get("LX_TRACEBACK"):
@@ -41,8 +64,8 @@ def _config_arg(argv: list[str]) -> str | None:
     return None
 
 
-def _unknown_override(argv: list[str]) -> str | None:
-    """Name the first --config.a.b override whose key the config file does not define."""
+def _load_config(argv: list[str]) -> ml_collections.ConfigDict | None:
+    """The config that --config names (its get_config(arg)), or None where it cannot be loaded."""
     spec = _config_arg(argv)
     if not spec:
         return None
@@ -52,8 +75,15 @@ def _unknown_override(argv: list[str]) -> str | None:
         module_spec = importlib.util.spec_from_file_location("_config_for_check", path)
         module = importlib.util.module_from_spec(module_spec)
         module_spec.loader.exec_module(module)
-        config = module.get_config(arg) if arg else module.get_config()
+        return module.get_config(arg) if arg else module.get_config()
     except Exception:
+        return None
+
+
+def _unknown_override(argv: list[str]) -> str | None:
+    """Name the first --config.a.b override whose key the config file does not define."""
+    config = _load_config(argv)
+    if config is None:
         return None
     for a in argv:
         if not a.startswith("--config."):
@@ -70,20 +100,78 @@ def _unknown_override(argv: list[str]) -> str | None:
     return None
 
 
-def parse_flags(argv: list[str]) -> list[str]:
-    """absl flag parsing with one-line errors (unknown config key, missing config file, bad value)."""
-    from absl import flags
+class _OverrideError(ValueError):
+    """A --config override ml_collections would refuse obscurely, or accept as values the run cannot use."""
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _number_tuple(key: str, text: str) -> str:
+    """`a,b`, `(a,b)`, `[a,b]` or `()` as the tuple literal ml_collections parses, ints kept ints."""
+    inner = text.strip()
+    if inner[:1] + inner[-1:] in ("()", "[]"):
+        inner = inner[1:-1]
+    values = []
+    for item in filter(None, (s.strip() for s in inner.split(","))):
+        try:
+            value = ast.literal_eval(item)
+        except (ValueError, SyntaxError):
+            value = None
+        if not _is_number(value):
+            raise _OverrideError(f"--config.{key}={text}: {item!r} is not a number; give numbers separated "
+                                 f"by commas (--config.{key}=1,2) or () for none")
+        values.append(value)
+    return repr(tuple(values))
+
+
+def _tuple_overrides(argv: list[str]) -> list[str]:
+    """`argv` with each override of a sequence of numbers in the config (eval.lengths, ...) checked and
+    written as a tuple literal: a bad element fails here, naming the key, not as a string deep in a
+    run. ml_collections overrides tuples, never lists: a list-valued key is refused, naming it."""
+    config = _load_config(argv) if any(a.startswith("--config.") for a in argv) else None
+    if config is None:
+        return argv
+    out = list(argv)
+    for i, a in enumerate(argv):
+        if not a.startswith("--config."):
+            continue
+        key, eq, text = a[len("--config."):].partition("=")
+        if not eq and i + 1 == len(argv):
+            continue
+        node = config
+        for part in key.split("."):
+            node = node[part] if hasattr(node, "keys") and part in node.keys() else None
+        if isinstance(node, list):
+            raise _OverrideError(f"config key {key!r} holds a list, which --config.{key} cannot override: "
+                                 f"make it a tuple in {_config_arg(argv).partition(':')[0]}")
+        if not isinstance(node, tuple) or not all(_is_number(v) for v in node):
+            continue
+        if eq:
+            out[i] = f"--config.{key}={_number_tuple(key, text)}"
+        else:
+            out[i + 1] = _number_tuple(key, argv[i + 1])
+    return out
+
+
+def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
+    """absl flag parsing with one-line errors (unknown config key, missing config file, bad value).
+    `flag_values`: absl's global FLAGS unless given (tests parse into their own)."""
     spec = _config_arg(argv)
     if spec and not os.path.isfile(spec.partition(":")[0]):
         print(f"error: config file {spec.partition(':')[0]!r} not found (configs live in configs/, "
               f"e.g. --config configs/demo.py)", file=sys.stderr)
         sys.exit(2)
     try:
-        return flags.FLAGS(argv)
+        return (flags.FLAGS if flag_values is None else flag_values)(_tuple_overrides(argv))
     except Exception as e:  # noqa: BLE001 - every parsing error becomes one readable line
         if os.environ.get("LX_TRACEBACK"):
             raise
-        message = _unknown_override(argv) or f"{type(e).__name__}: {e}"
+        if isinstance(e, _OverrideError):
+            message = str(e)
+        else:
+            message = _unknown_override(argv) or f"{type(e).__name__}: {e}"
         print(f"error: {message}\nusage: python {os.path.basename(argv[0])} --helpfull for every flag",
               file=sys.stderr)
         sys.exit(2)

@@ -1,10 +1,15 @@
 """Perplexity at many evaluation lengths (the protocol of Press et al. 2022, see corpora.batching).
 
+The windows of a batch are split over every device of the job; each length compiles one program
+(the last batch is padded to the same shape), and the entry points cache compiled programs on disk
+(experiment/accelerator.py), so evaluating the same shapes again compiles nothing.
+
 Results go to `WORKDIR/eval/extrapolation.json`: a list of records, one per (split, eval_length,
 stride), merged with what the file already holds.
 """
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import math
@@ -14,11 +19,12 @@ import time
 import jax
 import numpy as np
 from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 import corpora
 import posenc
-from experiment import checkpoints, config_util
+from experiment import checkpoints, config_util, distributed, sharding
 from experiment.training import ConfigError, build_model
 from models.attention import needs_whole_rows
 
@@ -134,7 +140,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
                          f"pass --stride <= {min(lengths)} (or 0 for nonoverlapping)")
 
     tokenizer = corpora.load_tokenizer(workdir / "tokenizer.json")
-    model = build_model(config, tokenizer.vocab_size)
+    model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
     for length in list(lengths):
         try:
             model.scheme.check_length(length)
@@ -143,7 +149,11 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
                 raise
             log.warning("skipping eval length %d: %s", length, e)
             lengths.remove(length)
-    graphdef, params = nnx.split(model)
+    # Windows split over every device of the job, parameters placed as in training (mesh.fsdp).
+    mesh = sharding.mesh_from_config(config)
+    graphdef, abstract_params = nnx.split(model)
+    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
+                          abstract_params, sharding.param_shardings(abstract_params, mesh))
     mngr = checkpoints.manager(workdir)
     try:
         params, _, meta = checkpoints.restore(mngr, params)
@@ -159,16 +169,20 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
         stream = stream[:max_tokens]
         words = corpora.count_words_in_text(tokenizer.decode(stream))
 
-    @jax.jit
+    @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))  # sums, on every device
     def score(params, inputs, targets, weights):
         nll = nnx.merge(graphdef, params).token_nll(inputs, targets) * weights
         return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
+
+    batch_sharding = sharding.batch_sharding(mesh)
+    writer = distributed.is_writer()
 
     results = []
     for length in lengths:
         s = stride or length
         batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
                                 attention_tile(config.model, type(model.scheme), length))
+        batch = -(-batch // mesh.size) * mesh.size  # whole rows per device; every batch one shape
         windows = corpora.EvalWindows(len(stream), length, s)
         total, count = 0.0, 0.0
         pos_nll, pos_count = np.zeros(length), np.zeros(length)
@@ -176,8 +190,10 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
         for inputs, targets, weights in tqdm(
                 corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
                 total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
-                unit="batch", dynamic_ncols=True, disable=None, leave=False):
-            nll_sum, nll_pos, w_pos = jax.device_get(score(params, inputs, targets, weights))
+                unit="batch", dynamic_ncols=True, disable=None if writer else True, leave=False):
+            arrays = sharding.global_batch(batch_sharding, inputs.shape,
+                                           lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi]))
+            nll_sum, nll_pos, w_pos = jax.device_get(score(params, *arrays))
             total += float(nll_sum)
             pos_nll += nll_pos
             pos_count += w_pos
@@ -195,7 +211,8 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
             record.update(words=words, word_ppl=math.exp(total / words))
         log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
         results.append(record)
-        _merge_results(workdir / "eval" / "extrapolation.json", [record])  # each length kept as it finishes
+        if writer:
+            _merge_results(workdir / "eval" / "extrapolation.json", [record])  # each length kept as it finishes
     return results
 
 

@@ -1,11 +1,15 @@
-"""Training: config -> data -> model -> AdamW with warm-up + cosine -> checkpoints -> evaluation.
+"""Training: config -> data -> model -> AdamW / NAG with warm-up + cosine -> checkpoints -> evaluation.
 
 The hot loop uses the functional NNX pattern: `nnx.split` once, a plain `jax.jit` step that
-merges, computes the loss, and returns new state, with buffer donation. The batch is sharded over
-every local device along a `data` mesh axis; parameters and optimizer state are replicated.
+merges, computes the loss, and returns new state, with buffer donation. `train.batch_size` is the
+global update, as papers state it; `train.device_batch_tokens` caps what one device computes at
+once, and the update is then accumulated over micro-steps inside the one jitted step. Batches are
+split over every device of the job (experiment/sharding.py: a data x fsdp mesh), parameters and
+optimizer state over the FSDP axis (`mesh.fsdp`, 1 = replicated).
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import pathlib
@@ -13,6 +17,7 @@ import time
 from typing import Callable
 
 import jax
+import jax.numpy as jnp
 import ml_collections
 import numpy as np
 import optax
@@ -21,7 +26,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 import corpora
-from experiment import checkpoints, config_util
+from experiment import accelerator, checkpoints, config_util, distributed, sharding
 from models import DecoderLM, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -98,22 +103,86 @@ def lr_at(train_cfg, step: int) -> float:
     return float(lr_schedule(train_cfg)(step))
 
 
-def make_train_step(graphdef, tx, dropout_seed: int):
-    def train_step(params, opt_state, inputs_BxT, targets_BxT, step):
-        key = jax.random.fold_in(jax.random.key(dropout_seed), step)
+def micro_batching(batch_size: int, seq_len: int, device_batch_tokens: int, devices: int) -> int:
+    """Micro-steps per update: the fewest that divide each device's share of the batch into pieces of
+    at most `device_batch_tokens` tokens (0: no cap, one step)."""
+    if batch_size < 1:
+        raise ConfigError(f"train.batch_size must be positive, got {batch_size}")
+    if batch_size % devices:
+        raise ConfigError(f"train.batch_size={batch_size} is not divisible by the {devices} devices; "
+                          f"set --config.train.batch_size to a multiple of {devices}")
+    rows = batch_size // devices
+    if device_batch_tokens <= 0:
+        return 1
+    if device_batch_tokens < seq_len:
+        raise ConfigError(f"train.device_batch_tokens={device_batch_tokens} is less than one sequence "
+                          f"(train.seq_len={seq_len}); set it to at least {seq_len}")
+    steps = -(-rows // (device_batch_tokens // seq_len))
+    while rows % steps:
+        steps += 1
+    return steps
 
+
+def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
+                    per_example_keys: bool = False, grad_shardings=None):
+    """The jitted update. With `micro_steps` = k > 1 the batch is split into k micro-batches (rows
+    i, k + i, 2k + i, ... form micro-batch i, so each device keeps its own rows) whose gradients are
+    summed in a `lax.scan`; the loss, gradient norm, clipping and update are those of the whole batch.
+    `per_example_keys`: every row draws its dropout (and sampled positions) from its own key,
+    fold_in(step key, row), so the masks do not depend on how the batch is split."""
+    def loss_and_grads(params, inputs_BxT, targets_BxT, rows_B, step_key):
         def loss_fn(p):
-            return nnx.merge(graphdef, p).token_nll(inputs_BxT, targets_BxT, dropout_key=key).mean()
+            model = nnx.merge(graphdef, p)
+            if not per_example_keys:
+                return model.token_nll(inputs_BxT, targets_BxT, dropout_key=step_key).mean()
+            keys_B = jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
+            row_nll = lambda x, y, k: model.token_nll(x[None], y[None], dropout_key=k)[0]
+            return jax.vmap(row_nll)(inputs_BxT, targets_BxT, keys_B).mean()
+        return jax.value_and_grad(loss_fn)(params)
 
-        loss, grads = jax.value_and_grad(loss_fn)(params)
+    def train_step(params, opt_state, inputs_BxT, targets_BxT, step):
+        step_key = jax.random.fold_in(jax.random.key(dropout_seed), step)
+        rows_B = jnp.arange(inputs_BxT.shape[0], dtype=jnp.int32)
+        if micro_steps == 1:
+            loss, grads = loss_and_grads(params, inputs_BxT, targets_BxT, rows_B, step_key)
+        else:
+            def split(x):  # B x ... -> k x B/k x ...
+                return jnp.swapaxes(x.reshape(-1, micro_steps, *x.shape[1:]), 0, 1)
+
+            def accumulate(total, micro):
+                loss, grads = loss_and_grads(params, *micro, step_key)
+                if grad_shardings is not None:
+                    grads = jax.lax.with_sharding_constraint(grads, grad_shardings)
+                return jax.tree.map(jnp.add, total, (loss, grads)), None
+
+            zero = (jnp.zeros((), jnp.float32), jax.tree.map(jnp.zeros_like, params))
+            (loss, grads), _ = jax.lax.scan(accumulate, zero,
+                                            (split(inputs_BxT), split(targets_BxT), split(rows_B)))
+            loss, grads = jax.tree.map(lambda x: x / micro_steps, (loss, grads))
         updates, opt_state = tx.update(grads, opt_state, params)
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return jax.jit(train_step, donate_argnums=(0, 1))
 
 
-def data_mesh() -> jax.sharding.Mesh:
-    return jax.make_mesh((jax.device_count(),), ("data",), axis_types=(jax.sharding.AxisType.Auto,))
+def is_stochastic(model_cfg, scheme) -> bool:
+    """Whether a training step draws random numbers (dropout, sampled positions)."""
+    rates = (model_cfg.get("dropout", 0), model_cfg.get("attention_dropout", 0),
+             model_cfg.get("activation_dropout", 0))
+    return any(r > 0 for r in rates) or bool(scheme.samples_positions)
+
+
+def init_state(config, vocab_size: int, tx, mesh):
+    """(graphdef, params, opt_state, param shardings): the model initialised straight into its
+    shardings (a jitted init), so no device ever holds more than its share."""
+    abstract = nnx.eval_shape(lambda: build_model(config, vocab_size))
+    abstract.scheme.check_length(config.train.seq_len)
+    graphdef, abstract_params = nnx.split(abstract)
+    param_shards = sharding.param_shardings(abstract_params, mesh)
+    params = jax.jit(lambda: nnx.split(build_model(config, vocab_size))[1], out_shardings=param_shards)()
+    opt_shards = sharding.optimizer_shardings(tx, jax.eval_shape(tx.init, params), param_shards, mesh)
+    opt_state = jax.jit(tx.init, out_shardings=opt_shards)(params)
+    return graphdef, params, opt_state, param_shards, abstract.scheme
 
 
 # --- the run ----------------------------------------------------------------------------------
@@ -137,77 +206,125 @@ def _truncate_metrics(path: pathlib.Path, last_step: int) -> None:
     path.write_text("".join(l + "\n" for l in kept))
 
 
+def _load_data(config, workdir: pathlib.Path):
+    """(tokenizer, train stream): the writer builds and caches them in the workdir, the other
+    processes read its files."""
+    if distributed.is_writer():
+        train_lines = None
+
+        def get_train_lines():
+            nonlocal train_lines
+            if train_lines is None:
+                train_lines = corpora.load_lines(config.data, config.data.train_split)
+            return train_lines
+        tokenizer = load_tokenizer_for(config, workdir, get_train_lines)
+        stream = load_stream(config, workdir, config.data.train_split, tokenizer, train_lines)
+    distributed.barrier("lengthx_data")
+    if not distributed.is_writer():
+        tokenizer = corpora.load_tokenizer(workdir / "tokenizer.json")
+        stream = np.load(workdir / "streams" / f"{config.data.train_split}.npy")
+    return tokenizer, stream
+
+
+def _scalar(value: int, mesh) -> jax.Array:
+    """A replicated int32 scalar that every process of the job agrees on."""
+    return jax.make_array_from_callback((), NamedSharding(mesh, P()), lambda _: np.int32(value))
+
+
+def _out_of_memory(error: Exception, step_shape: dict) -> ConfigError:
+    return ConfigError(f"the device ran out of memory ({str(error).splitlines()[0][:160]}); "
+                       + accelerator.memory_options(**step_shape))
+
+
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
           max_steps: int | None = None) -> dict:
     """Train (or resume) the run in `workdir`. `max_steps` stops after that many steps in this call
     (for time-sliced jobs); Ctrl-C saves a checkpoint first. Returns a summary dict."""
     config = config_util.resolve(config)
     workdir = pathlib.Path(workdir)
-    _prepare_workdir(config, workdir)
     tc = config.train
-    n_dev = jax.device_count()
-    if tc.batch_size % n_dev:
-        raise ConfigError(f"train.batch_size={tc.batch_size} is not divisible by the {n_dev} devices; "
-                          f"set --config.train.batch_size to a multiple of {n_dev}")
+    mesh = sharding.mesh_from_config(config)
+    micro_steps = micro_batching(tc.batch_size, tc.seq_len, tc.get("device_batch_tokens", 0), mesh.size)
+    if distributed.is_writer():
+        _prepare_workdir(config, workdir)
+    distributed.barrier("lengthx_workdir")
+    tokenizer, stream = _load_data(config, workdir)
 
-    train_lines = None
-    def get_train_lines():
-        nonlocal train_lines
-        if train_lines is None:
-            train_lines = corpora.load_lines(config.data, config.data.train_split)
-        return train_lines
-    tokenizer = load_tokenizer_for(config, workdir, get_train_lines)
-    stream = load_stream(config, workdir, config.data.train_split, tokenizer,
-                         None if train_lines is None else train_lines)
-
-    model = build_model(config, tokenizer.vocab_size)
-    model.scheme.check_length(tc.seq_len)
-    graphdef, params = nnx.split(model)
     tx = make_optimizer(tc)
-    opt_state = tx.init(params)
+    graphdef, params, opt_state, param_shards, scheme = init_state(config, tokenizer.vocab_size, tx, mesh)
     mngr = checkpoints.manager(workdir)
     start = 0
     if mngr.latest_step() is not None:
         params, opt_state, meta = checkpoints.restore(mngr, params, opt_state)
         start = int(meta["step"])
         log.info("resuming %s from step %d", workdir, start)
-    _truncate_metrics(workdir / "metrics.jsonl", start)
+    if distributed.is_writer():
+        _truncate_metrics(workdir / "metrics.jsonl", start)
 
-    mesh = data_mesh()
-    replicated, batch_sharded = NamedSharding(mesh, P()), NamedSharding(mesh, P("data"))
-    params, opt_state = jax.device_put((params, opt_state), replicated)
-    step_fn = make_train_step(graphdef, tx, config.seed + 1)
+    step_fn = make_train_step(graphdef, tx, config.seed + 1, micro_steps=micro_steps,
+                              per_example_keys=is_stochastic(config.model, scheme),
+                              grad_shardings=param_shards)
+    batch_shard = sharding.batch_sharding(mesh)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     end = tc.steps if max_steps is None else min(tc.steps, start + max_steps)
     tokens_per_step = tc.batch_size * tc.seq_len
+    fsdp = mesh.shape[sharding.FSDP]
+    advice_args = dict(micro_rows=tc.batch_size // micro_steps // mesh.size, micro_steps=micro_steps,
+                       seq_len=tc.seq_len, fsdp=fsdp, devices=mesh.size)
+    log.info("%s: %.1fM parameters; update of %d x %d tokens = %d micro-step(s) of %d sequences per device "
+             "on %d device(s) (mesh data=%d x fsdp=%d)", config.posenc.name, n_params / 1e6, tc.batch_size,
+             tc.seq_len, micro_steps, advice_args["micro_rows"], mesh.size, mesh.shape[sharding.DATA], fsdp)
+    flops_per_token = accelerator.training_flops_per_token(
+        ModelConfig.from_config(config.model, tokenizer.vocab_size), tc.seq_len, tokenizer.vocab_size)
+    peak = accelerator.peak_tflops()
+
+    def batch(step):
+        read = lambda lo, hi: corpora.train_batch(stream, step, tc.batch_size, tc.seq_len, config.seed,
+                                                  rows=slice(lo, hi))
+        return sharding.global_batch(batch_shard, (tc.batch_size, tc.seq_len), read)
+
+    if start < end:  # compile first, and refuse a step that cannot fit before running it
+        compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
+        advice = accelerator.memory_advice(accelerator.program_bytes(compiled),
+                                           accelerator.device_memory_limit(), **advice_args)
+        if advice:
+            raise ConfigError(advice)
+        step_fn = compiled
 
     def save(step):
         checkpoints.save(mngr, step, params, opt_state,
                          {"step": step, "data_position": step, "seed": config.seed})
 
+    writer = distributed.is_writer()
     step, pending, last = start, [], time.perf_counter()
     bar = tqdm(total=tc.steps, initial=start, desc=f"train {config.posenc.name} L={tc.seq_len}",
-               unit="step", dynamic_ncols=True, disable=None)
+               unit="step", dynamic_ncols=True, disable=None if writer else True)
     try:
-        with open(workdir / "metrics.jsonl", "a") as metrics_file:
+        with (open(workdir / "metrics.jsonl", "a") if writer else contextlib.nullcontext()) as metrics_file:
             while step < end:
-                inputs, targets = corpora.train_batch(stream, step, tc.batch_size, tc.seq_len, config.seed)
-                inputs, targets = jax.device_put((inputs, targets), batch_sharded)
-                params, opt_state, metrics = step_fn(params, opt_state, inputs, targets, step)
+                params, opt_state, metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
                 pending.append(metrics)
                 step += 1
                 bar.update(1)
                 if step % tc.log_every == 0 or step == end:
                     values = jax.device_get(pending)
                     now = time.perf_counter()
+                    tokens_per_s = len(values) * tokens_per_step / (now - last)
+                    memory_key, memory_gb = accelerator.peak_memory_gb()
                     record = {"step": step,
                               "loss": float(np.mean([m["loss"] for m in values])),
                               "grad_norm": float(np.mean([m["grad_norm"] for m in values])),
                               "lr": lr_at(tc, step - 1),
-                              "tokens_per_s": len(values) * tokens_per_step / (now - last)}
-                    metrics_file.write(json.dumps(record) + "\n")
-                    metrics_file.flush()
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{record['tokens_per_s']:.0f}")
+                              "tokens_per_s": tokens_per_s,
+                              **({"mfu": flops_per_token * tokens_per_s / (peak * 1e12 * mesh.size)}
+                                 if peak else {}),
+                              memory_key: round(memory_gb, 3)}
+                    if writer:
+                        metrics_file.write(json.dumps(record) + "\n")
+                        metrics_file.flush()
+                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}",
+                                    **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}),
+                                    mem=f"{memory_gb:.1f}GB")
                     pending, last = [], now
                     if not np.isfinite(record["loss"]):
                         raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
@@ -219,8 +336,13 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
             save(step)
         log.warning("interrupted at step %d; checkpoint saved, the same command resumes", step)
         raise
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" in str(e):
+            raise _out_of_memory(e, advice_args) from e
+        raise
     bar.close()
-    return {"workdir": str(workdir), "step": step, "done": step >= tc.steps, "params": n_params}
+    return {"workdir": str(workdir), "step": step, "done": step >= tc.steps, "params": n_params,
+            "micro_steps": micro_steps}
 
 
 def is_trained(workdir: pathlib.Path, config) -> bool:

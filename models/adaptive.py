@@ -17,6 +17,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 _xavier = nnx.initializers.xavier_uniform()
+FSDP = "fsdp"  # the mesh axis parameters are sharded over (as in models/decoder.py)
 
 
 def _bands(vocab_size: int, d_model: int, cutoffs: Sequence[int], factor: int) -> list[tuple[int, int, int]]:
@@ -40,14 +41,19 @@ class AdaptiveInput(nnx.Module):
 
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
                  rngs: nnx.Rngs, dtype=jnp.float32):
+        with nnx.use_eager_sharding(False):  # annotations only (experiment/sharding.py places them)
+            self._build(vocab_size, d_model, cutoffs, factor, rngs, dtype)
+
+    def _build(self, vocab_size, d_model, cutoffs, factor, rngs, dtype):
         self.vocab_size, self.d_model, self.cutoffs, self.factor = vocab_size, d_model, tuple(cutoffs), factor
         self.bands = tuple(_bands(vocab_size, d_model, cutoffs, factor))
         self.embeds = nnx.List([
-            nnx.Embed(hi - lo, dim, dtype=dtype, rngs=rngs,
-                      embedding_init=nnx.initializers.normal(stddev=dim ** -0.5))
+            nnx.Embed(hi - lo, dim, dtype=dtype, rngs=rngs, embedding_init=nnx.with_partitioning(
+                nnx.initializers.normal(stddev=dim ** -0.5), (None, FSDP)))
             for lo, hi, dim in self.bands])
         self.projs = nnx.List([
-            nnx.Linear(dim, d_model, use_bias=False, kernel_init=_xavier, dtype=dtype, rngs=rngs)
+            nnx.Linear(dim, d_model, use_bias=False, kernel_init=nnx.with_partitioning(_xavier, (None, FSDP)),
+                       dtype=dtype, rngs=rngs)
             for _, _, dim in self.bands])
 
     def __call__(self, tokens_BxT: jax.Array) -> jax.Array:
@@ -82,6 +88,10 @@ class AdaptiveSoftmax(nnx.Module):
 
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
                  rngs: nnx.Rngs, tie_to: AdaptiveInput | None = None, dtype=jnp.float32):
+        with nnx.use_eager_sharding(False):  # annotations only (experiment/sharding.py places them)
+            self._build(vocab_size, d_model, cutoffs, factor, rngs, tie_to, dtype)
+
+    def _build(self, vocab_size, d_model, cutoffs, factor, rngs, tie_to, dtype):
         self.vocab_size, self.d_model, self.cutoffs, self.factor = vocab_size, d_model, tuple(cutoffs), factor
         self.bands = tuple(_bands(vocab_size, d_model, cutoffs, factor))
         self.dtype = dtype
@@ -94,12 +104,13 @@ class AdaptiveSoftmax(nnx.Module):
             self.tail_projs = nnx.List([p.kernel for p in tie_to.projs[1:]])
         else:
             keys = [rngs.params() for _ in range(2 * n + 1)]
-            self.tables = nnx.List([nnx.Param(_xavier(k, (hi - lo, dim)))
+            self.tables = nnx.List([nnx.Param(_xavier(k, (hi - lo, dim)), out_sharding=(None, FSDP))
                                     for k, (lo, hi, dim) in zip(keys, self.bands)])
-            self.tail_projs = nnx.List([nnx.Param(_xavier(k, (dim, d_model)))
+            self.tail_projs = nnx.List([nnx.Param(_xavier(k, (dim, d_model)), out_sharding=(None, FSDP))
                                         for k, (_, _, dim) in zip(keys[n + 1:], self.bands[1:])])
-        self.cluster_logits = (nnx.Linear(d_model, n, use_bias=False, kernel_init=_xavier, dtype=dtype,
-                                          rngs=rngs) if n else None)
+        self.cluster_logits = (nnx.Linear(d_model, n, use_bias=False, dtype=dtype, rngs=rngs,
+                                          kernel_init=nnx.with_partitioning(_xavier, (FSDP, None)))
+                               if n else None)
 
     def _head_log_probs(self, h_BxTxD: jax.Array) -> jax.Array:
         """log p over the c0 head words, then the n clusters: BxTxH with H = c0 + n, float32."""

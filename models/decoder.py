@@ -27,6 +27,17 @@ from models.triangular import triangular_attention
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused")
+FSDP = "fsdp"  # the mesh axis parameters are sharded over (experiment/sharding.py); 1 = replicated
+
+
+def rows_sharded(init=nnx.initializers.lecun_normal()):
+    """A kernel initializer annotated to shard the kernel's input dimension over the FSDP axis."""
+    return nnx.with_partitioning(init, (FSDP, None))
+
+
+def columns_sharded(init):
+    """An embedding initializer annotated to shard the feature dimension over the FSDP axis."""
+    return nnx.with_partitioning(init, (None, FSDP))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -92,8 +103,8 @@ class Attention(nnx.Module):
         self.scheme = scheme
         self.head_dim = cfg.d_model // cfg.num_heads
         dtype = DTYPES[cfg.dtype]
-        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype, rngs=rngs)
-        self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, rngs=rngs)
+        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
+        self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         b, t, _ = x_BxTxD.shape
@@ -139,8 +150,8 @@ class Block(nnx.Module):
         self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
         self.attn = Attention(cfg, scheme, rngs=rngs)
         self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
-        self.fc1 = nnx.Linear(cfg.d_model, cfg.mlp_dim, dtype=dtype, rngs=rngs)
-        self.fc2 = nnx.Linear(cfg.mlp_dim, cfg.d_model, dtype=dtype, rngs=rngs)
+        self.fc1 = nnx.Linear(cfg.d_model, cfg.mlp_dim, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
+        self.fc2 = nnx.Linear(cfg.mlp_dim, cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         k_attn, k_res1, k_act, k_res2 = _split(key, 4)
@@ -171,6 +182,11 @@ class DecoderLM(nnx.Module):
     """`model(tokens_BxT) -> logits_BxTxV`; positions default to 0 .. T-1 for every row."""
 
     def __init__(self, cfg: ModelConfig, posenc_cfg: Any, train_length: int, *, rngs: nnx.Rngs):
+        # Sharding annotations are metadata only: experiment/sharding.py places the parameters.
+        with nnx.use_eager_sharding(False):
+            self._build(cfg, posenc_cfg, train_length, rngs)
+
+    def _build(self, cfg: ModelConfig, posenc_cfg: Any, train_length: int, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype = DTYPES[cfg.dtype]
         dims = posenc.ModelDims(d_model=cfg.d_model, num_heads=cfg.num_heads,
@@ -191,11 +207,12 @@ class DecoderLM(nnx.Module):
                                            tie_to=self.embed if cfg.tie_embeddings else None)
         else:
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
-                                   embedding_init=nnx.initializers.normal(stddev=cfg.d_model ** -0.5))
+                                   embedding_init=columns_sharded(nnx.initializers.normal(stddev=cfg.d_model ** -0.5)))
         self.blocks = nnx.List([Block(cfg, scheme, rngs=rngs) for scheme in layer_schemes])
         self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
         if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
-            self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype, rngs=rngs)
+            self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
+                                      kernel_init=rows_sharded(), rngs=rngs)
 
     def hidden(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:

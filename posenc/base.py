@@ -59,6 +59,7 @@ class Scheme(nnx.Module):
     carries_bias: ClassVar[bool] = False       # `carried_bias` is implemented (see its docstring)
     bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
                                                # for each key prefix: `auto` trains it with dense
+    samples_positions: ClassVar[bool] = False  # `sample_positions` draws random training positions
 
     def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
         self.options = options

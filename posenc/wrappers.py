@@ -36,6 +36,7 @@ class Wrapper(Scheme):
         self.needs_full_rows = self.inner.needs_full_rows
         self.bias_work_per_key = self.inner.bias_work_per_key
         self.carries_bias = self.inner.carries_bias
+        self.samples_positions = type(self).samples_positions or self.inner.samples_positions
 
     def embed(self, x_BxTxD, positions_BxT):
         return self.inner.embed(x_BxTxD, positions_BxT)
@@ -133,6 +134,7 @@ class Randomized(Wrapper):
     citation = "Ruoss et al. 2023"
     extrapolates = "with option"  # up to max_length (a training-time choice)
     Options = RandomizedOptions
+    samples_positions = True
 
     def __init__(self, options: RandomizedOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
         super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)

@@ -4,11 +4,14 @@ from __future__ import annotations
 import os
 import pathlib
 import subprocess
+import tempfile
 import sys
 
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+# Entry points run by the tests cache compiled programs in a folder of this session, not in ~/.cache.
+os.environ.setdefault("LX_COMPILATION_CACHE", tempfile.mkdtemp(prefix="lengthx_xla_"))
 SHARED_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext"
 
 

@@ -1,9 +1,15 @@
 """Bad input gets one clear line, never a traceback from deep inside JAX."""
+import json
+import sys
+
+import pytest
+from absl import flags
+from ml_collections import config_flags
 
 import posenc
-
 from experiment import train
-from tests.conftest import run_entry, tiny_config
+from experiment.cli import _load_config, parse_flags
+from tests.conftest import REPO, run_entry, tiny_config
 
 
 def assert_clean_error(result, *needles):
@@ -52,3 +58,89 @@ def test_learned_table_too_short_for_eval_length(tmp_path):
 def test_report_without_results(tmp_path):
     result = run_entry("report.py", str(tmp_path), "--out", str(tmp_path / "r"))
     assert_clean_error(result, "eval_extrapolate.py")
+
+
+CONFIGS = sorted(f"configs/{p.name}" for p in (REPO / "configs").glob("*.py") if p.name != "__init__.py")
+
+
+def sequence_keys(config, prefix: str = "") -> dict:
+    """Dotted key -> value of every list- or tuple-valued key."""
+    found = {}
+    for key, value in config.items():
+        if hasattr(value, "items"):
+            found.update(sequence_keys(value, f"{prefix}{key}."))
+        elif isinstance(value, (list, tuple)):
+            found[f"{prefix}{key}"] = value
+    return found
+
+
+SEQUENCES = {path: sequence_keys(_load_config(["train.py", "--config", str(REPO / path)])) for path in CONFIGS}
+SEQUENCE_KEYS = [(path, key) for path in CONFIGS for key in SEQUENCES[path]]
+
+
+def parse_config(monkeypatch, path: str, *overrides: str):
+    """The config that `train.py --config PATH OVERRIDES...` would run, parsed in this process."""
+    argv = ["train.py", "--config", str(REPO / path), *overrides, "--workdir", "unused"]
+    monkeypatch.setattr(sys, "argv", argv)  # config_flags finds the override names in sys.argv
+    monkeypatch.delenv("LX_TRACEBACK", raising=False)
+    flag_values = flags.FlagValues()
+    config_flags.DEFINE_config_file("config", None, "config", flag_values=flag_values, lock_config=True)
+    flags.DEFINE_string("workdir", None, "run directory", flag_values=flag_values)
+    parse_flags(argv, flag_values)
+    return flag_values.config
+
+
+def test_every_sequence_key_is_a_tuple():
+    """ml_collections overrides tuple-valued keys only; a list would refuse --config.KEY=..."""
+    assert {"eval.lengths", "eval.length_multipliers", "model.adaptive_cutoffs"} <= set(SEQUENCES["configs/demo.py"])
+    assert any(value == () for keys in SEQUENCES.values() for value in keys.values())  # an empty default
+    for path, keys in SEQUENCES.items():
+        for key, value in keys.items():
+            assert isinstance(value, tuple), (path, key, value)
+
+
+@pytest.mark.parametrize("path,key", SEQUENCE_KEYS, ids=[f"{p[8:-3]}:{k}" for p, k in SEQUENCE_KEYS])
+@pytest.mark.parametrize("text,expected", [("512,1024", (512, 1024)), ("(512,1024)", (512, 1024)),
+                                           ("(64, 128, 256)", (64, 128, 256)), ("[8]", (8,)), ("7", (7,)),
+                                           ("()", ()), ("", ()), ("1,1.5", (1, 1.5))])
+def test_sequence_override_parses(monkeypatch, path, key, text, expected):
+    config = parse_config(monkeypatch, path, f"--config.{key}={text}")
+    section, leaf = key.rsplit(".", 1)
+    value = config[section][leaf]
+    assert value == expected and isinstance(value, tuple), value
+    assert [type(v) for v in value] == [type(v) for v in expected]  # ints stay ints
+
+
+@pytest.mark.parametrize("path", CONFIGS)
+def test_sequence_override_as_separate_argument_and_repeated(monkeypatch, path):
+    config = parse_config(monkeypatch, path, "--config.eval.lengths", "32,64", "--config.eval.length_multipliers=2",
+                          "--config.eval.length_multipliers=3")
+    assert config.eval.lengths == (32, 64) and config.eval.length_multipliers == (2, 3)
+
+
+@pytest.mark.parametrize("path,key", SEQUENCE_KEYS, ids=[f"{p[8:-3]}:{k}" for p, k in SEQUENCE_KEYS])
+@pytest.mark.parametrize("text", ["abc", "512,abc", "(1,'x')", "true"])
+def test_bad_sequence_element_names_the_key(monkeypatch, capsys, path, key, text):
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(monkeypatch, path, f"--config.{key}={text}")
+    assert exit_.value.code == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: --config.{key}={text}: ") and "not a number" in err, err
+
+
+def test_list_valued_key_is_refused_by_name(monkeypatch, capsys, tmp_path):
+    (tmp_path / "listy.py").write_text("import ml_collections\n"
+                                       "def get_config():\n"
+                                       "    return ml_collections.ConfigDict(dict(eval=dict(lengths=[1, 2])))\n")
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(monkeypatch, str(tmp_path / "listy.py"), "--config.eval.lengths=3")
+    assert exit_.value.code == 2
+    assert "'eval.lengths' holds a list" in capsys.readouterr().err
+
+
+def test_sequence_override_reaches_the_run(tmp_path):
+    result = run_entry("train.py", "--config", "configs/demo.py", "--config.eval.lengths=(64,128)",
+                       "--config.model.adaptive_cutoffs=100,200", "--max_steps=0", "--workdir", str(tmp_path))
+    assert result.returncode == 0, result.stderr[-2000:]
+    config = json.loads((tmp_path / "config.json").read_text())
+    assert config["eval"]["lengths"] == [64, 128] and config["model"]["adaptive_cutoffs"] == [100, 200]

@@ -48,3 +48,16 @@ def test_paper_config_has_247m_parameters(arg):
     extra = {"t5": 32 * 8}.get(scheme, 0)  # T5's bucket table
     assert abs(count - extra - 247e6) / 247e6 < 0.01, count
     assert config.eval.lengths[0] == config.train.seq_len and 15_000 < max(config.eval.lengths) < 17_000
+
+
+def test_paper_larger_model_variant_has_1_3b_parameters():
+    config = config_util.resolve(load(REPO / "configs" / "wikitext103.py").get_config("alibi,1024,1.3b"))
+    assert (config.model.num_layers, config.model.d_model, config.model.num_heads, config.model.mlp_dim) == (
+        25, 2048, 16, 8192)
+    assert config.train.seq_len == 1024 and config.train.batch_size * 1024 == 8 * 9216
+    model_cfg = ModelConfig.from_config(config.model, WIKITEXT103_VOCAB)
+    abstract = nnx.eval_shape(lambda: DecoderLM(model_cfg, config.posenc, config.train.seq_len, rngs=nnx.Rngs(0)))
+    count = sum(x.size for x in jax.tree.leaves(nnx.state(abstract, nnx.Param)))
+    assert abs(count - 1.3e9) / 1.3e9 < 0.05, count
+    with pytest.raises(ValueError, match="1.3b"):
+        load(REPO / "configs" / "wikitext103.py").get_config("alibi,512,13b")
