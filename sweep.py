@@ -25,6 +25,8 @@ def main(argv):
         schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
         lengths = [int(x) for x in FLAGS.train_lengths] if FLAGS.train_lengths else []
         paths = sweep(FLAGS.config, schemes, lengths, FLAGS.workdir)
+        if not paths:  # not the process that writes (several processes as one job)
+            return
         print(f"report: {paths['png']} and {paths['md']}")
         print(open(paths["md"]).read())
     run_cleanly(go)

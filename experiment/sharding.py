@@ -4,9 +4,12 @@ One `jax.sharding.Mesh` over every device of the job (all hosts), with two axes:
 - `data`: batch rows are split over it;
 - `fsdp`: parameters and optimizer state are split over it (the models annotate which dimension,
   with Flax NNX's `with_partitioning`), and batch rows are split over it too.
-`config.mesh.fsdp = 1` (the default) keeps today's replicated parameters; `mesh.fsdp = N` shards
-them N ways and leaves `devices / N` for the data axis. XLA inserts the collectives (all-gather of
-a parameter before use, reduce-scatter of its gradient).
+`config.mesh.fsdp = 1` (the default) keeps parameters replicated; `mesh.fsdp = N` stores
+parameters and optimizer state in N shards and leaves `devices / N` for the data axis. The
+training step gathers the parameters whole once per update (before its micro-steps) and reduces
+gradients back to the shards; XLA inserts those collectives from the declared shardings. So what
+is divided N ways is the stored state (parameters, optimizer moments); the step itself holds one
+full copy of the parameters and their gradients per device.
 """
 from __future__ import annotations
 

@@ -11,7 +11,7 @@ import pathlib
 
 import ml_collections
 
-from experiment import config_util
+from experiment import config_util, distributed
 from experiment.evaluation import evaluate
 from experiment.reporting import write_report
 from experiment.training import is_trained, train
@@ -53,4 +53,5 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
             continue
         train(config, workdir)
         evaluate(workdir, config.eval.lengths, config.eval.stride, config.eval.split, skip_impossible=True)
-    return write_report(list(configs), root / "report")
+    distributed.barrier("lengthx_sweep")  # every run's results written before the report reads them
+    return write_report(list(configs), root / "report") if distributed.is_writer() else {}

@@ -129,9 +129,18 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
     i, k + i, 2k + i, ... form micro-batch i, so each device keeps its own rows) whose gradients are
     summed in a `lax.scan`; the loss, gradient norm, clipping and update are those of the whole batch.
     `per_example_keys`: every row draws its dropout (and sampled positions) from its own key,
-    fold_in(step key, row), so the masks do not depend on how the batch is split."""
+    fold_in(step key, row), so the masks do not depend on how the batch is split.
+    `grad_shardings` (the parameters' shardings): parameters sharded over an FSDP axis are gathered
+    whole for the forward and backward pass (left to itself, XLA's propagation splits the products
+    over the sharded dimension instead and all-reduces activations), and gradients are
+    reduce-scattered back to the parameters' shards."""
+    gathered = None if grad_shardings is None else jax.tree.map(
+        lambda s: NamedSharding(s.mesh, P()), grad_shardings)
+
     def loss_and_grads(params, inputs_BxT, targets_BxT, rows_B, step_key):
         def loss_fn(p):
+            if gathered is not None:
+                p = jax.lax.with_sharding_constraint(p, gathered)
             model = nnx.merge(graphdef, p)
             if not per_example_keys:
                 return model.token_nll(inputs_BxT, targets_BxT, dropout_key=step_key).mean()
