@@ -149,11 +149,12 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
                 raise
             log.warning("skipping eval length %d: %s", length, e)
             lengths.remove(length)
-    # Windows split over every device of the job, parameters placed as in training (mesh.fsdp).
+    # Windows split over every device of the job; parameters on every device (whatever mesh.fsdp
+    # stored them as in training: evaluation has no optimizer state, and scoring needs them whole).
     mesh = sharding.mesh_from_config(config)
     graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda x, s: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=s),
-                          abstract_params, sharding.param_shardings(abstract_params, mesh))
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
+                          abstract_params)
     mngr = checkpoints.manager(workdir)
     try:
         params, _, meta = checkpoints.restore(mngr, params)

@@ -293,7 +293,12 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         return sharding.global_batch(batch_shard, (tc.batch_size, tc.seq_len), read)
 
     if start < end:  # compile first, and refuse a step that cannot fit before running it
-        compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
+        try:
+            compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
+        except jax.errors.JaxRuntimeError as e:
+            if "RESOURCE_EXHAUSTED" in str(e):
+                raise _out_of_memory(e, advice_args) from e
+            raise
         advice = accelerator.memory_advice(accelerator.program_bytes(compiled),
                                            accelerator.device_memory_limit(), **advice_args)
         if advice:
