@@ -23,7 +23,8 @@ flags.DEFINE_integer("num_processes", None, "several processes as one job: how m
 flags.DEFINE_integer("process_id", None, "several processes as one job: this one's index, 0 .. num_processes-1")
 
 
-def start_runtime() -> None:
+def start_runtime(coordinator_address: str | None = None, num_processes: int | None = None,
+                  process_id: int | None = None) -> None:
     """What every entry point does before its work: malloc settings on CPU, the compilation cache,
     the multi-process runtime (when launched as several processes), logging (warnings only on the
     processes that do not write)."""
@@ -32,16 +33,16 @@ def start_runtime() -> None:
     for noisy in ("absl", "orbax", "jax", "datasets", "fsspec"):
         logging.getLogger(noisy).setLevel(logging.WARNING)
     accelerator.enable_compilation_cache()
-    f = flags.FLAGS
-    distributed.initialize(f.coordinator_address, f.num_processes, f.process_id)
+    distributed.initialize(coordinator_address, num_processes, process_id)
     if not distributed.is_writer():
         logging.getLogger().setLevel(logging.WARNING)
 
 
 def run_cleanly(fn: Callable[[], object]) -> None:
     """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback)."""
+    f = flags.FLAGS
     try:
-        start_runtime()
+        start_runtime(*((f.coordinator_address, f.num_processes, f.process_id) if f.is_parsed() else ()))
         fn()
     except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
         if os.environ.get("LX_TRACEBACK"):
