@@ -6,7 +6,7 @@ from posenc.base import (LengthError, ModelDims, Scheme, build, default_config, 
                          register)
 from posenc.absolute import sinusoidal_table
 from posenc.rotary import (apply_rotary, rope_inverse_frequencies, scaled_inverse_frequencies,
-                           xpos_zeta, yarn_logit_scale)
+                           xpos_zeta, yarn_logit_scale, yarn_mscale)
 from posenc.bias import alibi_slopes, t5_relative_position_bucket
 from posenc.sandwich import sandwich_compression, sinusoid_inner_product
 from posenc.naive import binary_digits
@@ -16,7 +16,7 @@ from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their 
 __all__ = [
     "LengthError", "ModelDims", "Scheme", "build", "default_config", "get", "names", "register",
     "sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
-    "xpos_zeta", "yarn_logit_scale", "alibi_slopes", "t5_relative_position_bucket",
+    "xpos_zeta", "yarn_logit_scale", "yarn_mscale", "alibi_slopes", "t5_relative_position_bucket",
     "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",
 ]
 from posenc import relative_content  # noqa: F401,E402  (registers shaw, transformer_xl, deberta, tupe)

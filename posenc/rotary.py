@@ -22,17 +22,19 @@ def rope_inverse_frequencies(rotary_dim: int, base: float = 10000.0) -> jax.Arra
 
 
 def apply_rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array,
-                 scale_BxTxR2: jax.Array | None = None) -> jax.Array:
+                 scale_BxTxR2: jax.Array | None = None, mscale: float = 1.0) -> jax.Array:
     """Rotate the first 2*R2 features of every head by angle position * theta_i (R2 = inv_freq's
     last axis; `inv_freq` is R2 or, one set per row, B x 1 x R2).
 
     Pairs are (i, i + R/2) ("rotate half" layout); any fixed pairing gives the same scheme.
-    `scale_BxTxR2`, if given, multiplies both features of pair i after the rotation (xPos).
+    `scale_BxTxR2`, if given, multiplies both features of pair i after the rotation (xPos);
+    `mscale` multiplies cos and sin, so the rotated features only (YaRN's attention factor).
     """
     rotary_dim = 2 * inv_freq.shape[-1]
     x_rot, x_pass = x_BxTxHxK[..., :rotary_dim], x_BxTxHxK[..., rotary_dim:]
     angles_BxTxR2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
-    cos_sin = _materialized(jnp.concatenate([jnp.cos(angles_BxTxR2), jnp.sin(angles_BxTxR2)], axis=-1))
+    cos_sin = jnp.concatenate([jnp.cos(angles_BxTxR2), jnp.sin(angles_BxTxR2)], axis=-1)
+    cos_sin = _materialized(cos_sin if mscale == 1.0 else cos_sin * mscale)
     cos, sin = (c[:, :, None, :] for c in jnp.split(cos_sin, 2, axis=-1))
     x1, x2 = jnp.split(x_rot.astype(jnp.float32), 2, axis=-1)
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -64,11 +66,16 @@ class RopeOptions:
     yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
     yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
     yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
-    yarn_temperature: bool = True # logits x (0.1 ln s + 1)^2; False = "NTK-by-parts"
+    yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
+    yarn_ramp: str = "index"      # "index": the authors' code (linear in the feature index between
+                                  # whole correction dimensions); "turns": the paper's equation (linear in r)
     rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
     xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
     xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
     xpos_scale_base: float = 512.0  # gamma
+
+
+YARN_RAMPS = ("index", "turns")
 
 
 def validate_rope_options(options: RopeOptions) -> None:
@@ -86,6 +93,8 @@ def validate_rope_options(options: RopeOptions) -> None:
     if not 0 < options.yarn_beta_slow < options.yarn_beta_fast:
         raise ValueError(f"YaRN needs 0 < rope.yarn_beta_slow < rope.yarn_beta_fast, got "
                          f"{options.yarn_beta_slow} and {options.yarn_beta_fast}")
+    if options.yarn_ramp not in YARN_RAMPS:
+        raise ValueError(f"unknown rope.yarn_ramp {options.yarn_ramp!r}; valid: {', '.join(YARN_RAMPS)}")
     if options.rerope_window < 0:
         raise ValueError(f"rope.rerope_window must be >= 0 (0 = off), got {options.rerope_window}")
     if options.rerope_window and options.xpos:
@@ -111,10 +120,30 @@ def ntk_base(base: float | jax.Array, alpha: float | jax.Array, rotary_dim: int)
 
 
 def yarn_ramp(inv_freq: jax.Array, train_length: int, beta_slow: float, beta_fast: float) -> jax.Array:
-    """gamma(r) of Peng et al. (2023), r = L_train / lambda = L_train * theta / (2 pi) turns:
-    0 below beta_slow (interpolate), 1 above beta_fast (keep), linear in r between them."""
+    """gamma(r) of the YaRN paper's equation (Peng et al. 2023), r = L_train / lambda = L_train *
+    theta / (2 pi) turns: 0 below beta_slow (interpolate), 1 above beta_fast (keep), linear in r."""
     turns = train_length * inv_freq / (2 * math.pi)
     return jnp.clip((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
+
+
+def yarn_correction_index(turns: float, rotary_dim: int, base: float, train_length: int) -> float:
+    """The (fractional) feature-pair index i at which theta_i = base^(-2i/d) makes `turns` turns
+    over L_train: L_train theta_i / (2 pi) = turns, i.e. i = d ln(L_train / (2 pi turns)) / (2 ln base)."""
+    return rotary_dim * math.log(train_length / (2 * math.pi * turns)) / (2 * math.log(base))
+
+
+def yarn_index_ramp(rotary_dim: int, base: float, train_length: int, beta_slow: float,
+                    beta_fast: float) -> jax.Array:
+    """gamma_i of the authors' code (jquesnelle/yarn; HF transformers' _compute_yarn_parameters):
+    1 (keep) up to the pair index where theta makes beta_fast turns, rounded down, 0 (interpolate)
+    from the index where it makes beta_slow turns, rounded up, linear in the index between them.
+    The ends are clipped to [0, d - 1] (d, not d/2, as the reference does)."""
+    low = max(math.floor(yarn_correction_index(beta_fast, rotary_dim, base, train_length)), 0)
+    high = min(math.ceil(yarn_correction_index(beta_slow, rotary_dim, base, train_length)), rotary_dim - 1)
+    if high == low:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    i = jnp.arange(rotary_dim // 2, dtype=jnp.float32)
+    return 1.0 - jnp.clip((i - low) / (high - low), 0.0, 1.0)
 
 
 def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_length: int,
@@ -126,7 +155,8 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
               dynamic_ntk (`length` = largest key position + 1, required then);
       theta_i = base'^(-2i/d);
       YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
-              theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i;
+              theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
+              from `yarn_index_ramp` (yarn_ramp="index", the default) or `yarn_ramp` ("turns");
       PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor).
     """
     base = options.base
@@ -140,16 +170,28 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
     inv_freq = base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
     # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
     s = options.yarn_scale
-    gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
+    if options.yarn_ramp == "index":
+        gamma = yarn_index_ramp(rotary_dim, options.base, train_length, options.yarn_beta_slow,
+                                options.yarn_beta_fast)
+    else:
+        gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
     inv_freq = inv_freq / s + gamma * inv_freq * (1.0 - 1.0 / s)
     return inv_freq * options.pi_factor
 
 
-def yarn_logit_scale(options: RopeOptions) -> float | None:
-    """YaRN's 1/t with sqrt(1/t) = 0.1 ln(s) + 1, or None when off."""
+def yarn_mscale(options: RopeOptions) -> float:
+    """YaRN's attention factor sqrt(1/t) = 0.1 ln(s) + 1 (1 when off). Like the authors' code, it
+    multiplies cos and sin, so the rotated features of q and k: the rotated part of every logit is
+    scaled by 1/t, and with partial rotary the unrotated part is not."""
     if options.yarn_scale == 1.0 or not options.yarn_temperature:
-        return None
-    return (0.1 * math.log(options.yarn_scale) + 1.0) ** 2
+        return 1.0
+    return 0.1 * math.log(options.yarn_scale) + 1.0
+
+
+def yarn_logit_scale(options: RopeOptions) -> float | None:
+    """YaRN's 1/t = mscale^2, the factor of the rotated part of the logit, or None when off."""
+    mscale = yarn_mscale(options)
+    return None if mscale == 1.0 else mscale ** 2
 
 
 def xpos_zeta(rotary_dim: int, gamma0: float = 0.4) -> jax.Array:
@@ -191,9 +233,14 @@ class Rope(Scheme):
       et al. 2023, "YaRN: Efficient Context Window Extension of Large Language Models"):
       r_i = L_train / lambda_i, lambda_i = 2 pi / theta_i; gamma(r) = 0 if r < alpha, 1 if
       r > beta, (r - alpha)/(beta - alpha) otherwise; theta_i <- (1 - gamma) theta_i / s +
-      gamma theta_i; the logits are multiplied by 1/t, sqrt(1/t) = 0.1 ln(s) + 1 (`logit_scale`
-      hook; it multiplies the whole logit, the paper's softmax(q^T k / (t sqrt(d)))). The ramp is
-      the paper's, linear in r; the authors' code rounds its ends to whole feature indices.
+      gamma theta_i. The default ramp (yarn_ramp="index") is the authors' code's, which every
+      published YaRN result used (jquesnelle/yarn; HF transformers' _compute_yarn_parameters):
+      linear in the feature index i between the indices where theta_i makes beta and alpha turns
+      over L_train, rounded down and up to whole indices; yarn_ramp="turns" is the equation
+      above, linear in r (the inverse frequencies differ by up to 80%: rotary dim 32, L = 64,
+      s = 16). Temperature: cos and sin are multiplied by sqrt(1/t) = 0.1 ln(s) + 1, as in the
+      authors' code, so the rotated part of each logit is multiplied by 1/t (all of it without
+      partial rotary: the paper's softmax(q^T k / (t sqrt(d)))).
     - rerope_window (w): ReRoPE (Su 2023, "Transformer升级之路 12: 无限外推的ReRoPE?",
       kexue.fm/archives/9708): the relative position m - n is replaced by min(m - n, w). Realised
       exactly (up to float rounding) through the `bias` hook, which receives the rotated q and k:
@@ -242,11 +289,9 @@ class Rope(Scheme):
             center_B = (lo + hi).astype(jnp.float32) / 2
             q_scale = xpos_scales(q_pos_BxT, center_B, zeta, self.options.xpos_scale_base, 1.0)
             k_scale = xpos_scales(k_pos_BxS, center_B, zeta, self.options.xpos_scale_base, -1.0)
-        return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq, q_scale),
-                apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale))
-
-    def logit_scale(self, q_pos_BxT, k_pos_BxS):
-        return yarn_logit_scale(self.options)
+        mscale = yarn_mscale(self.options)
+        return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq, q_scale, mscale),
+                apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale, mscale))
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         """ReRoPE's correction (see the class docstring); None when rerope_window is 0."""
@@ -254,13 +299,14 @@ class Rope(Scheme):
         if window == 0 or self.rotary_dim == 0:
             return None
         inv_freq = self._inv_freq(k_pos_BxS)
-        # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k.
+        # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k. YaRN's
+        # factor, applied by `rotate`, is in both products already.
         q_far = apply_rotary(q_BxTxHxK, window - q_pos_BxT, inv_freq)
         k_far = apply_rotary(k_BxSxHxK, -k_pos_BxS, inv_freq)
         near_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                   preferred_element_type=jnp.float32)
         far_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_far, k_far, preferred_element_type=jnp.float32)
-        scale = q_BxTxHxK.shape[-1] ** -0.5 * (yarn_logit_scale(self.options) or 1.0)
+        scale = q_BxTxHxK.shape[-1] ** -0.5
         distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
         return jnp.where(distance_Bx1xTxS > window, (far_BxHxTxS - near_BxHxTxS) * scale, 0.0)
 

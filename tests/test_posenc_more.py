@@ -198,11 +198,13 @@ def test_logn_delegates_to_its_inner_scheme():
     wrapped, alibi = build("logn", logn__base="alibi"), build("alibi")
     pos = positions(2, 20)
     np.testing.assert_array_equal(wrapped.bias(None, None, pos, pos), alibi.bias(None, None, pos, pos))
-    # The inner scheme's own logit scale multiplies (YaRN's temperature here).
+    # Options of the base reach the inner scheme (YaRN's temperature is in its rotation).
     yarn = build("logn", rope__yarn_scale=4.0)
-    assert yarn.inner.options.yarn_scale == 4.0  # options of the base reach the inner scheme
-    t = posenc.yarn_logit_scale(yarn.inner.options)
-    np.testing.assert_allclose(yarn.logit_scale(pos, pos), build("logn").logit_scale(pos, pos) * t, rtol=1e-6)
+    assert yarn.inner.options.yarn_scale == 4.0
+    np.testing.assert_allclose(yarn.logit_scale(pos, pos), build("logn").logit_scale(pos, pos), rtol=1e-6)
+    qy = jax.random.normal(jax.random.key(1), (2, 20, 2, 8))
+    for a, b in zip(yarn.rotate(qy, qy, pos, pos), build("rope", rope__yarn_scale=4.0).rotate(qy, qy, pos, pos)):
+        np.testing.assert_array_equal(a, b)
     q = jax.random.normal(jax.random.key(0), (2, 20, 2, 8))
     for a, b in zip(build("logn").rotate(q, q, pos, pos), build("rope").rotate(q, q, pos, pos)):
         np.testing.assert_array_equal(a, b)

@@ -52,9 +52,36 @@ def test_ntk_frequencies_closed_form():
     np.testing.assert_allclose(got[-1], closed_form_theta(d)[-1] / alpha, rtol=1e-5)
 
 
-def test_yarn_frequencies_closed_form():
+def test_yarn_frequencies_hand_computed():
+    # d = 8, base 1e4: theta = 1, 0.1, 0.01, 0.001. Over L = 64 theta_i makes 32 turns at index
+    # 8 ln(64 / (2 pi 32)) / (2 ln 1e4) = -0.50 (rounded down: -1, clipped to 0) and 1 turn at
+    # 8 ln(64 / (2 pi)) / (2 ln 1e4) = 1.008 (rounded up: 2). gamma = 1 - clip(i / 2) = 1, 0.5, 0, 0.
+    got = posenc.scaled_inverse_frequencies(RopeOptions(yarn_scale=4.0), 8, 64)
+    np.testing.assert_allclose(got, [1.0, 0.1 * (0.5 / 4 + 0.5), 0.01 / 4, 0.001 / 4], rtol=1e-6)
+
+
+@pytest.mark.parametrize("d,train,s,fast,slow", [(32, 64, 16.0, 32.0, 1.0), (128, 4096, 16.0, 32.0, 1.0),
+                                                 (64, 2048, 2.0, 32.0, 1.0), (16, 512, 8.0, 16.0, 2.0),
+                                                 (128, 8192, 4.0, 32.0, 1.0)])
+def test_yarn_frequencies_follow_the_authors_code(d, train, s, fast, slow):
+    """The reference's recipe, written out: correction indices floor / ceil, clipped to [0, d - 1],
+    a linear ramp over the d/2 pair indices, theta_i blended between theta_i / s and theta_i."""
+    def index(turns):
+        return d * math.log(train / (turns * 2 * math.pi)) / (2 * math.log(10000.0))
+    low, high = max(math.floor(index(fast)), 0), min(math.ceil(index(slow)), d - 1)
+    high = high + 0.001 if high == low else high
+    expected = []
+    for i, theta in enumerate(closed_form_theta(d)):
+        keep = 1.0 - min(max((i - low) / (high - low), 0.0), 1.0)
+        expected.append(theta / s * (1 - keep) + theta * keep)
+    got = posenc.scaled_inverse_frequencies(RopeOptions(yarn_scale=s, yarn_beta_fast=fast, yarn_beta_slow=slow),
+                                            d, train)
+    np.testing.assert_allclose(got, expected, rtol=1e-5)
+
+
+def test_yarn_paper_ramp_is_linear_in_turns():
     d, train, s, slow, fast = 16, 1024, 8.0, 1.0, 32.0
-    got = np.asarray(posenc.scaled_inverse_frequencies(RopeOptions(yarn_scale=s), d, train))
+    got = np.asarray(posenc.scaled_inverse_frequencies(RopeOptions(yarn_scale=s, yarn_ramp="turns"), d, train))
     expected, gammas = [], []
     for theta in closed_form_theta(d):
         r = train / (2 * math.pi / theta)
@@ -70,7 +97,22 @@ def test_yarn_temperature():
     assert posenc.yarn_logit_scale(RopeOptions(yarn_scale=16.0)) == pytest.approx(expected)
     assert posenc.yarn_logit_scale(RopeOptions(yarn_scale=16.0, yarn_temperature=False)) is None
     assert posenc.yarn_logit_scale(RopeOptions()) is None
-    assert build(yarn_scale=4.0).logit_scale(None, None) == pytest.approx((0.1 * math.log(4) + 1) ** 2)
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_yarn_temperature_scales_the_rotated_features_only(fraction):
+    """As the authors' code (cos and sin times 0.1 ln s + 1): with partial rotary the unrotated
+    features, and their part of the logit, are left alone."""
+    mscale = 0.1 * math.log(4.0) + 1
+    q, k = qk(t=6, s=6)
+    pos = jnp.arange(6)[None] + 20
+    hot = build(yarn_scale=4.0, fraction=fraction).rotate(q, k, pos, pos)
+    cold = build(yarn_scale=4.0, fraction=fraction, yarn_temperature=False).rotate(q, k, pos, pos)
+    rotated = int(16 * fraction)
+    for a, b in zip(hot, cold):
+        np.testing.assert_allclose(a[..., :rotated], mscale * b[..., :rotated], rtol=1e-5, atol=1e-6)
+        np.testing.assert_array_equal(a[..., rotated:], b[..., rotated:])
+    assert build(yarn_scale=4.0).logit_scale(pos, pos) is None  # not the whole logit
 
 
 def test_dynamic_ntk_frequencies():
