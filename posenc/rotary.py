@@ -62,7 +62,8 @@ class RopeOptions:
     # Evaluation-time extensions (no parameters); the defaults below are plain RoPE.
     pi_factor: float = 1.0        # position interpolation: positions x pi_factor (= L_train / L_target)
     ntk_alpha: float = 1.0        # NTK-aware scaling: base' = base * alpha^(d / (d - 2))
-    dynamic_ntk: bool = False     # alpha = max(1, (largest key position + 1) / L_train), per row
+    dynamic_ntk: bool = False     # alpha = max(1, f (largest key position + 1) / L_train - (f - 1)), per row
+    dynamic_ntk_factor: float = 1.0  # f, HF's rope_scaling "factor" for "dynamic" (published: 2 or more)
     yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
     yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
     yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
@@ -86,6 +87,8 @@ def validate_rope_options(options: RopeOptions) -> None:
         raise ValueError(f"rope.pi_factor must be positive (L_train / L_target), got {options.pi_factor}")
     if options.ntk_alpha <= 0:
         raise ValueError(f"rope.ntk_alpha must be positive, got {options.ntk_alpha}")
+    if options.dynamic_ntk_factor < 1.0:
+        raise ValueError(f"rope.dynamic_ntk_factor must be >= 1, got {options.dynamic_ntk_factor}")
     if options.dynamic_ntk and options.ntk_alpha != 1.0:
         raise ValueError("rope.dynamic_ntk computes alpha from the positions; leave rope.ntk_alpha=1")
     if options.yarn_scale < 1.0:
@@ -151,8 +154,9 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
     """The inverse frequencies RoPE uses under `options`, R/2 (or B x R/2 for a per-row `length`).
 
     In this order (the papers use one at a time; combinations compose):
-      base' = base * alpha^(d/(d-2)), alpha = ntk_alpha, or max(1, length / L_train) with
-              dynamic_ntk (`length` = largest key position + 1, required then);
+      base' = base * alpha^(d/(d-2)), alpha = ntk_alpha, or max(1, f length / L_train - (f - 1))
+              with dynamic_ntk (`length` = largest key position + 1, required then; f =
+              dynamic_ntk_factor);
       theta_i = base'^(-2i/d);
       YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
               theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
@@ -163,7 +167,8 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
     if options.dynamic_ntk:
         if length is None:
             raise ValueError("dynamic NTK needs `length` (largest key position + 1)")
-        alpha = jnp.maximum(1.0, jnp.asarray(length, jnp.float32) / train_length)
+        f = options.dynamic_ntk_factor
+        alpha = jnp.maximum(1.0, f * jnp.asarray(length, jnp.float32) / train_length - (f - 1.0))
         base = ntk_base(base, alpha, rotary_dim)[..., None]
     elif options.ntk_alpha != 1.0:
         base = ntk_base(base, options.ntk_alpha, rotary_dim)
@@ -223,8 +228,10 @@ class Rope(Scheme):
       Positional Interpolation").
     - ntk_alpha: NTK-aware scaling, base <- base * alpha^(d/(d-2)) (bloc97 2023, Reddit
       "NTK-Aware Scaled RoPE"; formalised by Peng et al. 2023).
-    - dynamic_ntk: the same with alpha = max(1, (n_max + 1) / L_train), n_max the largest key
-      position of the row (emozilla 2023, "Dynamically Scaled RoPE"). This alpha depends on the
+    - dynamic_ntk, dynamic_ntk_factor (f): the same with alpha = max(1, f (n_max + 1) / L_train -
+      (f - 1)), n_max the largest key position of the row (emozilla 2023, "Dynamically Scaled
+      RoPE"; the formula of HF transformers' _compute_dynamic_ntk_parameters, whose "factor" is f:
+      f = 1, the default, is alpha = length / L_train). This alpha depends on the
       window, not only on the pair: within L_train it is plain RoPE; beyond it every position of
       the window is encoded with the window's alpha, so a prefix longer than L_train is encoded
       differently inside a longer window (by design of the method). It relies on `rotate` seeing

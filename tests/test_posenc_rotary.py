@@ -125,6 +125,17 @@ def test_dynamic_ntk_frequencies():
     np.testing.assert_allclose(beyond[0], static, rtol=1e-5)
 
 
+@pytest.mark.parametrize("factor", [2.0, 4.0])
+def test_dynamic_ntk_factor_as_hf(factor):
+    """HF's dynamic NTK: base * (f * n / L - (f - 1))^(d / (d - 2)) for a window of n > L."""
+    d, train, n = 8, 64, 160
+    got = posenc.scaled_inverse_frequencies(RopeOptions(dynamic_ntk=True, dynamic_ntk_factor=factor), d, train,
+                                            jnp.array([n, 40]))
+    base = 10000.0 * (factor * n / train - (factor - 1)) ** (d / (d - 2))
+    np.testing.assert_allclose(got[0], [base ** (-2 * i / d) for i in range(d // 2)], rtol=1e-5)
+    np.testing.assert_allclose(got[1], closed_form_theta(d), rtol=1e-6)  # within L: plain RoPE
+
+
 def test_neutral_settings_are_plain_rope_exactly():
     plain = posenc.rope_inverse_frequencies(16)
     for options in (RopeOptions(pi_factor=1.0), RopeOptions(yarn_scale=1.0, yarn_beta_slow=2.0),
