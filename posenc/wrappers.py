@@ -77,10 +77,16 @@ class LognOptions:
 
 @register("logn")
 class LogN(Wrapper):
-    """Log-n attention scaling around any scheme: the logits of the query at position m (which
-    attends to n = m + 1 keys) are multiplied by max(1, log n / log L_train), times the inner
-    scheme's own `logit_scale`. Within the training length nothing changes; beyond it the
-    softmax is sharpened so that its entropy does not grow with the number of keys.
+    """Log-n attention scaling around any scheme: the query vector at position m (which attends to
+    n = m + 1 keys) is multiplied by max(1, log n / log L_train), after the inner scheme's
+    rotation. Within the training length nothing changes; beyond it the softmax is sharpened so
+    that its entropy does not grow with the number of keys.
+
+    Scaling the query, as the reference implementations do (bojone/rerope, which ships log-n with
+    ReRoPE), scales every term of the logit that is linear in q: the (rotated) q.k, ReRoPE's
+    rectified score, the q-terms of Shaw, Transformer-XL and DeBERTa (c2p), CoPE's q.e (and, since
+    its gates read q.k, CoPE's gates); position-only biases (ALiBi, T5, KERPLE, ...) are not
+    scaled, and the inner scheme's own `logit_scale` applies as before.
 
     Chiang & Cholak, "Overcoming a Theoretical Limitation of Self-Attention", ACL 2022 (scale by
     log n); Su, "从熵不变性看Attention的Scale操作" (kexue.fm/archives/8823, 2021: log n / log L_train,
@@ -96,10 +102,10 @@ class LogN(Wrapper):
             raise ValueError(f"logn divides by log(train_length); it needs train_length >= 2, got {dims.train_length}")
         super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
 
-    def logit_scale(self, q_pos_BxT, k_pos_BxS):
-        scale = logn_scale(q_pos_BxT, self.dims.train_length)
-        inner = self.inner.logit_scale(q_pos_BxT, k_pos_BxS)
-        return scale if inner is None else scale * inner
+    def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        q_BxTxHxK, k_BxSxHxK = self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+        scale_BxTx1x1 = logn_scale(q_pos_BxT, self.dims.train_length)[:, 0, :, :, None]
+        return (q_BxTxHxK * scale_BxTx1x1).astype(q_BxTxHxK.dtype), k_BxSxHxK
 
 
 def sorted_random_positions(key: jax.Array, batch: int, length: int, max_length: int) -> jax.Array:

@@ -184,30 +184,77 @@ def test_blockwise_refuses_a_whole_row_bias_it_cannot_carry():
 
 
 # --- logn -----------------------------------------------------------------------------------------
-def test_logn_scale_is_one_within_training_length_and_log_ratio_beyond():
+def test_logn_scales_the_query_by_one_within_training_length_and_log_ratio_beyond():
     scheme = build("logn", logn__base="alibi")
-    q_pos = positions(1, 64)
-    scale = np.asarray(scheme.logit_scale(q_pos, q_pos))[0, 0, :, 0]
+    pos = positions(1, 64)
+    q = jax.random.normal(jax.random.key(0), (1, 64, 2, 8))
+    k = jax.random.normal(jax.random.key(1), (1, 64, 2, 8))
+    q_scaled, k_same = scheme.rotate(q, k, pos, pos)
     n = np.arange(1, 65)
-    np.testing.assert_allclose(scale[:16], 1.0)
-    np.testing.assert_allclose(scale[16:], np.log(n[16:]) / np.log(16), rtol=1e-6)
-    assert scale[15] == 1.0 and scale[16] > 1.0
+    expected = np.where(n <= 16, 1.0, np.log(n) / np.log(16))
+    np.testing.assert_allclose(np.asarray(q_scaled), np.asarray(q) * expected[None, :, None, None], rtol=1e-6)
+    np.testing.assert_array_equal(k_same, k)
+    assert scheme.logit_scale(pos, pos) is None  # alibi has none of its own
+
+
+def logn_factor(m: int, train_length: int = 16) -> float:
+    return max(1.0, math.log(m + 1) / math.log(train_length))
+
+
+def test_logn_with_alibi_scales_q_dot_k_and_not_the_bias():
+    """The whole logit beyond L_train, written out: s(m) q.k / sqrt(K) - slope_h (m - n)."""
+    from models.attention import tile_logits
+    scheme, t = build("logn", logn__base="alibi"), 40
+    pos = positions(1, t)
+    q = jax.random.normal(jax.random.key(2), (1, t, 2, 8))
+    k = jax.random.normal(jax.random.key(3), (1, t, 2, 8))
+    got = np.asarray(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme))[0]
+    slopes = np.asarray(posenc.alibi_slopes(2))
+    qn, kn = np.asarray(q)[0], np.asarray(k)[0]
+    for m in (5, 20, 39):
+        for n in (0, m // 2, m):
+            for h in range(2):
+                expected = logn_factor(m) * qn[m, h] @ kn[n, h] / math.sqrt(8) - slopes[h] * (m - n)
+                assert got[h, m, n] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_logn_with_rerope_scales_the_rectified_score():
+    """As bojone/rerope: beyond L_train the logit is s(m) <R(min(m - n, w) theta) q_m, k_n> / sqrt(K)."""
+    from models.attention import tile_logits
+    w, t, d = 4, 40, 8
+    scheme = build("logn", rope__rerope_window=w)
+    pos = positions(1, t)
+    q = jax.random.normal(jax.random.key(4), (1, t, 2, d))
+    k = jax.random.normal(jax.random.key(5), (1, t, 2, d))
+    got = np.asarray(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme))[0]
+    theta = np.array([10000.0 ** (-2 * i / d) for i in range(d // 2)])
+    qn, kn = np.asarray(q, np.float64)[0], np.asarray(k, np.float64)[0]
+
+    def rotated(x, angle_positions):  # "rotate half" pairs (i, i + d/2)
+        a = angle_positions * theta
+        x1, x2 = x[: d // 2], x[d // 2:]
+        return np.concatenate([x1 * np.cos(a) - x2 * np.sin(a), x2 * np.cos(a) + x1 * np.sin(a)])
+    for m in (10, 25, 39):
+        for n in (0, m - 2, m - w - 1, m):
+            for h in range(2):
+                expected = logn_factor(m) * rotated(qn[m, h], min(m - n, w)) @ kn[n, h] / math.sqrt(d)
+                assert got[h, m, n] == pytest.approx(expected, rel=1e-4, abs=1e-4)
 
 
 def test_logn_delegates_to_its_inner_scheme():
     wrapped, alibi = build("logn", logn__base="alibi"), build("alibi")
     pos = positions(2, 20)
     np.testing.assert_array_equal(wrapped.bias(None, None, pos, pos), alibi.bias(None, None, pos, pos))
-    # Options of the base reach the inner scheme (YaRN's temperature is in its rotation).
+    # Options of the base reach the inner scheme; within L_train logn(rope) is rope exactly.
+    within = positions(2, 16)
     yarn = build("logn", rope__yarn_scale=4.0)
     assert yarn.inner.options.yarn_scale == 4.0
-    np.testing.assert_allclose(yarn.logit_scale(pos, pos), build("logn").logit_scale(pos, pos), rtol=1e-6)
-    qy = jax.random.normal(jax.random.key(1), (2, 20, 2, 8))
-    for a, b in zip(yarn.rotate(qy, qy, pos, pos), build("rope", rope__yarn_scale=4.0).rotate(qy, qy, pos, pos)):
+    q = jax.random.normal(jax.random.key(0), (2, 16, 2, 8))
+    for a, b in zip(yarn.rotate(q, q, within, within),
+                    build("rope", rope__yarn_scale=4.0).rotate(q, q, within, within)):
         np.testing.assert_array_equal(a, b)
-    q = jax.random.normal(jax.random.key(0), (2, 20, 2, 8))
-    for a, b in zip(build("logn").rotate(q, q, pos, pos), build("rope").rotate(q, q, pos, pos)):
-        np.testing.assert_array_equal(a, b)
+    deberta = build("logn", logn__base="deberta")  # the inner scheme's own logit scale passes through
+    np.testing.assert_array_equal(deberta.logit_scale(pos, pos), build("deberta").logit_scale(pos, pos))
 
 
 def test_wrappers_take_on_what_their_inner_scheme_needs():
