@@ -41,10 +41,9 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
         return True
     num_processes = num_processes if num_processes is not None else _int_env("LX_NUM_PROCESSES")
     process_id = process_id if process_id is not None else _int_env("LX_PROCESS_ID")
-    explicit = coordinator_address is not None or num_processes not in (None, 1)
-    if not explicit and not launched_as_several_processes():
-        return False
     if num_processes == 1:
+        return False
+    if coordinator_address is None and num_processes is None and not launched_as_several_processes():
         return False
     jax.config.update("jax_cpu_collectives_implementation", "gloo")
     jax.distributed.initialize(coordinator_address=coordinator_address, num_processes=num_processes,

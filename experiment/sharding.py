@@ -21,7 +21,9 @@ import optax
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
-DATA, FSDP = "data", "fsdp"
+from models.partitioning import FSDP  # the axis the models annotate
+
+DATA = "data"
 BATCH_AXES = (DATA, FSDP)  # batch rows are split over both axes
 
 

@@ -240,9 +240,17 @@ def _scalar(value: int, mesh) -> jax.Array:
     return jax.make_array_from_callback((), NamedSharding(mesh, P()), lambda _: np.int32(value))
 
 
-def _out_of_memory(error: Exception, step_shape: dict) -> ConfigError:
-    return ConfigError(f"the device ran out of memory ({str(error).splitlines()[0][:160]}); "
-                       + accelerator.memory_options(**step_shape))
+@contextlib.contextmanager
+def _out_of_memory_explained(step_shape: dict):
+    """An out-of-memory error from XLA (compiling or running) becomes a ConfigError naming the
+    options that lower the step's memory."""
+    try:
+        yield
+    except jax.errors.JaxRuntimeError as e:
+        if "RESOURCE_EXHAUSTED" not in str(e):
+            raise
+        raise ConfigError(f"the device ran out of memory ({str(e).splitlines()[0][:160]}); "
+                          + accelerator.memory_options(**step_shape)) from e
 
 
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
@@ -293,12 +301,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         return sharding.global_batch(batch_shard, (tc.batch_size, tc.seq_len), read)
 
     if start < end:  # compile first, and refuse a step that cannot fit before running it
-        try:
+        with _out_of_memory_explained(advice_args):
             compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
-        except jax.errors.JaxRuntimeError as e:
-            if "RESOURCE_EXHAUSTED" in str(e):
-                raise _out_of_memory(e, advice_args) from e
-            raise
         advice = accelerator.memory_advice(accelerator.program_bytes(compiled),
                                            accelerator.device_memory_limit(), **advice_args)
         if advice:
@@ -314,7 +318,8 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
     bar = tqdm(total=tc.steps, initial=start, desc=f"train {config.posenc.name} L={tc.seq_len}",
                unit="step", dynamic_ncols=True, disable=None if writer else True)
     try:
-        with (open(workdir / "metrics.jsonl", "a") if writer else contextlib.nullcontext()) as metrics_file:
+        with (open(workdir / "metrics.jsonl", "a") if writer else contextlib.nullcontext()) as metrics_file, \
+                _out_of_memory_explained(advice_args):
             while step < end:
                 params, opt_state, metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
                 pending.append(metrics)
@@ -349,10 +354,6 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         if step > start and mngr.latest_step() != step:
             save(step)
         log.warning("interrupted at step %d; checkpoint saved, the same command resumes", step)
-        raise
-    except jax.errors.JaxRuntimeError as e:
-        if "RESOURCE_EXHAUSTED" in str(e):
-            raise _out_of_memory(e, advice_args) from e
         raise
     bar.close()
     return {"workdir": str(workdir), "step": step, "done": step >= tc.steps, "params": n_params,

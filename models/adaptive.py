@@ -16,8 +16,9 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from models.partitioning import FSDP, columns_sharded, rows_sharded
+
 _xavier = nnx.initializers.xavier_uniform()
-FSDP = "fsdp"  # the mesh axis parameters are sharded over (as in models/decoder.py)
 
 
 def _bands(vocab_size: int, d_model: int, cutoffs: Sequence[int], factor: int) -> list[tuple[int, int, int]]:
@@ -48,11 +49,11 @@ class AdaptiveInput(nnx.Module):
         self.vocab_size, self.d_model, self.cutoffs, self.factor = vocab_size, d_model, tuple(cutoffs), factor
         self.bands = tuple(_bands(vocab_size, d_model, cutoffs, factor))
         self.embeds = nnx.List([
-            nnx.Embed(hi - lo, dim, dtype=dtype, rngs=rngs, embedding_init=nnx.with_partitioning(
-                nnx.initializers.normal(stddev=dim ** -0.5), (None, FSDP)))
+            nnx.Embed(hi - lo, dim, dtype=dtype, rngs=rngs, embedding_init=columns_sharded(
+                nnx.initializers.normal(stddev=dim ** -0.5)))
             for lo, hi, dim in self.bands])
         self.projs = nnx.List([
-            nnx.Linear(dim, d_model, use_bias=False, kernel_init=nnx.with_partitioning(_xavier, (None, FSDP)),
+            nnx.Linear(dim, d_model, use_bias=False, kernel_init=columns_sharded(_xavier),
                        dtype=dtype, rngs=rngs)
             for _, _, dim in self.bands])
 
@@ -109,7 +110,7 @@ class AdaptiveSoftmax(nnx.Module):
             self.tail_projs = nnx.List([nnx.Param(_xavier(k, (dim, d_model)), out_sharding=(None, FSDP))
                                         for k, (_, _, dim) in zip(keys[n + 1:], self.bands[1:])])
         self.cluster_logits = (nnx.Linear(d_model, n, use_bias=False, dtype=dtype, rngs=rngs,
-                                          kernel_init=nnx.with_partitioning(_xavier, (FSDP, None)))
+                                          kernel_init=rows_sharded(_xavier))
                                if n else None)
 
     def _head_log_probs(self, h_BxTxD: jax.Array) -> jax.Array:

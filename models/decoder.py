@@ -15,6 +15,7 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
+from models.partitioning import columns_sharded, rows_sharded
 from models.attention import (
     blockwise_attention,
     dense_attention,
@@ -27,17 +28,6 @@ from models.triangular import triangular_attention
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused")
-FSDP = "fsdp"  # the mesh axis parameters are sharded over (experiment/sharding.py); 1 = replicated
-
-
-def rows_sharded(init=nnx.initializers.lecun_normal()):
-    """A kernel initializer annotated to shard the kernel's input dimension over the FSDP axis."""
-    return nnx.with_partitioning(init, (FSDP, None))
-
-
-def columns_sharded(init):
-    """An embedding initializer annotated to shard the feature dimension over the FSDP axis."""
-    return nnx.with_partitioning(init, (None, FSDP))
 
 
 @dataclasses.dataclass(frozen=True)

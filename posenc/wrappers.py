@@ -64,10 +64,9 @@ class Wrapper(Scheme):
 
 
 def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
-    """max(1, log(n) / log(L_train)), n = q_pos + 1 keys seen by the query; B x 1 x T x 1."""
+    """max(1, log(n) / log(L_train)), n = q_pos + 1 keys seen by the query; B x T."""
     n = q_pos_BxT.astype(jnp.float32) + 1.0
-    scale_BxT = jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
-    return scale_BxT[:, None, :, None]
+    return jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
 
 
 @dataclasses.dataclass(frozen=True)
@@ -104,7 +103,7 @@ class LogN(Wrapper):
 
     def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         q_BxTxHxK, k_BxSxHxK = self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
-        scale_BxTx1x1 = logn_scale(q_pos_BxT, self.dims.train_length)[:, 0, :, :, None]
+        scale_BxTx1x1 = logn_scale(q_pos_BxT, self.dims.train_length)[:, :, None, None]
         return (q_BxTxHxK * scale_BxTx1x1).astype(q_BxTxHxK.dtype), k_BxSxHxK
 
 

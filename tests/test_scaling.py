@@ -176,6 +176,17 @@ def test_training_refuses_a_step_larger_than_the_device(tmp_path, monkeypatch):
         train(tiny_config("alibi"), tmp_path)
 
 
+def test_out_of_memory_from_xla_becomes_advice_and_other_errors_pass(tmp_path, monkeypatch):
+    def exhausted(*args, **kwargs):
+        raise jax.errors.JaxRuntimeError("RESOURCE_EXHAUSTED: Out of memory while trying to allocate 62.91GiB")
+    monkeypatch.setattr(training.sharding, "global_batch", exhausted)  # as a failing first step would
+    with pytest.raises(training.ConfigError, match="out of memory.*device_batch_tokens"):
+        train(tiny_config("alibi"), tmp_path / "oom")
+    with pytest.raises(jax.errors.JaxRuntimeError, match="INTERNAL"):
+        with training._out_of_memory_explained(dict(micro_rows=1, micro_steps=1, seq_len=16, fsdp=1, devices=1)):
+            raise jax.errors.JaxRuntimeError("INTERNAL: something else")
+
+
 def test_model_flops_and_peaks():
     config = wikitext103.get_config("alibi,512")
     cfg = training.ModelConfig.from_config(config.model, 267_735)
