@@ -34,8 +34,31 @@ def save_config(config: ml_collections.ConfigDict, path: pathlib.Path) -> None:
     tmp.replace(path)
 
 
+# Scheme options added after runs were saved without them, with the behaviour those runs had (the
+# new default follows the reference code; a saved run keeps what it was trained with).
+LEGACY_OPTION_DEFAULTS = {
+    "sinusoidal": {"layout": "vaswani"},
+    "kerple_log": {"per_layer": True},
+    "kerple_power": {"per_layer": True},
+    "deberta": {"p2c_index": "paper"},
+    "randomized": {"eval_positions": "consecutive"},
+}
+
+
+def read_saved_config(path: pathlib.Path) -> dict:
+    """A run's config.json as a dict, options it predates filled in with the behaviour it had."""
+    saved = json.loads(pathlib.Path(path).read_text())
+    posenc_block = saved.get("posenc")
+    if isinstance(posenc_block, dict):
+        for scheme, options in LEGACY_OPTION_DEFAULTS.items():
+            if isinstance(posenc_block.get(scheme), dict):
+                for key, value in options.items():
+                    posenc_block[scheme].setdefault(key, value)
+    return saved
+
+
 def load_config(path: pathlib.Path) -> ml_collections.ConfigDict:
-    return ml_collections.ConfigDict(json.loads(pathlib.Path(path).read_text()))
+    return ml_collections.ConfigDict(read_saved_config(path))
 
 
 # Keys that may differ when an existing run is resumed; anything else must match config.json.

@@ -17,6 +17,7 @@ import pathlib
 import time
 
 import jax
+import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
@@ -33,6 +34,7 @@ log = logging.getLogger(__name__)
 POSITION_BINS = 64  # per-position loss is stored in at most this many bins
 MAX_LOGITS_BYTES = 1 << 30
 MAX_SCORES_BYTES = 1 << 30
+EVAL_POSITIONS_STREAM = 7  # folded into the run's seed for evaluation-time position draws
 
 
 def eval_batch_size(length: int, vocab_size: int, num_heads: int, batch_tokens: int,
@@ -170,9 +172,18 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
         stream = stream[:max_tokens]
         words = corpora.count_words_in_text(tokenizer.decode(stream))
 
+    position_seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
+
     @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))  # sums, on every device
-    def score(params, inputs, targets, weights):
-        nll = nnx.merge(graphdef, params).token_nll(inputs, targets) * weights
+    def score(params, inputs, targets, weights, windows):
+        model = nnx.merge(graphdef, params)
+        positions = None
+        if model.scheme.samples_positions:  # randomized: each window its own draw (see its docstring)
+            def window_positions(window):
+                key = jax.random.fold_in(position_seed, window)
+                return model.scheme.sample_positions(jnp.arange(inputs.shape[1])[None], key, training=False)[0]
+            positions = jax.vmap(window_positions)(windows)
+        nll = model.token_nll(inputs, targets, positions) * weights
         return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
 
     batch_sharding = sharding.batch_sharding(mesh)
@@ -188,12 +199,14 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
         total, count = 0.0, 0.0
         pos_nll, pos_count = np.zeros(length), np.zeros(length)
         t0 = time.perf_counter()
-        for inputs, targets, weights in tqdm(
+        for index, (inputs, targets, weights) in enumerate(tqdm(
                 corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
                 total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
-                unit="batch", dynamic_ncols=True, disable=None if writer else True, leave=False):
-            arrays = sharding.global_batch(batch_sharding, inputs.shape,
-                                           lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi]))
+                unit="batch", dynamic_ncols=True, disable=None if writer else True, leave=False)):
+            window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
+            arrays = sharding.global_batch(
+                batch_sharding, inputs.shape,
+                lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
             nll_sum, nll_pos, w_pos = jax.device_get(score(params, *arrays))
             total += float(nll_sum)
             pos_nll += nll_pos

@@ -90,8 +90,9 @@ def local_rows(sharding: NamedSharding, shape: tuple[int, ...]) -> tuple[int, in
 
 def global_batch(sharding: NamedSharding, shape: tuple[int, ...],
                  read_rows: Callable[[int, int], tuple[np.ndarray, ...]]) -> tuple[jax.Array, ...]:
-    """Global arrays of `shape` (same for each output of `read_rows`), built from process-local data:
-    each process reads only its own rows (`read_rows(lo, hi)`) and hands each device its slice."""
+    """Global arrays with `shape[0]` rows (each output of `read_rows` keeps its own trailing shape),
+    built from process-local data: each process reads only its own rows (`read_rows(lo, hi)`) and
+    hands each device its slice."""
     lo, hi = local_rows(sharding, shape)
     local = read_rows(lo, hi)
 
@@ -100,5 +101,5 @@ def global_batch(sharding: NamedSharding, shape: tuple[int, ...],
             rows = index[0] if index else slice(None)
             a, b, _ = rows.indices(shape[0])
             return part[(slice(a - lo, b - lo), *index[1:])]
-        return jax.make_array_from_callback(shape, sharding, piece)
+        return jax.make_array_from_callback((shape[0], *part.shape[1:]), sharding, piece)
     return tuple(build(part) for part in local)

@@ -200,7 +200,7 @@ def _prepare_workdir(config, workdir: pathlib.Path) -> None:
     workdir.mkdir(parents=True, exist_ok=True)
     path = workdir / "config.json"
     if path.exists():
-        diffs = config_util.config_differences(json.loads(path.read_text()), config.to_dict())
+        diffs = config_util.config_differences(config_util.read_saved_config(path), config.to_dict())
         if diffs:
             raise ConfigError(f"{workdir} holds a run with a different config ({'; '.join(diffs)}); "
                               f"use a new --workdir, or delete this one to start over")

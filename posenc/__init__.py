@@ -4,7 +4,7 @@ Importing this package registers every scheme family below.
 """
 from posenc.base import (LengthError, ModelDims, Scheme, build, default_config, get, names,
                          register)
-from posenc.absolute import sinusoidal_table
+from posenc.absolute import fairseq_sinusoidal_table, sinusoidal_table
 from posenc.rotary import (apply_rotary, rope_inverse_frequencies, scaled_inverse_frequencies,
                            xpos_zeta, yarn_logit_scale, yarn_mscale)
 from posenc.bias import alibi_slopes, t5_relative_position_bucket
@@ -15,7 +15,7 @@ from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their 
 
 __all__ = [
     "LengthError", "ModelDims", "Scheme", "build", "default_config", "get", "names", "register",
-    "sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
+    "sinusoidal_table", "fairseq_sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
     "xpos_zeta", "yarn_logit_scale", "yarn_mscale", "alibi_slopes", "t5_relative_position_bucket",
     "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",
 ]

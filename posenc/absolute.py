@@ -34,16 +34,45 @@ def sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10000.0) 
     return pe.reshape(*positions.shape, -1)[..., :d_model]
 
 
+def fairseq_sinusoidal_table(positions: jax.Array, d_model: int, base: float = 10000.0) -> jax.Array:
+    """fairseq's `SinusoidalPositionalEmbedding` (also tensor2tensor's timing signal): with h = d/2,
+    PE[p, i] = sin(p * base^(-i/(h-1))) and PE[p, h + i] = cos(p * base^(-i/(h-1))), i = 0 .. h-1:
+    the sines, then the cosines, frequencies spread over h - 1 steps (the last is exactly 1/base);
+    an odd width gets a zero last column. `positions` may have any shape. Needs d_model >= 4.
+    """
+    half = d_model // 2
+    if half < 2:
+        raise ValueError(f"the fairseq sinusoidal table needs d_model >= 4, got {d_model}; "
+                         f"use --config.posenc.sinusoidal.layout=vaswani")
+    inv_freq = base ** (-jnp.arange(half, dtype=jnp.float32) / (half - 1))
+    angles = positions.astype(jnp.float32)[..., None] * inv_freq
+    pe = jnp.concatenate([jnp.sin(angles), jnp.cos(angles)], axis=-1)
+    if d_model % 2:
+        pe = jnp.concatenate([pe, jnp.zeros((*positions.shape, 1), pe.dtype)], axis=-1)
+    return pe
+
+
+FAIRSEQ_POSITION_OFFSET = 2  # fairseq numbers positions from padding_idx + 1, and padding_idx = 1
+
+
 @dataclasses.dataclass(frozen=True)
 class SinusoidalOptions:
     base: float = 10000.0
+    layout: str = "fairseq"  # "fairseq": the ALiBi paper's baseline; "vaswani": interleaved, from 0
 
 
 @register("sinusoidal")
 class Sinusoidal(Scheme):
     """Fixed sinusoidal position vectors added to the (sqrt(d)-scaled) token embeddings.
 
-    x_k + PE(k), PE(k)_{2i} = sin(k / 10000^{2i/d}), PE(k)_{2i+1} = cos(k / 10000^{2i/d}).
+    Default `layout=fairseq`, the table the ALiBi paper's sinusoidal baseline used (Press et al.
+    2022 trained it with fairseq): [sin(p w_0) .. sin(p w_{h-1}), cos(p w_0) .. cos(p w_{h-1})],
+    w_i = 10000^(-i/(h-1)), h = d/2, and token t (from 0) at p = t + 2, since fairseq's
+    `make_positions` counts from padding_idx + 1 = 2 (fairseq `SinusoidalPositionalEmbedding`,
+    `utils.make_positions`; tensor2tensor's `get_timing_signal_1d`, the original paper's code, has
+    the same [sin | cos] table, from position 0). `layout=vaswani` is the paper's equation:
+    PE(p)_{2i} = sin(p / 10000^{2i/d}), PE(p)_{2i+1} = cos(p / 10000^{2i/d}), interleaved, p = t.
+    Both are fixed; the choice matters when comparing numbers with the ALiBi paper's Table 2.
     Vaswani et al., "Attention Is All You Need", NeurIPS 2017.
     """
     family = "absolute"
@@ -51,8 +80,21 @@ class Sinusoidal(Scheme):
     extrapolates = "no"
     Options = SinusoidalOptions
 
+    def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
+        super().__init__(options, dims, rngs=rngs)
+        if options.layout not in ("fairseq", "vaswani"):
+            raise ValueError(f"sinusoidal.layout must be 'fairseq' or 'vaswani', got {options.layout!r}")
+        if options.layout == "fairseq" and dims.d_model < 4:
+            raise ValueError(f"the fairseq sinusoidal table needs d_model >= 4, got {dims.d_model}; "
+                             f"use --config.posenc.sinusoidal.layout=vaswani")
+
+    def table(self, positions_BxT: jax.Array, d_model: int) -> jax.Array:
+        if self.options.layout == "fairseq":
+            return fairseq_sinusoidal_table(positions_BxT + FAIRSEQ_POSITION_OFFSET, d_model, self.options.base)
+        return sinusoidal_table(positions_BxT, d_model, self.options.base)
+
     def embed(self, x_BxTxD, positions_BxT):
-        return x_BxTxD + sinusoidal_table(positions_BxT, x_BxTxD.shape[-1], self.options.base).astype(x_BxTxD.dtype)
+        return x_BxTxD + self.table(positions_BxT, x_BxTxD.shape[-1]).astype(x_BxTxD.dtype)
 
 
 @dataclasses.dataclass(frozen=True)

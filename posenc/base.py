@@ -59,7 +59,7 @@ class Scheme(nnx.Module):
     carries_bias: ClassVar[bool] = False       # `carried_bias` is implemented (see its docstring)
     bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
                                                # for each key prefix: `auto` trains it with dense
-    samples_positions: ClassVar[bool] = False  # `sample_positions` draws random training positions
+    samples_positions: ClassVar[bool] = False  # `sample_positions` draws random positions
 
     def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
         self.options = options
@@ -95,9 +95,11 @@ class Scheme(nnx.Module):
     def check_length(self, length: int) -> None:
         """Raise `LengthError` if positions 0 .. length-1 cannot be encoded."""
 
-    def sample_positions(self, positions_BxT: jax.Array, key: jax.Array) -> jax.Array:
-        """Training only (the decoder calls it when it has a dropout key): the positions to train
-        with. The identity by default; `randomized` draws a sorted random subset of a longer range."""
+    def sample_positions(self, positions_BxT: jax.Array, key: jax.Array, training: bool = True) -> jax.Array:
+        """The positions to run with, where `samples_positions` is set: in training (the decoder
+        calls it when it has a dropout key) and, with `training=False`, in evaluation (per window,
+        with a key derived from the run's seed and the window's index). The identity by default;
+        `randomized` draws a sorted random subset of a longer range."""
         return positions_BxT
 
 

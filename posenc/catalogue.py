@@ -6,6 +6,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import pathlib
 
 import jax
@@ -40,6 +41,8 @@ def markdown_table() -> str:
     for name in names():
         cls = get(name)
         per_layer = " (per layer)" if cls.per_layer else ""
+        if "per_layer" in {f.name for f in dataclasses.fields(cls.Options)}:
+            per_layer = " (shared by all layers; option `per_layer`)"
         lines.append(f"| `{name}` | {cls.family or '-'} | {', '.join(f'`{h}`' for h in hooks_of(cls)) or '-'} | "
                      f"{learned_parameters(name)}{per_layer} | {cls.extrapolates or '-'} | {cls.citation or '-'} |")
     return "\n".join(lines)

@@ -8,29 +8,38 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
-from posenc.kerple import inverse_softplus
 
 
 @dataclasses.dataclass(frozen=True)
 class FireOptions:
     hidden: int = 32               # width of f_theta's hidden layer
-    c_init: float = 1.0            # initial c of psi(x) = log(c x + 1)
-    threshold_init: float = 0.0    # initial L; 0 means the training length
+    c_init: float = 0.1            # initial c of psi(x) = log(|c x| + 1) (reference: 0.1)
+    threshold_init: float = 512.0  # L_0 of the threshold L = |m L_0|, m learned from 1 (reference:
+                                   # 512); 0 means the training length
+
+
+def _torch_linear_init(key: jax.Array, fan_in: int, shape: tuple[int, ...]) -> jax.Array:
+    """PyTorch's `nn.Linear` default: uniform in +-1/sqrt(fan_in), for weights and biases alike."""
+    bound = fan_in ** -0.5
+    return jax.random.uniform(key, shape, jnp.float32, -bound, bound)
 
 
 @register("fire")
 class Fire(Scheme):
-    """FIRE: logits[h, i, j] += f_theta(psi(i - j) / psi(max(L, i)))_h, psi(x) = log(c x + 1).
+    """FIRE: logits[h, i, j] += f_theta(psi(i - j) / (psi(max(L, i)) + eps))_h, psi(x) = log(|c x| + 1).
 
     f_theta: R -> R^H is an MLP with one hidden ReLU layer (width `hidden`, 32 by default) and one
-    output per head; c > 0 (softplus of a parameter) and the threshold L are learned. Normalising
-    by the query position makes every distance seen at any length fall in [0, 1] ("progressive
-    interpolation"); L keeps short contexts from being stretched. max(L, i) depends on the query
-    position only, so a tile's bias is its block of the full bias. Every layer has its own
-    parameters (`per_layer`). Our initialisation: c = 1, L = the training length, the MLP as
-    `nnx.Linear` (LeCun normal weights, zero biases). i - j is clipped at 0 for keys after the
-    query (masked in a decoder) so that psi stays finite. The denominator uses max(L, i, 1), which
-    differs from psi(max(L, i)) only at i = 0 with L < 1, where the numerator is psi(0) = 0.
+    output per head. Normalising by the query position makes every distance seen at any length
+    fall in [0, 1] ("progressive interpolation"); the threshold L keeps short contexts from being
+    stretched. max(L, i) depends on the query position only, so a tile's bias is its block of the
+    full bias. Every layer has its own parameters (`per_layer`).
+
+    Parameters and initialisation follow the authors' released FIRE module (Li et al., Appendix;
+    the same module in McLeish et al.'s arithmetic code): c is learned from c_init = 0.1 and enters
+    as |c|; L = |m * L_0| with L_0 = 512 fixed and the multiplier m learned from 1; eps = 1e-6;
+    the MLP's weights and biases start as PyTorch's `nn.Linear` default (uniform in
+    +-1/sqrt(fan_in)). `threshold_init=0` uses the training length as L_0 instead (an option of
+    ours, not the reference's). For keys after the query (masked in a decoder) |i - j| is used.
     Li et al., "Functional Interpolation for Relative Positions Improves Long Context
     Transformers", ICLR 2024.
     """
@@ -39,25 +48,30 @@ class Fire(Scheme):
     extrapolates = "yes"
     Options = FireOptions
     per_layer = True
+    eps = 1e-6
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
         if options.hidden < 1 or options.c_init <= 0 or options.threshold_init < 0:
             raise ValueError("fire needs hidden >= 1, c_init > 0 and threshold_init >= 0")
-        lecun = nnx.initializers.lecun_normal()
-        self.c_raw = nnx.Param(inverse_softplus(jnp.asarray(options.c_init, jnp.float32)))
-        self.threshold = nnx.Param(jnp.asarray(options.threshold_init or dims.train_length, jnp.float32))
-        self.w1 = nnx.Param(lecun(rngs.params(), (1, options.hidden), jnp.float32)[0])
-        self.b1 = nnx.Param(jnp.zeros((options.hidden,), jnp.float32))
-        self.w2 = nnx.Param(lecun(rngs.params(), (options.hidden, dims.num_heads), jnp.float32))
-        self.b2 = nnx.Param(jnp.zeros((dims.num_heads,), jnp.float32))
+        self.threshold_base = float(options.threshold_init or dims.train_length)
+        self.c = nnx.Param(jnp.asarray(options.c_init, jnp.float32))
+        self.threshold_multiplier = nnx.Param(jnp.asarray(1.0, jnp.float32))
+        self.w1 = nnx.Param(_torch_linear_init(rngs.params(), 1, (options.hidden,)))
+        self.b1 = nnx.Param(_torch_linear_init(rngs.params(), 1, (options.hidden,)))
+        self.w2 = nnx.Param(_torch_linear_init(rngs.params(), options.hidden, (options.hidden, dims.num_heads)))
+        self.b2 = nnx.Param(_torch_linear_init(rngs.params(), options.hidden, (dims.num_heads,)))
+
+    def threshold(self) -> jax.Array:
+        """L = |m L_0|."""
+        return jnp.abs(self.threshold_multiplier[...] * self.threshold_base)
 
     def normalized_distance(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
-        """psi(i - j) / psi(max(L, i)), B x T x S."""
-        c = jax.nn.softplus(self.c_raw[...])
-        distance = jnp.maximum(q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :], 0).astype(jnp.float32)
-        query = jnp.maximum(jnp.maximum(q_pos_BxT.astype(jnp.float32), self.threshold[...]), 1.0)
-        return jnp.log1p(c * distance) / jnp.log1p(c * query)[:, :, None]
+        """psi(i - j) / (psi(max(L, i)) + eps), B x T x S."""
+        c = self.c[...]
+        distance = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :]).astype(jnp.float32)
+        query = jnp.maximum(q_pos_BxT.astype(jnp.float32), self.threshold())
+        return jnp.log1p(jnp.abs(c * distance)) / (jnp.log1p(jnp.abs(c * query)) + self.eps)[:, :, None]
 
     def mlp(self, x: jax.Array) -> jax.Array:
         """f_theta on every element of x (any shape ...), ... -> H x ... (heads first).

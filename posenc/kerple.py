@@ -30,6 +30,7 @@ class KerpleLogOptions:
     r1_init_max: float = 2.0  # r1 starts uniform in (init_min, r1_init_max), one per head
     r2_init_max: float = 1.0  # r2 starts uniform in (init_min, r2_init_max), one per head
     init_min: float = 0.01
+    per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
 
 
 @dataclasses.dataclass(frozen=True)
@@ -37,6 +38,7 @@ class KerplePowerOptions:
     r1_init_max: float = 1.0  # r1 starts uniform in (init_min, r1_init_max), one per head
     r2_init_max: float = 1.99  # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
     init_min: float = 0.01
+    per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
 
 
 def _uniform_per_head(rngs: nnx.Rngs, num_heads: int, low: float, high: float) -> jax.Array:
@@ -47,8 +49,10 @@ def _uniform_per_head(rngs: nnx.Rngs, num_heads: int, low: float, high: float) -
 class KerpleLog(Scheme):
     """KERPLE, logarithmic variant: logits[h, i, j] += -r1_h * log(1 + r2_h * |i - j|).
 
-    r1_h, r2_h > 0 are learned per head, kept positive as softplus of unconstrained parameters, and
-    every layer has its own (`per_layer`). Initialised uniformly in (0.01, 2) and (0.01, 1).
+    r1_h, r2_h > 0 are learned per head, kept positive as softplus of unconstrained parameters.
+    Initialised uniformly in (0.01, 2) and (0.01, 1). One set serves every layer: the authors'
+    code (chijames/KERPLE, GPT-NeoX) builds one KERPLE module and passes it to all layers;
+    `per_layer=True` gives each layer its own (our earlier default).
     Chi, Fan, Ramadge & Rudnicky, "KERPLE: Kernelized Relative Positional Embedding for Length
     Extrapolation", NeurIPS 2022. The bias is added after the 1/sqrt(d) scaling.
     """
@@ -56,10 +60,10 @@ class KerpleLog(Scheme):
     citation = "Chi et al. 2022"
     extrapolates = "yes"
     Options = KerpleLogOptions
-    per_layer = True
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
+        self.per_layer = options.per_layer
         r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
         r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
         self.r1_raw = nnx.Param(inverse_softplus(r1))
@@ -79,8 +83,9 @@ class KerpleLog(Scheme):
 class KerplePower(Scheme):
     """KERPLE, power variant: logits[h, i, j] += -r1_h * |i - j|^r2_h, r1_h > 0, 0 < r2_h <= 2.
 
-    Learned per head, every layer its own (`per_layer`): r1 = softplus(.), r2 = 2 * sigmoid(.), so
-    0 < r2 < 2. Initialised uniformly in (0.01, 1) and (0.01, 1.99).
+    Learned per head: r1 = softplus(.), r2 = 2 * sigmoid(.), so 0 < r2 < 2. Initialised uniformly
+    in (0.01, 1) and (0.01, 1.99). Shared by every layer as in the authors' code (one module for
+    the stack); `per_layer=True` gives each layer its own.
     Chi, Fan, Ramadge & Rudnicky, "KERPLE: Kernelized Relative Positional Embedding for Length
     Extrapolation", NeurIPS 2022.
     """
@@ -88,13 +93,13 @@ class KerplePower(Scheme):
     citation = "Chi et al. 2022"
     extrapolates = "yes"
     Options = KerplePowerOptions
-    per_layer = True
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
         if not 0 < options.init_min < options.r2_init_max < 2:
             raise ValueError(f"kerple_power needs 0 < init_min < r2_init_max < 2, got "
                              f"{options.init_min} and {options.r2_init_max}")
+        self.per_layer = options.per_layer
         r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
         r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
         self.r1_raw = nnx.Param(inverse_softplus(r1))

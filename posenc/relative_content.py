@@ -155,14 +155,20 @@ class TransformerXL(Scheme):
 @dataclasses.dataclass(frozen=True)
 class DebertaOptions:
     max_relative_positions: int = 512  # k: 2k relative embeddings (released DeBERTa: k = 512)
+    p2c_index: str = "code"  # "code": K^c_j . Q^r at i - j + k (released code); "paper": j - i + k
 
 
 @register("deberta")
 class Deberta(Scheme):
     """DeBERTa's disentangled attention: content-to-content + content-to-position + position-to-content,
 
-        A_ij = (Q^c_i K^c_j^T + Q^c_i K^r_{delta(i,j)}^T + K^c_j Q^r_{delta(j,i)}^T) / sqrt(3d),
+        A_ij = (Q^c_i K^c_j^T + Q^c_i K^r_{delta(i,j)}^T + K^c_j Q^r_{delta(i,j)}^T) / sqrt(3d),
         delta(i, j) = clip(i - j, -k, k - 1) + k  in [0, 2k),  Q^r = P W_{q,r},  K^r = P W_{k,r}.
+
+    Position-to-content index: the default (`p2c_index=code`) is the released code's
+    (microsoft/DeBERTa `disentangled_att_bias`: p2c gathered at clamp(-(j - i) + k) on the key's
+    row, then transposed, i.e. delta(i, j) as for c2p); the paper's Eq. 4 writes delta(j, i), which
+    `p2c_index=paper` gives. Published DeBERTa numbers come from the code.
 
     He, Liu, Gao & Chen, "DeBERTa: Decoding-enhanced BERT with Disentangled Attention", ICLR 2021.
     Scaling: attention already divides q.k by sqrt(d); `logit_scale` multiplies that by 1/sqrt(3), so
@@ -184,6 +190,8 @@ class Deberta(Scheme):
         super().__init__(options, dims, rngs=rngs)
         if options.max_relative_positions < 1:
             raise ValueError(f"deberta.max_relative_positions must be >= 1, got {options.max_relative_positions}")
+        if options.p2c_index not in ("code", "paper"):
+            raise ValueError(f"deberta.p2c_index must be 'code' or 'paper', got {options.p2c_index!r}")
         rows = 2 * options.max_relative_positions
         self.table = nnx.Param(nnx.initializers.normal(stddev=0.02)(rngs.params(), (rows, dims.d_model), jnp.float32))
         w_init = nnx.initializers.normal(stddev=dims.d_model ** -0.5)
@@ -204,7 +212,11 @@ class Deberta(Scheme):
         c2p_BxHxTxR = jnp.einsum("bthk,rhk->bhtr", q_BxTxHxK.astype(jnp.float32), key_rel_RxHxK)
         p2c_BxHxSxR = jnp.einsum("bshk,rhk->bhsr", k_BxSxHxK.astype(jnp.float32), query_rel_RxHxK)
         c2p_BxHxTxS = _gather_rows(c2p_BxHxTxR, self._delta(q_pos_BxT, k_pos_BxS))
-        p2c_BxHxTxS = jnp.swapaxes(_gather_rows(p2c_BxHxSxR, self._delta(k_pos_BxS, q_pos_BxT)), -1, -2)
+        if self.options.p2c_index == "code":
+            p2c_rows_BxSxT = jnp.swapaxes(self._delta(q_pos_BxT, k_pos_BxS), 1, 2)  # delta(i, j) at [j, i]
+        else:
+            p2c_rows_BxSxT = self._delta(k_pos_BxS, q_pos_BxT)  # delta(j, i)
+        p2c_BxHxTxS = jnp.swapaxes(_gather_rows(p2c_BxHxSxR, p2c_rows_BxSxT), -1, -2)
         return (c2p_BxHxTxS + p2c_BxHxTxS) * (3 * self.dims.head_dim) ** -0.5
 
     def logit_scale(self, q_pos_BxT, k_pos_BxS):

@@ -55,7 +55,8 @@ def distance_function(fn, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Arr
 
 @dataclasses.dataclass(frozen=True)
 class SandwichOptions:
-    dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias
+    dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias;
+                           # 0 means the head dimension (NeMo's choice)
     base: float = 10000.0
 
 
@@ -71,6 +72,12 @@ class Sandwich(Scheme):
     on the diagonal and negative elsewhere; a per-head constant, it leaves the softmax unchanged.
     Chi, Fan, Rudnicky & Ramadge, "Dissecting Transformer Length Extrapolation via the Lens of
     Receptive Field Analysis", ACL 2023. The bias is added after the 1/sqrt(d) scaling.
+
+    d' is a hyperparameter of its own in the paper's formula (not the model width); we keep 128 and
+    offer `dim=0` for the head dimension, which NeMo's `SandwichRelativePositionEmbedding` is given.
+    NeMo's `sandwich_pos_bias` also differs otherwise: it sums the angles (i - j) w_k without the
+    cosine (a bias linear in the distance, ALiBi-like) and uses k = 1 .. d'/2 - 1; we follow the
+    paper's inner product.
     """
     family = "relative"
     citation = "Chi et al. 2023"
@@ -79,11 +86,12 @@ class Sandwich(Scheme):
 
     def __init__(self, options, dims, *, rngs):
         super().__init__(options, dims, rngs=rngs)
-        if options.dim < 2 or options.dim % 2:
-            raise ValueError(f"sandwich.dim must be even and >= 2, got {options.dim}")
+        self.dim = options.dim or dims.head_dim
+        if self.dim < 2 or self.dim % 2:
+            raise ValueError(f"sandwich.dim must be even and >= 2 (or 0 for the head dimension), got {self.dim}")
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         inner_BxTxS = distance_function(
-            lambda d: sinusoid_inner_product(d, self.options.dim, self.options.base), q_pos_BxT, k_pos_BxS)
+            lambda d: sinusoid_inner_product(d, self.dim, self.options.base), q_pos_BxT, k_pos_BxS)
         ratio_H = jnp.asarray(sandwich_compression(self.dims.num_heads), jnp.float32)
-        return (inner_BxTxS[:, None] - self.options.dim / 2) / ratio_H[None, :, None, None]
+        return (inner_BxTxS[:, None] - self.dim / 2) / ratio_H[None, :, None, None]

@@ -59,8 +59,8 @@ class Wrapper(Scheme):
     def check_length(self, length):
         self.inner.check_length(length)
 
-    def sample_positions(self, positions_BxT, key):
-        return self.inner.sample_positions(positions_BxT, key)
+    def sample_positions(self, positions_BxT, key, training=True):
+        return self.inner.sample_positions(positions_BxT, key, training)
 
 
 def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
@@ -118,22 +118,26 @@ def sorted_random_positions(key: jax.Array, batch: int, length: int, max_length:
 class RandomizedOptions:
     base: str = "rope"    # the wrapped scheme
     max_length: int = 0   # L, the range positions are drawn from; 0 means 16 x train_length
+    eval_positions: str = "sampled"  # "sampled" (the reference's) or "consecutive" (0 .. T-1)
 
 
 @register("randomized")
 class Randomized(Wrapper):
-    """Randomized positional encodings around any scheme: in training, a length-T sequence gets
-    the positions of a sorted, uniformly random T-subset of [0, L) (a new one per row and step);
-    in evaluation it gets 0 .. T-1 as usual. Position values up to L - 1 are thus all seen in
-    training, so evaluation up to length L stays in distribution for the inner scheme.
+    """Randomized positional encodings around any scheme: a length-T sequence gets the positions
+    of a sorted, uniformly random T-subset of [0, L), a new one per row and step in training.
+
+    Evaluation (`eval_positions=sampled`, the default) samples too, as the reference does on every
+    forward pass (google-deepmind/randomized_positional_encodings): test sequences have the same
+    kind of gaps as training ones. Each evaluation window gets its own subset, drawn from the
+    run's seed and the window's index, so a result does not depend on batch size or device count.
+    Test lengths must then be <= L (the paper chooses L above the longest test length).
+    `eval_positions=consecutive` evaluates at 0 .. T-1 instead (gaps the model never saw; our
+    earlier behaviour), which also allows T > L where the inner scheme can encode it.
 
     Ruoss, Delétang, Genewein, Grau-Moya, Csordás, Bennani, Legg & Veness, "Randomized Positional
-    Encodings Boost Length Generalization of Transformers", ACL 2023. The paper chooses L larger
-    than the longest test length; our default L = 16 x train_length matches the longest evaluation
-    multiplier of the demo sweep (eval lengths 1x .. 16x). Evaluation positions are 0 .. T-1 (the
-    decoder passes them unchanged without a dropout key), not a random subset.
-    Training needs T <= L; the inner scheme must encode positions up to L - 1 (`check_length`
-    asks it for max(length, L)).
+    Encodings Boost Length Generalization of Transformers", ACL 2023. Our default L = 16 x
+    train_length matches the longest evaluation multiplier of the demo sweep (1x .. 16x). The inner
+    scheme must encode positions up to L - 1 (`check_length` asks it for max(length, L)).
     """
     family = "wrapper"
     citation = "Ruoss et al. 2023"
@@ -145,16 +149,26 @@ class Randomized(Wrapper):
         super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
         if options.max_length < 0:
             raise ValueError(f"randomized.max_length must be >= 0 (0 = 16 x train_length), got {options.max_length}")
+        if options.eval_positions not in ("sampled", "consecutive"):
+            raise ValueError(f"randomized.eval_positions must be 'sampled' or 'consecutive', "
+                             f"got {options.eval_positions!r}")
         self.max_length = options.max_length or 16 * dims.train_length
 
     def check_length(self, length):
+        if self.options.eval_positions == "sampled" and length > self.max_length:
+            raise LengthError(
+                f"positional scheme 'randomized' samples evaluation positions from [0, {self.max_length}) "
+                f"but length {length} was requested; train with --config.posenc.randomized.max_length={length} "
+                f"(or larger), or evaluate with --set posenc.randomized.eval_positions=consecutive")
         self.inner.check_length(max(length, self.max_length))
 
-    def sample_positions(self, positions_BxT, key):
+    def sample_positions(self, positions_BxT, key, training=True):
+        if not training and self.options.eval_positions == "consecutive":
+            return self.inner.sample_positions(positions_BxT, key, training)
         b, t = positions_BxT.shape
         if t > self.max_length:
             raise LengthError(
-                f"positional scheme 'randomized' draws training positions from [0, {self.max_length}) "
+                f"positional scheme 'randomized' draws positions from [0, {self.max_length}) "
                 f"but length {t} was requested; set --config.posenc.randomized.max_length={t} (or larger)")
         sampled = sorted_random_positions(key, b, t, self.max_length).astype(positions_BxT.dtype)
-        return self.inner.sample_positions(sampled, jax.random.fold_in(key, 1))
+        return self.inner.sample_positions(sampled, jax.random.fold_in(key, 1), training)

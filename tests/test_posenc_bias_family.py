@@ -80,6 +80,10 @@ def test_sandwich_formula():
                 inner = math.cos(d / 10000 ** (2 / 4)) + math.cos(d / 10000 ** (4 / 4))  # k = 1, 2
                 assert bias[h, a, b] == pytest.approx((inner - 2) / compression[h], abs=1e-6)
     np.testing.assert_allclose(posenc.sandwich_compression(8), [1, 2, 3, 4, 5, 6, 7, 8])
+    # dim = 0: d' = the head dimension (8 here), k = 1 .. 4
+    head_dim = np.asarray(build("sandwich", heads=2, dim=0).bias(None, None, pos, pos))[0]
+    inner = sum(math.cos(50 / 10000 ** (2 * k / 8)) for k in range(1, 5))
+    assert head_dim[1, 3, 0] == pytest.approx((inner - 4) / compression[1], abs=1e-6)
 
 
 def test_sandwich_default_decays_with_distance():
@@ -101,32 +105,48 @@ def test_distance_table_equals_pairwise():
 
 
 def test_fire_formula():
+    """The reference FIRE module, written out: psi(x) = log(|c x| + 1), L = |m L_0|,
+    bias = MLP(psi(i - j) / (psi(max(i, L)) + 1e-6))."""
     scheme = build("fire", heads=2, hidden=1, threshold_init=4.0)
+    set_param(scheme.c, 0.5)
+    set_param(scheme.threshold_multiplier, -1.5)  # L = |-1.5 * 4| = 6
     set_param(scheme.w1, [1.0])
     set_param(scheme.b1, [0.0])
     set_param(scheme.w2, [[1.0, -2.0]])
     set_param(scheme.b2, [0.0, 0.5])
     bias = np.asarray(scheme.bias(None, None, POS, POS))[0]
-    psi = lambda x: math.log(1.0 * x + 1)  # c = 1
-    for i, j in [(2, 0), (3, 3), (7, 3), (7, 0), (5, 4)]:
-        x = psi(i - j) / psi(max(4, i))
+    psi = lambda x: math.log(abs(0.5 * x) + 1)
+    for i, j in [(2, 0), (3, 3), (7, 3), (7, 0), (5, 4), (6, 1)]:
+        x = psi(i - j) / (psi(max(6, i)) + 1e-6)
         assert bias[0, i, j] == pytest.approx(x, rel=1e-5, abs=1e-7)
         assert bias[1, i, j] == pytest.approx(-2 * x + 0.5, rel=1e-5)
-    assert scheme.normalized_distance(jnp.array([[1000]]), jnp.array([[0]]))[0, 0, 0] == pytest.approx(1.0)
+    far = scheme.normalized_distance(jnp.array([[1000]]), jnp.array([[0]]))[0, 0, 0]
+    assert far == pytest.approx(math.log(501) / (math.log(501) + 1e-6), rel=1e-6)
 
 
-def test_fire_default_initialisation():
+def test_fire_default_initialisation_is_the_references():
     scheme = build("fire", train_length=64)
-    assert float(scheme.threshold[...]) == 64.0
-    assert float(jax.nn.softplus(scheme.c_raw[...])) == pytest.approx(1.0)
+    assert float(scheme.c[...]) == pytest.approx(0.1)
+    assert float(scheme.threshold_multiplier[...]) == 1.0 and float(scheme.threshold()) == 512.0
+    assert float(build("fire", train_length=64, threshold_init=0.0).threshold()) == 64.0
     assert scheme.w1.shape == (32,) and scheme.w2.shape == (32, 2)
+    # nn.Linear's default: uniform in +-1/sqrt(fan_in), biases included (fan_in 1, then 32)
+    for param, bound in [(scheme.w1, 1.0), (scheme.b1, 1.0), (scheme.w2, 32 ** -0.5), (scheme.b2, 32 ** -0.5)]:
+        values = np.asarray(param[...])
+        assert np.abs(values).max() <= bound and np.abs(values).max() > 0.3 * bound
 
 
 def test_per_layer_parameters_and_no_length_limit():
     cfg = ModelConfig(vocab_size=11, num_layers=2, d_model=16, num_heads=2, mlp_dim=32)
     far = jnp.array([[0, 5, 1000, 100_000]])
-    for name in ("kerple_log", "kerple_power", "fire"):
+    for name, shared in (("kerple_log", True), ("kerple_power", True), ("fire", False)):
         model = DecoderLM(cfg, posenc.default_config(name), train_length=8, rngs=nnx.Rngs(0))
-        assert model.blocks[0].attn.scheme is not model.blocks[1].attn.scheme
+        # KERPLE: one (r1, r2) for the stack, as the authors' code; per layer on request
+        assert (model.blocks[0].attn.scheme is model.blocks[1].attn.scheme) == shared
+        if shared:
+            per_layer = posenc.default_config(name)
+            per_layer[name].per_layer = True
+            split = DecoderLM(cfg, per_layer, train_length=8, rngs=nnx.Rngs(0))
+            assert split.blocks[0].attn.scheme is not split.blocks[1].attn.scheme
         model.scheme.check_length(10 ** 6)
         assert np.isfinite(model.blocks[0].attn.scheme.bias(None, None, far, far)).all()

@@ -103,9 +103,22 @@ def test_transformer_xl_at_far_positions_is_accurate():
     np.testing.assert_allclose(far, near, atol=1e-5)
 
 
-def test_deberta_c2p_p2c_and_scaling_by_loops():
+def _released_deberta_p2c(key_c, query_rel, kmax):
+    """microsoft/DeBERTa `disentangled_att_bias`, p2c part, one head, step by step (numpy):
+    relative_pos[i, j] = i - j; p2c_pos = clamp(-relative_pos + k, 0, 2k - 1); p2c_att = K^c Q^r^T
+    (rows: keys); gathered[a, b] = p2c_att[a, p2c_pos[a, b]]; the result is gathered transposed."""
+    n = key_c.shape[0]
+    relative_pos = np.arange(n)[:, None] - np.arange(n)[None, :]
+    p2c_pos = np.clip(-relative_pos + kmax, 0, 2 * kmax - 1)
+    p2c_att = key_c @ query_rel.T
+    gathered = np.take_along_axis(p2c_att, p2c_pos, axis=-1)
+    return gathered.T
+
+
+@pytest.mark.parametrize("p2c_index", ["code", "paper"])
+def test_deberta_c2p_p2c_and_scaling_by_loops(p2c_index):
     kmax = 3
-    scheme = build("deberta", max_relative_positions=kmax)
+    scheme = build("deberta", max_relative_positions=kmax, p2c_index=p2c_index)
     q, k = qk(7)
     pos = jnp.arange(7)[None]
     bias = np.asarray(scheme.bias(q, k, pos, pos))[0]
@@ -121,10 +134,15 @@ def test_deberta_c2p_p2c_and_scaling_by_loops():
             return 2 * kmax - 1
         return i - j + kmax
     for h in range(H):
+        released_p2c = _released_deberta_p2c(kn[:, h].astype(np.float64), qr[:, h], kmax)
         for i in range(7):
             for j in range(7):
-                expected = (qn[i, h] @ kr[delta(i, j), h] + kn[j, h] @ qr[delta(j, i), h]) / math.sqrt(3 * K)
+                p2c_row = delta(i, j) if p2c_index == "code" else delta(j, i)  # code vs the paper's Eq. 4
+                p2c = kn[j, h] @ qr[p2c_row, h]
+                expected = (qn[i, h] @ kr[delta(i, j), h] + p2c) / math.sqrt(3 * K)
                 assert bias[h, i, j] == pytest.approx(expected, abs=1e-5)
+                if p2c_index == "code":
+                    assert p2c == pytest.approx(released_p2c[i, j], abs=1e-5)
     # content: attention's q.k/sqrt(d) times logit_scale is q.k/sqrt(3d)
     assert float(scheme.logit_scale(pos, pos)) / math.sqrt(K) == pytest.approx(1 / math.sqrt(3 * K))
 

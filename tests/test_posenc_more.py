@@ -283,8 +283,21 @@ def test_randomized_training_positions_are_sorted_random_subsets():
         scheme.sample_positions(positions(1, 41), jax.random.key(0))
 
 
+def test_randomized_evaluation_samples_positions_like_training():
+    scheme = build("randomized", randomized__max_length=40)
+    pos = positions(1, 12)
+    sampled = np.asarray(scheme.sample_positions(pos, jax.random.key(3), training=False))
+    assert (np.diff(sampled) > 0).all() and sampled.max() < 40 and not np.array_equal(sampled, pos)
+    np.testing.assert_array_equal(sampled, scheme.sample_positions(pos, jax.random.key(3), training=False))
+    consecutive = build("randomized", randomized__max_length=40, randomized__eval_positions="consecutive")
+    np.testing.assert_array_equal(consecutive.sample_positions(pos, jax.random.key(3), training=False), pos)
+    assert not np.array_equal(consecutive.sample_positions(pos, jax.random.key(3)), pos)  # training samples
+
+
 def test_randomized_check_length_asks_the_inner_scheme_for_the_whole_range():
-    build("randomized").check_length(10_000)  # rope: any length
+    with pytest.raises(posenc.LengthError, match="randomized.eval_positions=consecutive"):
+        build("randomized").check_length(10_000)  # sampled evaluation positions: at most max_length
+    build("randomized", randomized__eval_positions="consecutive").check_length(10_000)  # rope: any length
     scheme = build("randomized", randomized__base="learned", randomized__max_length=64)
     with pytest.raises(posenc.LengthError, match="learned.max_length=64"):
         scheme.check_length(16)

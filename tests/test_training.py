@@ -33,6 +33,20 @@ def test_loss_falls_and_evaluation_reaches_4x_the_training_length(name, tmp_path
         assert record["tokens"] == 2048 and np.isfinite(record["nll"])
 
 
+def test_randomized_evaluation_draws_positions_per_window_whatever_the_batch(tmp_path):
+    config = tiny_config("randomized")
+    config.posenc.randomized.max_length = 64
+    config.train.steps = 2
+    train(config, tmp_path)
+    (a,) = evaluate(tmp_path, [32], max_tokens=1024, batch_tokens=4096)
+    (b,) = evaluate(tmp_path, [32], max_tokens=1024, batch_tokens=64)  # 2 windows per batch, not 32
+    assert a["nll"] == pytest.approx(b["nll"], rel=1e-5)
+    (c,) = evaluate(tmp_path, [32], max_tokens=1024, overrides={"posenc.randomized.eval_positions": "consecutive"})
+    assert abs(c["nll"] - a["nll"]) > 1e-4  # 0 .. T-1 is another protocol, and another number
+    with pytest.raises(posenc.LengthError, match="eval_positions=consecutive"):
+        evaluate(tmp_path, [128], max_tokens=1024)
+
+
 def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
     config = tiny_config("alibi")
     straight = tmp_path / "straight"
