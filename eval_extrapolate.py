@@ -12,7 +12,7 @@ from experiment.cli import parse_flags, run_cleanly
 
 flags.DEFINE_string("workdir", None, "run directory with a checkpoint")
 flags.DEFINE_list("lengths", None, "evaluation lengths (default: the run's config.eval.lengths)")
-flags.DEFINE_integer("stride", 0, "sliding-window stride; 0 = nonoverlapping")
+flags.DEFINE_integer("stride", None, "sliding-window stride; 0 = nonoverlapping (default: config.eval.stride)")
 flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (default: config.eval.split)")
 flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
 flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "

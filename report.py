@@ -1,17 +1,20 @@
 """Plot and tabulate runs: python report.py DIR [DIR ...] --out OUTDIR
 
-Writes OUTDIR/ppl_vs_length.png (log-scale perplexity against evaluation length, training length
-marked, the paper's curves dashed where they match), OUTDIR/loss_by_position.png (loss against
-position inside the window) and OUTDIR/ppl_vs_length.md (the numbers, the paper's beside ours).
+Writes OUTDIR/ppl_vs_length.png (log-scale perplexity against evaluation length, one panel per unit:
+byte, BPE token, word; training length marked, the paper's curves dashed where they match),
+OUTDIR/loss_by_position.png (loss against position inside the window) and OUTDIR/ppl_vs_length.md
+(the numbers, one table per unit, split and series, the paper's beside ours).
 """
 from absl import app, flags
 
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
+from experiment.reporting import PAPER_MODES
 
 flags.DEFINE_string("out", "report", "output folder")
-flags.DEFINE_enum("paper", "auto", ["auto", "always", "never"],
-                  "overlay Press et al. (2022) where scheme and L match: auto = only for WikiText runs")
+flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
+                  "overlay Press et al. (2022): auto = only where dataset (WikiText-103), split (valid), "
+                  "unit (word), scheme and L match theirs; always = wherever scheme and L match")
 FLAGS = flags.FLAGS
 
 

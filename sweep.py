@@ -4,11 +4,13 @@
 Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
 interrupted ones resume; the plot and table go to WORKDIR/report.
 """
+import sys
+
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiment.cli import parse_flags, run_cleanly
-from experiment.sweep import sweep
+from experiment.cli import check_scheme_options, parse_flags, run_cleanly
+from experiment.sweep import run_config, sweep
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
 flags.DEFINE_list("schemes", None, "positional schemes to train (default: the config's posenc.name)")
@@ -24,6 +26,7 @@ def main(argv):
     def go():
         schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
         lengths = [int(x) for x in FLAGS.train_lengths] if FLAGS.train_lengths else []
+        check_scheme_options(sys.argv, [run_config(FLAGS.config, s, None).posenc for s in schemes])
         paths = sweep(FLAGS.config, schemes, lengths, FLAGS.workdir)
         if not paths:  # not the process that writes (several processes as one job)
             return

@@ -1,106 +1,60 @@
-"""Where text comes from: a built-in corpus, a local folder, or a Hugging Face `datasets` name.
+"""Where text comes from: `data.source` is `builtin` (a corpus bundled with Python), `local` (a
+folder of text files) or `hf` (Hugging Face `datasets`: a local dataset folder or a hub name).
 
-Every source returns one split as a list of lines (without their newline). Splits have logical
-names `train`, `valid` and `test`; the aliases below map them to the names files and hubs use.
+Every source returns one split as a list of lines (without their newline); `check_splits` checks
+before any training that the splits a run needs are there, without reading them.
 """
 from __future__ import annotations
 
-import pathlib
-import re
+from collections.abc import Iterable
 from typing import Any
 
-from corpora.builtin import builtin_lines
+from corpora.builtin import BUILTIN_CORPORA, builtin_lines
+from corpora.hf_source import check_hf_splits, hf_lines
+from corpora.local_source import check_local_splits, local_lines
+from corpora.splits import DataError, split_aliases
 
-SPLIT_ALIASES = {"train": ("train",), "valid": ("valid", "validation", "val", "dev"), "test": ("test",)}
 SOURCES = ("builtin", "local", "hf")
 
 
-class DataError(ValueError):
-    """The data named by the config cannot be found or read; the message says how to fix it."""
+def _source(data_cfg: Any) -> str:
+    source = data_cfg["source"]
+    if source not in SOURCES:
+        raise DataError(f"unknown data.source {source!r}; valid: {', '.join(SOURCES)} (--config.data.source)")
+    return source
 
 
-def _aliases(split: str) -> tuple[str, ...]:
-    if split not in SPLIT_ALIASES:
-        raise DataError(f"unknown split {split!r}; valid: {', '.join(SPLIT_ALIASES)}")
-    return SPLIT_ALIASES[split]
-
-
-def read_lines(path: pathlib.Path) -> list[str]:
-    """Lines of a text file split on '\\n' only (WikiText has other Unicode line separators inside lines)."""
-    text = path.read_text(encoding="utf-8")
-    lines = text.split("\n")
-    if lines and lines[-1] == "":
-        lines.pop()
-    return [line.rstrip("\r") for line in lines]
-
-
-def local_split_files(folder: pathlib.Path, split: str) -> list[pathlib.Path]:
-    """Files of `split` in `folder`: a sub-folder named after the split (all its files), or files
-    whose name has the split as a component, e.g. `wiki.valid.tokens`, `valid.txt`, `test-01.txt`."""
-    aliases = _aliases(split)
-    for alias in aliases:
-        sub = folder / alias
-        if sub.is_dir():
-            return sorted(p for p in sub.iterdir() if p.is_file() and not p.name.startswith("."))
-    return sorted(p for p in folder.iterdir() if p.is_file() and not p.name.startswith(".")
-                  and any(a in re.split(r"[._\-]", p.name) for a in aliases))
-
-
-def local_lines(path: str, split: str) -> list[str]:
-    folder = pathlib.Path(path).expanduser()
-    if not path or not folder.is_dir():
-        raise DataError(f"data folder {path!r} does not exist; set --config.data.path to a folder with "
-                        f"one text file per split (e.g. wiki.train.tokens, wiki.valid.tokens, wiki.test.tokens)")
-    files = local_split_files(folder, split)
-    if not files:
-        present = ", ".join(sorted(p.name for p in folder.iterdir())) or "nothing"
-        raise DataError(f"no file for split {split!r} in {folder} (it holds: {present}); name files like "
-                        f"wiki.{split}.tokens or {split}.txt, or train on another split with "
-                        f"--config.data.train_split=valid")
-    lines: list[str] = []
-    for file in files:
-        lines.extend(read_lines(file))
-    return lines
-
-
-def hf_lines(name: str, hf_config: str, split: str, text_column: str = "text") -> list[str]:
-    """One split of a `datasets` dataset: a hub name (`Salesforce/wikitext`) or a local dataset folder."""
-    import datasets  # heavy; imported only when used
-
-    last_error: Exception | None = None
-    for alias in _aliases(split):
-        try:
-            ds = datasets.load_dataset(name, hf_config or None, split=alias)
-        except ValueError as e:  # unknown split name: try the next alias
-            last_error = e
-            if "split" in str(e).lower():
-                continue
-            break
-        except Exception as e:  # offline, not found, ...: all end in the same advice
-            last_error = e
-            break
-        else:
-            if text_column not in ds.column_names:
-                raise DataError(f"dataset {name!r} has no column {text_column!r}; columns: {ds.column_names}; "
-                                f"set --config.data.text_column")
-            return [row.rstrip("\n") for row in ds[text_column]]
-    raise DataError(
-        f"could not load split {split!r} of dataset {name!r}"
-        f"{f' ({hf_config})' if hf_config else ''} with HF datasets: {type(last_error).__name__}: "
-        f"{str(last_error).splitlines()[0] if str(last_error) else ''}\n"
-        f"If this machine is offline, download the data elsewhere and point the config at the files: "
-        f"--config.data.source=local --config.data.path=/path/to/folder (files wiki.train.tokens, "
-        f"wiki.valid.tokens, wiki.test.tokens or train.txt, valid.txt, test.txt)")
+def _check_builtin_name(name: str) -> None:
+    if name not in BUILTIN_CORPORA:
+        raise DataError(f"unknown built-in corpus {name!r}; available: {', '.join(BUILTIN_CORPORA)} "
+                        f"(--config.data.name)")
 
 
 def load_lines(data_cfg: Any, split: str) -> list[str]:
     """One split of the corpus that `data_cfg` (the config's `data` block) names."""
-    source = data_cfg["source"]
+    source = _source(data_cfg)
     if source == "builtin":
+        _check_builtin_name(data_cfg["name"])
         return builtin_lines(data_cfg["name"], split)
     if source == "local":
         return local_lines(data_cfg["path"], split)
+    return hf_lines(data_cfg.get("path", ""), data_cfg.get("name", ""), data_cfg.get("hf_config", ""), split,
+                    data_cfg.get("text_column", "text"))
+
+
+def check_splits(data_cfg: Any, splits: Iterable[str]) -> None:
+    """Raise DataError unless every split in `splits` can be loaded as far as cheap checks tell,
+    reading no text and contacting no network: the split names; builtin: the corpus name; local:
+    the folder and a non-empty file per split (the error names the missing splits, the folder and
+    the file names expected); hf: a local folder's layout (save_to_disk splits or data file names),
+    nothing for a hub name."""
+    source = _source(data_cfg)
+    splits = list(dict.fromkeys(splits))
+    for split in splits:
+        split_aliases(split)
+    if source == "builtin":
+        _check_builtin_name(data_cfg["name"])
+    if source == "local":
+        check_local_splits(data_cfg["path"], splits)
     if source == "hf":
-        return hf_lines(data_cfg["name"], data_cfg.get("hf_config", ""), split,
-                        data_cfg.get("text_column", "text"))
-    raise DataError(f"unknown data.source {source!r}; valid: {', '.join(SOURCES)}")
+        check_hf_splits(data_cfg.get("path", ""), data_cfg.get("name", ""), splits)

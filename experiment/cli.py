@@ -56,6 +56,31 @@ def run_cleanly(fn: Callable[[], object]) -> None:
         sys.exit(130)
 
 
+def check_scheme_options(argv: list[str], posenc_blocks: list) -> None:
+    """Every --config.posenc.<scheme>.<option> in `argv` must act on one of the runs (a `posenc`
+    block each): an option of a scheme no run uses would be recorded in config.json and ignored."""
+    for a in argv:
+        if not a.startswith("--config.posenc.") or a.startswith("--config.posenc.name"):
+            continue
+        dotted = a[len("--config."):].split("=", 1)[0]
+        errors = []
+        for block in posenc_blocks:
+            try:
+                posenc.check_option_key(block, dotted)
+                break
+            except ValueError as e:
+                errors.append(str(e))
+        else:
+            raise ValueError(errors[0])
+
+
+def _last_line(message: str) -> str:
+    """A message that embeds a traceback (ml_collections wraps errors of get_config so) -> its last line."""
+    if "Traceback (most recent call last)" not in message:
+        return message
+    return [line for line in message.splitlines() if line.strip()][-1]
+
+
 def _config_arg(argv: list[str]) -> str | None:
     for i, a in enumerate(argv):
         if a.startswith("--config="):
@@ -86,10 +111,17 @@ def _unknown_override(argv: list[str]) -> str | None:
     config = _load_config(argv)
     if config is None:
         return None
+    names = [a.split("=", 1)[1] for a in argv if a.startswith("--config.posenc.name=")]
+    if names:
+        config.posenc.name = names[-1]
     for a in argv:
         if not a.startswith("--config."):
             continue
         dotted = a[len("--config."):].split("=", 1)[0]
+        try:
+            posenc.check_option_key(config.posenc, dotted)
+        except ValueError as e:
+            return str(e)
         node, walked = config, []
         for part in dotted.split("."):
             keys = list(node.keys()) if hasattr(node, "keys") else []
@@ -156,9 +188,38 @@ def _tuple_overrides(argv: list[str]) -> list[str]:
     return out
 
 
+def _dotted(node, prefix: str = "") -> list[str]:
+    out = []
+    for key in sorted(node.keys()):
+        value = node[key]
+        if hasattr(value, "keys"):
+            out += _dotted(value, f"{prefix}{key}.")
+        else:
+            out.append(f"{prefix}{key}={value!r}")
+    return out
+
+
+def help_text(argv: list[str], flag_values: flags.FlagValues) -> str:
+    """--help: what the entry point does, its flags, the config keys --config.KEY=VALUE can set (of
+    the --config given, or configs/demo.py) and the registered positional schemes."""
+    main_doc = (sys.modules["__main__"].__doc__ or "").strip()
+    config = _load_config(argv) or _load_config(["--config=configs/demo.py"])
+    parts = [main_doc, "flags:\n" + flag_values.main_module_help()]
+    if config is not None and "config" in flag_values:
+        keys = [k for k in _dotted(config) if not k.startswith("posenc.") or k.startswith("posenc.name")]
+        parts.append("config keys (--config.KEY=VALUE; scheme options as --config.posenc.SCHEME.OPTION):\n  "
+                     + "\n  ".join(keys))
+    parts.append("positional schemes (--config.posenc.name or configs/demo.py:SCHEME):\n  "
+                 + ", ".join(posenc.names()))
+    return "\n\n".join(p for p in parts if p) + "\n"
+
+
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
     """absl flag parsing with one-line errors (unknown config key, missing config file, bad value).
     `flag_values`: absl's global FLAGS unless given (tests parse into their own)."""
+    if any(a in ("--help", "-h", "--helpshort", "-?") for a in argv[1:]):
+        print(help_text(argv, flags.FLAGS if flag_values is None else flag_values))
+        sys.exit(0)
     spec = _config_arg(argv)
     if spec and not os.path.isfile(spec.partition(":")[0]):
         print(f"error: config file {spec.partition(':')[0]!r} not found (configs live in configs/, "
@@ -172,7 +233,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) ->
         if isinstance(e, _OverrideError):
             message = str(e)
         else:
-            message = _unknown_override(argv) or f"{type(e).__name__}: {e}"
+            message = _unknown_override(argv) or _last_line(f"{type(e).__name__}: {e}")
         print(f"error: {message}\nusage: python {os.path.basename(argv[0])} --helpfull for every flag",
               file=sys.stderr)
         sys.exit(2)

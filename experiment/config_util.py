@@ -9,6 +9,10 @@ import ml_collections
 import posenc
 
 
+class ConfigError(ValueError):
+    """The config or run directory is inconsistent; the message says what to change."""
+
+
 def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     """Fill derived values (evaluation lengths from multiples of the training length) and check
     the few things that would otherwise fail deep inside JAX."""
@@ -17,6 +21,11 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     if not config.eval.get("lengths"):
         config.eval.lengths = [int(m * config.train.seq_len) for m in config.eval.length_multipliers]
     config.eval.lengths = [int(x) for x in _as_list(config.eval.lengths)]
+    for key in ("seq_len", "batch_size", "steps", "log_every", "checkpoint_every"):
+        value = config.train.get(key)
+        if value is not None and (not isinstance(value, int) or value < 1):
+            raise ValueError(f"train.{key} must be a positive integer, got {value!r}; "
+                             f"set --config.train.{key}")
     return config
 
 

@@ -9,8 +9,8 @@ stride), merged with what the file already holds.
 """
 from __future__ import annotations
 
+import contextlib
 import functools
-import json
 import logging
 import math
 import pathlib
@@ -25,9 +25,10 @@ from tqdm.auto import tqdm
 
 import corpora
 import posenc
-from experiment import checkpoints, config_util, distributed, sharding
-from experiment.training import ConfigError, build_model
-from models.attention import needs_whole_rows
+from experiment import distributed, sharding
+from experiment.run import RunDir
+from experiment.training import build_model
+from models.attention import attention_path
 
 log = logging.getLogger(__name__)
 
@@ -49,13 +50,9 @@ def eval_batch_size(length: int, vocab_size: int, num_heads: int, batch_tokens: 
 
 def attention_tile(model_cfg, scheme_cls, length: int) -> int | None:
     """The key-tile width attention will use at this length (None: dense, full rows)."""
-    kind = model_cfg.get("attention", "auto")
     block = model_cfg.get("attention_block", 512)
-    if needs_whole_rows(scheme_cls):
-        return None
-    if kind == "blockwise" or (kind == "auto" and length > 2 * block):
-        return block
-    return None
+    path = attention_path(model_cfg.get("attention", "auto"), block, scheme_cls, length)
+    return block if path == "blockwise" else None
 
 
 EVAL_OVERRIDABLE = ("posenc.", "model.attention")
@@ -68,6 +65,7 @@ def apply_overrides(config, overrides: dict[str, str]) -> None:
         if not dotted.startswith(EVAL_OVERRIDABLE) or dotted == "posenc.name":
             raise ValueError(f"--set {dotted}: only posenc.<scheme>.<option> and model.attention* can change "
                              f"at evaluation (anything else needs a new training run)")
+        posenc.check_option_key(config.posenc, dotted)
         *parents, leaf = dotted.split(".")
         node = config
         for part in parents:
@@ -89,59 +87,66 @@ def apply_overrides(config, overrides: dict[str, str]) -> None:
         node[leaf] = value
 
 
-def _require_run(workdir: pathlib.Path) -> None:
-    if not (workdir / "config.json").exists():
-        raise ConfigError(f"{workdir} is not a run directory (no config.json); train first: "
-                          f"python train.py --config configs/demo.py --workdir {workdir}")
-    ckpt = workdir / "checkpoints"
-    if not ckpt.exists() or checkpoints.manager(workdir).latest_step() is None:
-        raise ConfigError(f"{workdir} has no checkpoint yet; train first (the same train.py command "
-                          f"resumes an interrupted run)")
+def eval_spec(config, lengths=None, stride=None, split=None, max_tokens=None, overrides=None) -> dict:
+    """What to evaluate, from the run's `config.eval` (lengths, stride, split, max_tokens, overrides)
+    with any argument given taking its place; checked. Training, sweeps and eval_extrapolate.py all
+    read it here."""
+    ev = config.eval
+    spec = {"lengths": [int(x) for x in (lengths or ev.lengths)],
+            "stride": int(ev.get("stride", 0) if stride is None else stride),
+            "split": split or ev.split,
+            "max_tokens": int(ev.get("max_tokens", 0) if max_tokens is None else max_tokens),
+            "overrides": dict(parse_overrides(ev.get("overrides", "")) if overrides is None else overrides)}
+    if not spec["lengths"] or any(l < 1 for l in spec["lengths"]):
+        raise ValueError(f"evaluation lengths must be positive, got {spec['lengths']}; set --lengths "
+                         f"(or --config.eval.lengths / eval.length_multipliers)")
+    if spec["stride"] < 0 or spec["stride"] > min(spec["lengths"]):
+        raise ValueError(f"stride {spec['stride']} must be between 0 (nonoverlapping) and the shortest "
+                         f"evaluation length {min(spec['lengths'])}; pass --stride (or --config.eval.stride)")
+    if spec["max_tokens"] < 0:
+        raise ValueError(f"max_tokens must be >= 0 (0 = the whole split), got {spec['max_tokens']}; "
+                         f"pass --max_tokens (or --config.eval.max_tokens)")
+    return spec
 
 
-def _merge_results(path: pathlib.Path, new: list[dict]) -> list[dict]:
-    old = json.loads(path.read_text()) if path.exists() else []
-    key = lambda r: (r.get("split"), r["eval_length"], r["stride"], r.get("max_tokens", 0),
-                     json.dumps(r.get("overrides", {}), sort_keys=True))
-    merged = {key(r): r for r in old}
-    merged.update({key(r): r for r in new})
-    records = sorted(merged.values(), key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(records, indent=1))
-    tmp.replace(path)
-    return records
+def parse_overrides(text: str) -> dict[str, str]:
+    """'posenc.rope.yarn_scale=4,model.attention=blockwise' -> {key: value} (config.eval.overrides)."""
+    items = [item.strip() for item in str(text or "").split(",") if item.strip()]
+    bad = [item for item in items if "=" not in item]
+    if bad:
+        raise ValueError(f"an evaluation override takes KEY=VALUE, got {bad[0]!r}")
+    return dict(item.split("=", 1) for item in items)
 
 
-def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int = 0,
+def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int | None = None,
              split: str | None = None, batch_tokens: int | None = None,
              skip_impossible: bool = False, max_tokens: int | None = None,
              overrides: dict[str, str] | None = None) -> list[dict]:
-    """Evaluate the run's latest checkpoint at each length; stride 0 = nonoverlapping.
+    """Evaluate the run's newest checkpoint at each length; every argument left None comes from the
+    run's config.eval (`eval_spec`). stride 0 = nonoverlapping.
 
     `max_tokens` > 0 scores only the first max_tokens tokens of the split (quick looks and
-    CPU-sized sliding windows; the record says so), 0 the whole split, None config.eval.max_tokens.
+    CPU-sized sliding windows; the record says so), 0 the whole split.
     `overrides` ({"posenc.rope.yarn_scale": "4"}) switch eval-time knobs on without retraining;
-    the records carry them.
+    the records carry them. An override for a scheme the run does not use is refused.
 
     A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
     `skip_impossible` (sweeps that include a learned table)."""
-    workdir = pathlib.Path(workdir)
-    _require_run(workdir)
-    config = config_util.load_config(workdir / "config.json")
-    overrides = dict(overrides or {})
-    apply_overrides(config, overrides)
-    lengths = [int(x) for x in (lengths or config.eval.lengths)]
-    split = split or config.eval.split
-    batch_tokens = batch_tokens or config.eval.batch_tokens
-    max_tokens = config.eval.get("max_tokens", 0) if max_tokens is None else max_tokens
-    if any(l < 1 for l in lengths):
-        raise ValueError(f"evaluation lengths must be positive, got {lengths}")
-    if stride and stride > min(lengths):
-        raise ValueError(f"stride {stride} is longer than evaluation length {min(lengths)}; "
-                         f"pass --stride <= {min(lengths)} (or 0 for nonoverlapping)")
+    run = RunDir(workdir)
+    run.require_checkpoint()
+    with run.locked("evaluation") if distributed.is_writer() else contextlib.nullcontext():
+        return _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_tokens, overrides)
 
-    tokenizer = corpora.load_tokenizer(workdir / "tokenizer.json")
+
+def _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_tokens, overrides):
+    config = run.load_config()
+    spec = eval_spec(config, lengths, stride, split, max_tokens, overrides)
+    lengths, stride, split, max_tokens, overrides = (spec[k] for k in ("lengths", "stride", "split",
+                                                                       "max_tokens", "overrides"))
+    apply_overrides(config, overrides)
+    batch_tokens = batch_tokens or config.eval.batch_tokens
+
+    tokenizer = run.tokenizer(config.data, write=False)
     model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
     for length in list(lengths):
         try:
@@ -157,21 +162,17 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
     graphdef, abstract_params = nnx.split(model)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
                           abstract_params)
-    mngr = checkpoints.manager(workdir)
     try:
-        params, _, meta = checkpoints.restore(mngr, params)
+        params, _, meta = run.restore(params)
     except ValueError as e:
         if not overrides:
             raise
         raise ValueError(f"the checkpoint does not fit the model with {overrides}: an overridden option changes "
                          f"the parameters, so it cannot change at evaluation ({str(e).splitlines()[0][:200]})") from e
-    lines = corpora.load_lines(config.data, split)
-    stream = tokenizer.encode_lines(lines)
-    words = corpora.count_words(lines)
+    stream, words = run.stream(config.data, split, tokenizer, write=distributed.is_writer())
     if max_tokens and max_tokens < len(stream):
         stream = stream[:max_tokens]
         words = corpora.count_words_in_text(tokenizer.decode(stream))
-
     position_seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
 
     @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))  # sums, on every device
@@ -226,7 +227,7 @@ def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stri
         log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
         results.append(record)
         if writer:
-            _merge_results(workdir / "eval" / "extrapolation.json", [record])  # each length kept as it finishes
+            run.add_results([record])  # each length kept as it finishes
     return results
 
 

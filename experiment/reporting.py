@@ -1,18 +1,40 @@
-"""Perplexity-vs-length plots and tables from one or more run directories, with the published
-curves of Press et al. (2022) beside ours where scheme and training length match."""
+"""Perplexity-vs-length plots and tables from one or more run directories: one plot panel and separate
+tables per unit of perplexity (byte, BPE token, word), and the published curves of Press et al. (2022)
+beside ours only where dataset, split, unit and training length match theirs."""
 from __future__ import annotations
 
 import json
+import math
 import pathlib
+import re
 from collections import defaultdict
 
-from experiment import config_util, paper
+from experiment import config_util, paper, records
 
 PAPER_MODES = ("auto", "always", "never")
+# tokenizer kind -> (name in titles, what one token is)
+UNITS = {"byte": ("byte", "byte"), "bpe": ("BPE", "BPE token"), "word": ("word", "word")}
+
+
+def unit_names(unit: str) -> tuple[str, str]:
+    return UNITS.get(unit, (unit, f"{unit} token"))
+
+
+def dataset_name(data) -> str:
+    """A run's dataset as shown: the HF name (/config), the builtin name, or the local folder name."""
+    if data.source == "hf":
+        return data.name + (f"/{data.hf_config}" if data.get("hf_config") else "")
+    return data.name if data.source == "builtin" else pathlib.Path(data.path).name
+
+
+def _dataset_text(data) -> str:
+    fields = [data.name, data.get("hf_config", "")] if data.source in ("hf", "builtin") else [data.path]
+    return " ".join(str(f) for f in fields).lower()
 
 
 def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
-    """[{label, scheme, train_length, corpus, tokenizer, records}] for every workdir with results."""
+    """[{label, scheme, train_length, dataset, wikitext, wikitext103, tokenizer, workdir, records}]
+    for every workdir with results; labels name the dataset when the runs do not share one."""
     runs = []
     for workdir in map(pathlib.Path, workdirs):
         path = workdir / "eval" / "extrapolation.json"
@@ -20,167 +42,241 @@ def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
             raise FileNotFoundError(f"{workdir} has no eval/extrapolation.json; run "
                                     f"python eval_extrapolate.py --workdir {workdir} first")
         config = config_util.load_config(workdir / "config.json")
-        data = config.data
-        corpus = data.name if data.source in ("builtin", "hf") else pathlib.Path(data.path).name
-        runs.append({"label": f"{config.posenc.name} (L={config.train.seq_len})",
-                     "scheme": config.posenc.name, "train_length": int(config.train.seq_len),
-                     "corpus": f"{corpus}{'/' + data.hf_config if data.get('hf_config') else ''}",
-                     "tokenizer": data.tokenizer, "workdir": str(workdir),
-                     "records": json.loads(path.read_text())})
+        text = _dataset_text(config.data)
+        recs = json.loads(path.read_text())
+        for r in recs:
+            r.setdefault("tokenizer", config.data.tokenizer)
+        runs.append({"scheme": config.posenc.name, "train_length": int(config.train.seq_len),
+                     "dataset": dataset_name(config.data), "wikitext": "wikitext" in text,
+                     "wikitext103": bool(re.search(r"(wikitext|wt)[-_ ]?103", text)),
+                     "tokenizer": config.data.tokenizer, "workdir": str(workdir), "records": recs})
+    several = len({run["dataset"] for run in runs}) > 1
+    for run in runs:
+        run["label"] = (f"{run['scheme']} (L={run['train_length']}"
+                        + (f", {run['dataset']})" if several else ")"))
     labels = [r["label"] for r in runs]
-    for run in runs:  # same scheme and L in two workdirs: tell them apart by folder name
+    for run in runs:  # same scheme, L and dataset in two workdirs: tell them apart by folder name
         if labels.count(run["label"]) > 1:
             run["label"] += f" [{pathlib.Path(run['workdir']).name}]"
     return runs
 
 
-def on_wikitext(run: dict) -> bool:
-    return "wikitext" in run["corpus"].lower()
-
-
-def metric(record: dict, run: dict) -> float:
-    """What the plot shows: token-level perplexity (the table adds word-level for byte / BPE runs)."""
-    return record["ppl"]
-
-
-def _series(run: dict):
-    """{(split, kind): sorted [(eval_length, record)]}, kind = 'nonoverlapping' or 'stride S'."""
+def series(run: dict) -> dict[tuple, list[dict]]:
+    """{(unit, records.series_key): the run's records of that curve, sorted by eval_length}."""
     out = defaultdict(list)
     for r in run["records"]:
-        kind = "nonoverlapping" if r["stride"] == r["eval_length"] else f"stride {r['stride']}"
-        if r.get("max_tokens"):
-            kind += f", first {r['max_tokens']:,} tokens"
-        if r.get("overrides"):
-            kind += ", " + ", ".join(f"{k.split('.')[-1]}={v}" for k, v in sorted(r["overrides"].items()))
-        out[(r.get("split", "valid"), kind)].append((r["eval_length"], r))
-    return {k: sorted(v, key=lambda x: x[0]) for k, v in out.items()}
+        out[(r["tokenizer"], records.series_key(r))].append(r)
+    return {k: sorted(v, key=lambda r: r["eval_length"]) for k, v in out.items()}
 
 
-def paper_curve(run: dict, kind: str, mode: str) -> list[tuple[int, float]]:
-    """The paper's matching curve: nonoverlapping, or its stride-1 sliding window for any stride
-    run; 'auto' only for word-level runs on WikiText (the paper's data and units: its L_valid
-    counts words, so a byte or BPE run's lengths are not the same axis)."""
-    if mode == "never" or (mode == "auto" and not (on_wikitext(run) and run["tokenizer"] == "word")):
+def checkpoint_note(points: list[dict]) -> str:
+    """'step 1000', 'mixed checkpoints: steps 2, 4', or '' where records carry no step."""
+    steps = sorted({int(r["step"]) for r in points if "step" in r})
+    if len(steps) > 1:
+        return f"mixed checkpoints: steps {', '.join(map(str, steps))}"
+    return f"step {steps[0]}" if steps else ""
+
+
+def paper_curve(run: dict, unit: str, key: tuple, mode: str) -> list[tuple[int, float]]:
+    """The paper's curve for one series of a run (nonoverlapping, or its stride-1 sliding window for
+    any stride); 'auto' only for word-level WikiText-103 validation runs, as the paper's."""
+    split, kind = key[0], key[1]
+    if mode == "never" or (mode == "auto" and not (run["wikitext103"] and split == "valid" and unit == "word")):
         return []
-    return paper.curve(run["scheme"], run["train_length"], sliding=not kind.startswith("nonoverlapping"))
+    return paper.curve(run["scheme"], run["train_length"], sliding=kind != "nonoverlapping")
 
 
-def _axes_lengths(ax, runs):
+def _plain(value: float, _pos=None) -> str:
+    return str(int(round(value))) if abs(value - round(value)) < 1e-6 * max(1.0, value) else f"{value:.3g}"
+
+
+def format_length_axis(ax) -> None:
+    """x: log base 2, plain labels at powers of two (64, 128, ...)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_xscale("log", base=2)
+    ax.xaxis.set_major_locator(LogLocator(base=2))
+    ax.xaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.xaxis.set_minor_formatter(NullFormatter())
+
+
+def format_ppl_axis(ax) -> None:
+    """y: log scale with plain labels (10, 20, ...); call after plotting. Short ranges also label
+    the ticks between powers of ten (e.g. 8, 9, 10, 12, 15, 20)."""
+    from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+    ax.set_yscale("log")
+    low, high = ax.get_ylim()
+    decades = math.log10(high / low)
+    subs, labelled = next((s, lab) for limit, s, lab in (
+        (0.5, (1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9), True), (1.2, (1.5, 2, 3, 4, 5, 6, 7, 8), True),
+        (2.5, (2, 3, 5), True), (4, (2, 5), True), (math.inf, tuple(range(2, 10)), False)) if decades < limit)
+    ax.yaxis.set_major_locator(LogLocator(base=10))
+    ax.yaxis.set_major_formatter(FuncFormatter(_plain))
+    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=subs))
+    ax.yaxis.set_minor_formatter(FuncFormatter(_plain) if labelled else NullFormatter())
+
+
+def _mark_train_lengths(ax, runs):
     for length in sorted({run["train_length"] for run in runs}):
         ax.axvline(length, color="gray", ls="--", lw=0.8)
         ax.text(length, 1.0, f" L={length}", transform=ax.get_xaxis_transform(), va="top",
                 fontsize=8, color="gray")
-    ax.set_xscale("log", base=2)
+    format_length_axis(ax)
     ax.grid(True, which="both", alpha=0.3)
 
 
-def plot(runs: list[dict], path: pathlib.Path, paper_mode: str = "auto") -> None:
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    fig, ax = plt.subplots(figsize=(11, 5))
-    drawn_paper = set()
+def _by_unit(runs: list[dict]) -> dict[str, list[tuple[int, dict, tuple, list[dict]]]]:
+    """{unit: [(run index, run, series key, points)]}, units and series in a stable order
+    (unit, split, then series label: nonoverlapping before strides)."""
+    out = defaultdict(list)
     for i, run in enumerate(runs):
-        color = f"C{i % 10}"
-        for (split, kind), points in sorted(_series(run).items()):
-            ax.plot([x for x, _ in points], [metric(r, run) for _, r in points],
-                    "-" if kind.startswith("nonoverlapping") else ":", marker="o", ms=3, color=color,
-                    label=run["label"] + ("" if kind == "nonoverlapping" else f", {kind}")
-                    + ("" if split == "valid" else f", {split}"))
-            ref = paper_curve(run, kind, paper_mode)
-            key = (run["scheme"], run["train_length"], kind.startswith("nonoverlapping"))
-            if ref and key not in drawn_paper:
-                drawn_paper.add(key)
-                ax.plot([x for x, _ in ref], [y for _, y in ref], "--", color=color, alpha=0.6, lw=1,
-                        label=f"{paper.CITATION}: {run['scheme']} (L={run['train_length']})"
-                              + ("" if kind.startswith("nonoverlapping") else ", stride 1"))
-    _axes_lengths(ax, runs)
-    ax.set_yscale("log")
-    ax.set_xlabel("evaluation length L_valid (tokens)")
-    ax.set_ylabel("perplexity per token (log scale)")
-    corpora = sorted({f"{r['corpus']}, {r['tokenizer']}" for r in runs})
-    ax.set_title(f"Perplexity vs. evaluation length ({'; '.join(corpora)})", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+        for (unit, key), points in sorted(series(run).items(),
+                                          key=lambda kv: (kv[0][0], kv[0][1][0], records.series_label(kv[0][1]))):
+            out[unit].append((i, run, key, points))
+    return dict(sorted(out.items()))
+
+
+def _panels(units: list[str]):
+    """A figure with one panel per unit, stacked: (figure, {unit: Axes})."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+    from matplotlib.figure import Figure
+    fig = Figure(figsize=(11, 4.5 * max(1, len(units))))
+    FigureCanvasAgg(fig)
+    axes = fig.subplots(max(1, len(units)), 1, squeeze=False)
+    return fig, dict(zip(units, axes[:, 0]))
+
+
+def _title(what: str, runs: list[dict], details: str = "", labels_in: str = "legend") -> str:
+    """'WHAT on DATASET, DETAILS', or 'WHAT (datasets differ: see legend), DETAILS'."""
+    datasets = sorted({run["dataset"] for run in runs})
+    return (what + (f" on {datasets[0]}" if len(datasets) == 1 else f" (datasets differ: see {labels_in})")
+            + (f", {details}" if details else ""))
+
+
+def _save(fig, path: pathlib.Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=120)
-    plt.close(fig)
+
+
+def plot(runs: list[dict], path: pathlib.Path, paper_mode: str = "auto") -> None:
+    _save(perplexity_figure(runs, paper_mode), path)
+
+
+def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
+    """Perplexity against evaluation length, log-log, one panel per unit; the paper's curves dashed."""
+    groups = _by_unit(runs)
+    fig, axes = _panels(list(groups))
+    for unit, entries in groups.items():
+        ax, (name, token), drawn_paper = axes[unit], unit_names(unit), set()
+        for i, run, key, points in entries:
+            color, note = f"C{i % 10}", checkpoint_note(points)
+            kind = records.series_label(key)
+            ax.plot([r["eval_length"] for r in points], [r["ppl"] for r in points],
+                    "-" if key[1] == "nonoverlapping" else ":", marker="o", ms=3, color=color,
+                    label=run["label"] + ("" if kind == "nonoverlapping" else f", {kind}")
+                    + ("" if key[0] == "valid" else f", {key[0]}")
+                    + (f" ({note})" if note.startswith("mixed") else ""))
+            ref = paper_curve(run, unit, key, paper_mode)
+            ref_key = (run["scheme"], run["train_length"], key[1] == "nonoverlapping")
+            if ref and ref_key not in drawn_paper:
+                drawn_paper.add(ref_key)
+                ax.plot([x for x, _ in ref], [y for _, y in ref], "--", color=color, alpha=0.6, lw=1,
+                        label=f"{paper.CITATION}: {run['scheme']} (L={run['train_length']}), "
+                              f"WikiText-103 valid, word-level" + ("" if ref_key[2] else ", stride 1"))
+        panel_runs = [run for _, run, _, _ in entries]
+        _mark_train_lengths(ax, panel_runs)
+        format_ppl_axis(ax)
+        ax.set_xlabel(f"evaluation length L_valid ({token}s)")
+        ax.set_ylabel(f"perplexity per {token} (log scale)")
+        ax.set_title(_title(f"{name}-level perplexity vs. evaluation length", panel_runs), fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
 
 
 def plot_positions(runs: list[dict], path: pathlib.Path) -> None:
-    """Mean loss against position inside the window, at each run's longest nonoverlapping length:
-    where a scheme stops extrapolating, and the high loss of the first tokens (early token curse)."""
-    import matplotlib
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
+    _save(positions_figure(runs), path)
 
-    fig, ax = plt.subplots(figsize=(11, 5))
+
+def positions_figure(runs: list[dict]):
+    """Mean loss against position inside the window, one panel per unit, at each run's longest
+    nonoverlapping length without eval-time overrides: where a scheme stops extrapolating, and the
+    high loss of the first tokens (early token curse)."""
+    groups = defaultdict(list)
     for i, run in enumerate(runs):
         candidates = [r for r in run["records"] if r["stride"] == r["eval_length"] and r.get("position_nll")
                       and not r.get("overrides")]
-        if not candidates:
-            continue
-        r = max(candidates, key=lambda r: r["eval_length"])
-        xs = [((a + 1) * (b + 1)) ** 0.5 for a, b, _ in r["position_nll"]]
-        ax.plot(xs, [v for _, _, v in r["position_nll"]], color=f"C{i % 10}",
-                label=f"{run['label']}, L_valid={r['eval_length']}")
-    _axes_lengths(ax, runs)
-    ax.set_xlabel("position inside the evaluation window (token index + 1)")
-    ax.set_ylabel("mean loss (nats per token)")
-    ax.set_title("Loss by position inside the window (nonoverlapping)", fontsize=10)
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
-    fig.tight_layout()
-    fig.savefig(path, dpi=120)
-    plt.close(fig)
+        for unit in sorted({r["tokenizer"] for r in candidates}):
+            groups[unit].append((i, run, max((r for r in candidates if r["tokenizer"] == unit),
+                                             key=lambda r: r["eval_length"])))
+    fig, axes = _panels(sorted(groups))
+    for unit, entries in sorted(groups.items()):
+        ax, (name, token) = axes[unit], unit_names(unit)
+        for i, run, r in entries:
+            xs = [((a + 1) * (b + 1)) ** 0.5 for a, b, _ in r["position_nll"]]
+            ax.plot(xs, [v for _, _, v in r["position_nll"]], color=f"C{i % 10}",
+                    label=f"{run['label']}, L_valid={r['eval_length']}")
+        panel_runs = [run for _, run, _ in entries]
+        _mark_train_lengths(ax, panel_runs)
+        ax.set_xlabel(f"position inside the evaluation window ({token} index + 1)")
+        ax.set_ylabel(f"mean loss (nats per {token})")
+        ax.set_title(_title(f"{name}-level loss by position inside the window", panel_runs, "nonoverlapping"),
+                     fontsize=10)
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    return fig
 
 
 def table(runs: list[dict], paper_mode: str = "auto") -> str:
-    """Markdown: one table per (split, evaluation kind); rows = L_valid, columns = runs (Table 2
-    style): token-level perplexity, word-level perplexity for byte / BPE runs on WikiText, and the
-    paper's number where it has one."""
+    """Markdown: one table per (unit, split, series); rows = L_valid, columns = runs (Table 2 style)
+    with their checkpoint step, word-level perplexity beside it for byte / BPE runs on WikiText, and
+    the paper's number where it has one."""
+    tables = defaultdict(list)
+    for unit, entries in _by_unit(runs).items():
+        for _, run, key, points in entries:
+            tables[(unit, key)].append((run, points))
     blocks = []
-    for split, kind in sorted({k for run in runs for k in _series(run)}):
+    for (unit, key), columns in tables.items():
         header, getters = ["L_valid"], []
-        for run in runs:
-            pts = dict(_series(run).get((split, kind), []))
-            if not pts:
-                continue
-            header.append(f"{run['label']} ({run['tokenizer']} ppl)")
+        for run, points in columns:
+            pts = {r["eval_length"]: r for r in points}
+            note = checkpoint_note(points)
+            header.append(f"{run['label']} ({unit} ppl{', ' + note if note else ''})")
             getters.append(lambda l, pts=pts: pts[l]["ppl"] if l in pts else None)
-            if on_wikitext(run) and any("word_ppl" in r for r in pts.values()):
+            if run["wikitext"] and any("word_ppl" in r for r in points):
                 header.append(f"{run['label']} (word ppl)")
                 getters.append(lambda l, pts=pts: pts[l].get("word_ppl") if l in pts else None)
-            ref = dict(paper_curve(run, kind, paper_mode))
+            ref = dict(paper_curve(run, unit, key, paper_mode))
             if ref:
                 header.append(f"{paper.CITATION} (word ppl)")
                 getters.append(ref.get)
-        lengths = sorted({l for run in runs for l, _ in _series(run).get((split, kind), [])})
-        lines = [f"### {split}, {kind}", "", "| " + " | ".join(header) + " |",
-                 "|" + "---:|" * len(header)]
-        for length in lengths:
+        title = _title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _ in columns],
+                       f"{key[0]}, {records.series_label(key)}", labels_in="column headers")
+        lines = [f"### {title}", "", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+        for length in sorted({r["eval_length"] for _, points in columns for r in points}):
             cells = [str(length)] + [("" if (v := get(length)) is None else f"{v:.2f}") for get in getters]
             lines.append("| " + " | ".join(cells) + " |")
-        tokens = sorted({r["tokens"] for run in runs for _, r in _series(run).get((split, kind), [])})
-        lines += ["", f"Tokens scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
-        if any(paper_curve(run, kind, paper_mode) for run in runs):
+        tokens = sorted({r["tokens"] for _, points in columns for r in points})
+        lines += ["", f"{unit_names(unit)[1].capitalize()}s scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
+        if any(paper_curve(run, unit, key, paper_mode) for run, _ in columns):
             lines.append(f"{paper.CITATION}: WikiText-103 valid, 247M-parameter word-level model"
-                         + ("" if kind.startswith("nonoverlapping") else ", stride 1") + ".")
+                         + ("" if key[1] == "nonoverlapping" else ", stride 1") + ".")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
 
 
 def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path,
                  paper_mode: str = "auto") -> dict:
+    """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md."""
     if paper_mode not in PAPER_MODES:
         raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
     out = pathlib.Path(out)
-    out.mkdir(parents=True, exist_ok=True)
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out} is a file; give a folder")
     runs = load_runs(workdirs)
+    out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "ppl_vs_length.png", paper_mode)
     plot_positions(runs, out / "loss_by_position.png")
     (out / "ppl_vs_length.md").write_text(
         "# Perplexity vs. evaluation length\n\n"
-        + "Runs: " + ", ".join(f"`{r['workdir']}` ({r['corpus']}, {r['tokenizer']})" for r in runs)
+        + "Runs: " + ", ".join(f"`{r['workdir']}` ({r['dataset']}, {r['tokenizer']})" for r in runs)
         + "\n\n" + table(runs, paper_mode))
     return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
             "positions_png": str(out / "loss_by_position.png")}

@@ -14,7 +14,6 @@ import json
 import logging
 import pathlib
 import time
-from typing import Callable
 
 import jax
 import jax.numpy as jnp
@@ -27,41 +26,13 @@ from tqdm.auto import tqdm
 
 import corpora
 from experiment import accelerator, checkpoints, config_util, distributed, sharding
+from experiment.run import RunDir
 from models import DecoderLM, ModelConfig
 
 log = logging.getLogger(__name__)
 
 
-class ConfigError(ValueError):
-    """The config or workdir is inconsistent; the message says what to change."""
-
-
-# --- data --------------------------------------------------------------------------------------
-
-def load_tokenizer_for(config, workdir: pathlib.Path, train_lines: Callable[[], list[str]]):
-    """The run's tokenizer: read from the workdir, or built from the train split and saved there."""
-    path = workdir / "tokenizer.json"
-    if path.exists():
-        return corpora.load_tokenizer(path)
-    lines = train_lines() if config.data.tokenizer != "byte" else None
-    tokenizer = corpora.build_tokenizer(config.data.tokenizer, lines, config.data.get("vocab_size", 0))
-    corpora.save_tokenizer(tokenizer, path)
-    return tokenizer
-
-
-def load_stream(config, workdir: pathlib.Path, split_name: str, tokenizer, lines=None) -> np.ndarray:
-    """Token stream of one split, cached as .npy in the workdir (word-level encoding of a large
-    split is slow in Python)."""
-    cache = workdir / "streams" / f"{split_name}.npy"
-    if cache.exists():
-        return np.load(cache)
-    if lines is None:
-        lines = corpora.load_lines(config.data, split_name)
-    stream = tokenizer.encode_lines(lines)
-    cache.parent.mkdir(exist_ok=True)
-    np.save(cache.with_suffix(".tmp.npy"), stream)
-    cache.with_suffix(".tmp.npy").replace(cache)
-    return stream
+ConfigError = config_util.ConfigError
 
 
 # --- model and optimizer ----------------------------------------------------------------------
@@ -196,42 +167,22 @@ def init_state(config, vocab_size: int, tx, mesh):
 
 # --- the run ----------------------------------------------------------------------------------
 
-def _prepare_workdir(config, workdir: pathlib.Path) -> None:
-    workdir.mkdir(parents=True, exist_ok=True)
-    path = workdir / "config.json"
-    if path.exists():
-        diffs = config_util.config_differences(config_util.read_saved_config(path), config.to_dict())
-        if diffs:
-            raise ConfigError(f"{workdir} holds a run with a different config ({'; '.join(diffs)}); "
-                              f"use a new --workdir, or delete this one to start over")
-    config_util.save_config(config, path)
-
-
-def _truncate_metrics(path: pathlib.Path, last_step: int) -> None:
-    """Drop metrics logged after the checkpoint we resume from, so the log has each step once."""
-    if not path.exists():
-        return
-    kept = [l for l in path.read_text().splitlines() if l.strip() and json.loads(l)["step"] <= last_step]
-    path.write_text("".join(l + "\n" for l in kept))
-
-
-def _load_data(config, workdir: pathlib.Path):
-    """(tokenizer, train stream): the writer builds and caches them in the workdir, the other
-    processes read its files."""
+def _load_data(config, run: RunDir):
+    """(tokenizer, train stream): the writer builds and caches them in the run directory, the
+    other processes read its files."""
     if distributed.is_writer():
-        train_lines = None
+        cache = {}
 
-        def get_train_lines():
-            nonlocal train_lines
-            if train_lines is None:
-                train_lines = corpora.load_lines(config.data, config.data.train_split)
-            return train_lines
-        tokenizer = load_tokenizer_for(config, workdir, get_train_lines)
-        stream = load_stream(config, workdir, config.data.train_split, tokenizer, train_lines)
+        def train_lines():
+            if "lines" not in cache:
+                cache["lines"] = corpora.load_lines(config.data, config.data.train_split)
+            return cache["lines"]
+        tokenizer = run.tokenizer(config.data, train_lines)
+        stream, _ = run.stream(config.data, config.data.train_split, tokenizer, cache.get("lines"))
     distributed.barrier("lengthx_data")
     if not distributed.is_writer():
-        tokenizer = corpora.load_tokenizer(workdir / "tokenizer.json")
-        stream = np.load(workdir / "streams" / f"{config.data.train_split}.npy")
+        tokenizer = run.tokenizer(config.data, write=False)
+        stream, _ = run.stream(config.data, config.data.train_split, tokenizer, write=False)
     return tokenizer, stream
 
 
@@ -256,27 +207,44 @@ def _out_of_memory_explained(step_shape: dict):
 def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
           max_steps: int | None = None) -> dict:
     """Train (or resume) the run in `workdir`. `max_steps` stops after that many steps in this call
-    (for time-sliced jobs); Ctrl-C saves a checkpoint first. Returns a summary dict."""
-    config = config_util.resolve(config)
-    workdir = pathlib.Path(workdir)
-    tc = config.train
-    mesh = sharding.mesh_from_config(config)
-    micro_steps = micro_batching(tc.batch_size, tc.seq_len, tc.get("device_batch_tokens", 0), mesh.size)
-    if distributed.is_writer():
-        _prepare_workdir(config, workdir)
-    distributed.barrier("lengthx_workdir")
-    tokenizer, stream = _load_data(config, workdir)
+    (for time-sliced jobs); Ctrl-C saves a checkpoint first. Returns a summary dict.
 
-    tx = make_optimizer(tc)
-    graphdef, params, opt_state, param_shards, scheme = init_state(config, tokenizer.vocab_size, tx, mesh)
-    mngr = checkpoints.manager(workdir)
+    The run directory is locked for the whole call (a second process on it is refused). A new run's
+    config.json is written only once the config, the data and the model have been checked, so a
+    first attempt that fails leaves nothing that blocks the corrected command."""
+    config = config_util.resolve(config)
+    run = RunDir(workdir)
+    if max_steps is not None and max_steps < 0:
+        raise ConfigError(f"--max_steps must be >= 0 (0: set the run up without training), got {max_steps}")
+    mesh = sharding.mesh_from_config(config)
+    tc = config.train
+    micro_steps = micro_batching(tc.batch_size, tc.seq_len, tc.get("device_batch_tokens", 0), mesh.size)
+    corpora.check_splits(config.data, sorted({config.data.train_split, config.eval.split}))
+    with run.locked("training") if distributed.is_writer() else contextlib.nullcontext():
+        if distributed.is_writer():
+            run.check_config(config)
+            run.clear_leftovers()
+        distributed.barrier("lengthx_workdir")
+        tokenizer, stream = _load_data(config, run)
+        tx = make_optimizer(tc)
+        state = init_state(config, tokenizer.vocab_size, tx, mesh)  # checks the model and its length
+        if distributed.is_writer():
+            run.save_config(config)
+        return _train_loop(config, run, mesh, micro_steps, tokenizer, stream, tx, state, max_steps)
+
+
+def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, state, max_steps):
+    tc = config.train
+    graphdef, params, opt_state, param_shards, scheme = state
+    writer = distributed.is_writer()
+    mngr = run.manager()
     start = 0
-    if mngr.latest_step() is not None:
-        params, opt_state, meta = checkpoints.restore(mngr, params, opt_state)
+    if run.latest_step() is not None:
+        params, opt_state, meta = run.restore(params, opt_state, drop_damaged=writer)
         start = int(meta["step"])
-        log.info("resuming %s from step %d", workdir, start)
-    if distributed.is_writer():
-        _truncate_metrics(workdir / "metrics.jsonl", start)
+        log.info("resuming %s from step %d", run.path, start)
+    if writer:
+        run.truncate_metrics(start)
 
     step_fn = make_train_step(graphdef, tx, config.seed + 1, micro_steps=micro_steps,
                               per_example_keys=is_stochastic(config.model, scheme),
@@ -313,56 +281,65 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         checkpoints.save(mngr, step, params, opt_state,
                          {"step": step, "data_position": step, "seed": config.seed})
 
-    writer = distributed.is_writer()
     step, pending, last = start, [], time.perf_counter()
     bar = tqdm(total=tc.steps, initial=start, desc=f"train {config.posenc.name} L={tc.seq_len}",
                unit="step", dynamic_ncols=True, disable=None if writer else True)
-    try:
-        with (open(workdir / "metrics.jsonl", "a") if writer else contextlib.nullcontext()) as metrics_file, \
-                _out_of_memory_explained(advice_args):
-            while step < end:
-                params, opt_state, metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
-                pending.append(metrics)
-                step += 1
-                bar.update(1)
-                if step % tc.log_every == 0 or step == end:
-                    values = jax.device_get(pending)
-                    now = time.perf_counter()
-                    tokens_per_s = len(values) * tokens_per_step / (now - last)
-                    memory_key, memory_gb = accelerator.peak_memory_gb()
-                    record = {"step": step,
-                              "loss": float(np.mean([m["loss"] for m in values])),
-                              "grad_norm": float(np.mean([m["grad_norm"] for m in values])),
-                              "lr": lr_at(tc, step - 1),
-                              "tokens_per_s": tokens_per_s,
-                              **({"mfu": flops_per_token * tokens_per_s / (peak * 1e12 * mesh.size)}
-                                 if peak else {}),
-                              memory_key: round(memory_gb, 3)}
-                    if writer:
-                        metrics_file.write(json.dumps(record) + "\n")
-                        metrics_file.flush()
-                    bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}",
-                                    **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}),
-                                    mem=f"{memory_gb:.1f}GB")
-                    pending, last = [], now
-                    if not np.isfinite(record["loss"]):
-                        raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
-                if step % tc.checkpoint_every == 0 or step == end:
-                    save(step)
-    except KeyboardInterrupt:
-        bar.close()
-        if step > start and mngr.latest_step() != step:
-            save(step)
-        log.warning("interrupted at step %d; checkpoint saved, the same command resumes", step)
-        raise
+    plain_lines = writer and bar.disable  # no terminal: the loss goes to the log instead of the bar
+
+    def log_pending(metrics_file):
+        """Write the metrics of the steps since the last line (one record)."""
+        nonlocal pending, last
+        values = jax.device_get(pending)
+        now = time.perf_counter()
+        tokens_per_s = len(values) * tokens_per_step / (now - last)
+        memory_key, memory_gb = accelerator.peak_memory_gb()
+        record = {"step": step,
+                  "loss": float(np.mean([m["loss"] for m in values])),
+                  "grad_norm": float(np.mean([m["grad_norm"] for m in values])),
+                  "lr": lr_at(tc, step - 1),
+                  "tokens_per_s": tokens_per_s,
+                  **({"mfu": flops_per_token * tokens_per_s / (peak * 1e12 * mesh.size)} if peak else {}),
+                  memory_key: round(memory_gb, 3)}
+        if writer:
+            metrics_file.write(json.dumps(record) + "\n")
+            metrics_file.flush()
+        bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}",
+                        **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}), mem=f"{memory_gb:.1f}GB")
+        if plain_lines:
+            log.info("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s%s  %.2f GB", step, tc.steps, record["loss"],
+                     record["lr"], tokens_per_s, f"  mfu {record['mfu']:.1%}" if "mfu" in record else "", memory_gb)
+        pending, last = [], now
+        if not np.isfinite(record["loss"]):
+            raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
+
+    with (open(run.metrics_path, "a") if writer else contextlib.nullcontext()) as metrics_file:
+        try:
+            with _out_of_memory_explained(advice_args):
+                while step < end:
+                    params, opt_state, metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
+                    pending.append(metrics)
+                    step += 1
+                    bar.update(1)
+                    if step % tc.log_every == 0 or step == end:
+                        log_pending(metrics_file)
+                    if step % tc.checkpoint_every == 0 or step == end:
+                        save(step)
+        except KeyboardInterrupt:
+            bar.close()
+            if pending:
+                log_pending(metrics_file)  # the steps since the last line are kept with the checkpoint
+            if step > start and mngr.latest_step() != step:
+                save(step)
+            log.warning("interrupted at step %d; checkpoint saved, the same command resumes", step)
+            raise
     bar.close()
-    return {"workdir": str(workdir), "step": step, "done": step >= tc.steps, "params": n_params,
+    if step < tc.steps:
+        log.info("stopped at step %d of %d (--max_steps=%d); the run is unfinished: the same command "
+                 "resumes it", step, tc.steps, max_steps)
+    return {"workdir": str(run.path), "step": step, "done": step >= tc.steps, "params": n_params,
             "micro_steps": micro_steps}
 
 
 def is_trained(workdir: pathlib.Path, config) -> bool:
-    mngr_dir = pathlib.Path(workdir) / "checkpoints"
-    if not mngr_dir.exists():
-        return False
-    latest = checkpoints.manager(workdir).latest_step()
+    latest = RunDir(workdir).latest_step()
     return latest is not None and latest >= config.train.steps

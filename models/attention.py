@@ -54,6 +54,27 @@ def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
     return scheme.needs_full_rows and not scheme.carries_bias
 
 
+def is_long(length: int, block: int) -> bool:
+    """Sequences this long are evaluated tile by tile (attention) and chunk by chunk (the MLP)."""
+    return length > 2 * block
+
+
+def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], length: int, *,
+                   dropping: bool = False, triangular: bool = False) -> str:
+    """The attention implementation for one sequence length: `kind` ('auto' or an explicit
+    model.attention) resolved to 'dense' | 'triangular' | 'blockwise' | 'fused'. 'auto' takes
+    blockwise for long sequences (`is_long`) unless attention dropout is on or the scheme needs
+    whole rows; otherwise the triangular path where `triangular` (it supports the scheme and the
+    scheme does no per-key work), else dense. The decoder and the evaluation batch policy both ask here."""
+    if kind != "auto":
+        return kind
+    if is_long(length, block) and not dropping and not needs_whole_rows(scheme):
+        return "blockwise"
+    if triangular and not scheme.bias_work_per_key:
+        return "triangular"
+    return "dense"
+
+
 def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
     """Whether the scheme's `value_bias` hook returns a term (probed on a 1 x 1 tile at trace time)."""
     probe = jnp.zeros((1, 1, 1, 1), jnp.float32)

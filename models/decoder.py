@@ -17,10 +17,11 @@ import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.partitioning import columns_sharded, rows_sharded
 from models.attention import (
+    attention_path,
     blockwise_attention,
     dense_attention,
     fused_attention,
-    needs_whole_rows,
+    is_long,
 )
 from models.triangular import supports as triangular_supports
 from models.triangular import triangular_attention
@@ -101,17 +102,9 @@ class Attention(nnx.Module):
         qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropping = key is not None and self.cfg.attention_dropout > 0
-        kind = self.cfg.attention
-        full_rows = needs_whole_rows(self.scheme)
-        if kind == "auto":
-            long = t > 2 * self.cfg.attention_block
-            if long and not dropping and not full_rows:
-                kind = "blockwise"
-            elif (triangular_supports(self.scheme, positions_BxT, positions_BxT)
-                  and not self.scheme.bias_work_per_key):
-                kind = "triangular"
-            else:
-                kind = "dense"
+        kind = attention_path(self.cfg.attention, self.cfg.attention_block, self.scheme, t, dropping=dropping,
+                              triangular=self.cfg.attention == "auto"
+                              and triangular_supports(self.scheme, positions_BxT, positions_BxT))
         if kind == "fused":
             if dropping:
                 raise ValueError("model.attention=fused does not implement attention dropout; "
@@ -153,7 +146,7 @@ class Block(nnx.Module):
             return dropout(self.fc2(h), self.cfg.dropout, k_res2)
 
         chunk = self.cfg.attention_block
-        if key is None and x_BxTxD.shape[1] > 2 * chunk:  # long evaluation: B x chunk x mlp_dim at a time
+        if key is None and is_long(x_BxTxD.shape[1], chunk):  # long evaluation: B x chunk x mlp_dim at a time
             return x_BxTxD + by_chunks(mlp, x_BxTxD, chunk)
         return x_BxTxD + mlp(x_BxTxD)
 

@@ -145,6 +145,38 @@ def default_config(name: str = "alibi") -> ml_collections.ConfigDict:
     return cfg
 
 
+def used_schemes(posenc_cfg: Any) -> list[str]:
+    """The schemes a `posenc` block runs: its `name` and, for wrappers, what they wrap (their `base`),
+    outermost first. Options of any other scheme have no effect on the run."""
+    used = [posenc_cfg["name"]]
+    while getattr(get(used[-1]), "wraps_scheme", False):
+        block = posenc_cfg.get(used[-1], None) or {}
+        inner = block.get("base", None) or get(used[-1]).Options().base
+        if inner in used:
+            break
+        used.append(inner)
+    return used
+
+
+def check_option_key(posenc_cfg: Any, dotted: str) -> None:
+    """`dotted` ('posenc.rope.pi_factor') must name an option of a scheme the block runs: a
+    ValueError otherwise, saying which schemes the run uses and which options they have."""
+    parts = dotted.split(".")
+    if len(parts) < 2 or parts[0] != "posenc" or parts[1] == "name":
+        return
+    used = used_schemes(posenc_cfg)
+    scheme = parts[1]
+    if scheme not in _REGISTRY:
+        raise ValueError(f"{dotted}: unknown positional scheme {scheme!r}; registered schemes: {', '.join(names())}")
+    if scheme not in used:
+        raise ValueError(f"{dotted} has no effect: this run uses {' -> '.join(used)}, not {scheme}; "
+                         f"drop the option (or set posenc.name={scheme})")
+    valid = sorted(f.name for f in dataclasses.fields(get(scheme).Options))
+    if len(parts) > 2 and parts[2] not in valid:
+        raise ValueError(f"{dotted}: positional scheme {scheme!r} has "
+                         + (f"no option {parts[2]!r}; valid: {', '.join(valid)}" if valid else "no options"))
+
+
 def build(posenc_cfg: Any, dims: ModelDims, *, rngs: nnx.Rngs) -> Scheme:
     """Instantiate the scheme named in a `posenc` config block (ConfigDict or plain dict)."""
     name = posenc_cfg["name"]

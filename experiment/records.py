@@ -1,0 +1,48 @@
+"""What identifies an evaluation record, defined once (evaluation merges by it, sweeps check for it,
+reports draw series by it).
+
+A record (one line of WORKDIR/eval/extrapolation.json) carries what produced it: the checkpoint
+`step`, `data` (dataset), `split`, `tokenizer` (the unit of its perplexity), `eval_length`,
+`stride`, `max_tokens` (0 = the whole split) and `overrides` (eval-time options that took effect).
+"""
+from __future__ import annotations
+
+import json
+
+
+def series_key(record: dict) -> tuple:
+    """The curve a record belongs to: (split, stride kind, max_tokens, overrides); the stride kind is
+    'nonoverlapping' where stride == eval_length, else the stride."""
+    kind = "nonoverlapping" if record["stride"] == record["eval_length"] else int(record["stride"])
+    return (record.get("split", "valid"), kind, int(record.get("max_tokens", 0)),
+            json.dumps(record.get("overrides", {}), sort_keys=True))
+
+
+def record_key(record: dict) -> tuple:
+    """One record per (series, eval_length): a newer evaluation replaces the older."""
+    return series_key(record) + (int(record["eval_length"]),)
+
+
+def series_label(key: tuple) -> str:
+    """'nonoverlapping', 'stride 64, first 32,768 tokens, yarn_scale=4', ... (the split is shown apart)."""
+    _, kind, max_tokens, overrides = key
+    label = "nonoverlapping" if kind == "nonoverlapping" else f"stride {kind}"
+    if max_tokens:
+        label += f", first {max_tokens:,} tokens"
+    for name, value in sorted(json.loads(overrides).items()):
+        label += f", {name.split('.')[-1]}={value}"
+    return label
+
+
+def merge(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
+    """(merged records, dropped stale records). A new record replaces the one with its key; records
+    from a checkpoint older than the newest one merged are dropped (stale: the run trained on since),
+    so every record kept comes from one checkpoint."""
+    merged = {record_key(r): r for r in old}
+    merged.update({record_key(r): r for r in new})
+    newest = max((int(r.get("step", 0)) for r in new), default=None)
+    kept, stale = [], []
+    for r in merged.values():
+        (stale if newest is not None and int(r.get("step", 0)) < newest else kept).append(r)
+    kept.sort(key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
+    return kept, stale
