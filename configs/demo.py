@@ -28,6 +28,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    grad_clip=1.0, device_batch_tokens=0,  # 0: the whole update in one step per device
                    log_every=50, checkpoint_every=200)
     c.mesh = dict(fsdp=1)  # devices that shard parameters and optimizer state (1: replicated)
+    # What train.py, sweep.py and eval_extrapolate.py evaluate (their flags override it);
+    # overrides: eval-time options, "posenc.rope.yarn_scale=4,model.attention=blockwise".
     c.eval = dict(lengths=(), length_multipliers=(1, 2, 4, 8, 16), stride=0, split="valid",
-                  batch_tokens=16384, max_tokens=0)
+                  batch_tokens=16384, max_tokens=0, overrides="")
     return c

@@ -76,5 +76,5 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     # parameters and optimizer state N ways (1: replicated).
     c.mesh = dict(fsdp=1)
     c.eval = dict(lengths=paper_eval_lengths(train_length), length_multipliers=(1,), stride=0,
-                  split="valid", batch_tokens=16384, max_tokens=0)
+                  split="valid", batch_tokens=16384, max_tokens=0, overrides="")
     return c

@@ -20,12 +20,14 @@ from __future__ import annotations
 import contextlib
 import errno
 import fcntl
+import gc
 import json
 import logging
 import os
 import pathlib
 import shutil
 import socket
+import sys
 import time
 from typing import Callable
 
@@ -202,7 +204,8 @@ class RunDir:
         failed: list[tuple[int, Exception]] = []
         for step in sorted(mngr.all_steps(), reverse=True):
             try:
-                restored = checkpoints.restore(mngr, params, opt_state, step=step)
+                with _quiet_abandoned_reads():
+                    restored = checkpoints.restore(mngr, params, opt_state, step=step)
             except Exception as e:  # noqa: BLE001 - unreadable: try the one before
                 failed.append((step, e))
                 continue
@@ -253,6 +256,25 @@ class RunDir:
         tmp.write_text(json.dumps(merged, indent=1))
         tmp.replace(self.results_path)
         return merged
+
+
+@contextlib.contextmanager
+def _quiet_abandoned_reads():
+    """A failed orbax restore leaves its other reads' coroutines unawaited; Python would print each
+    one's error and a page of TensorStore spec when they are collected. Collect them here, quietly."""
+    previous = sys.unraisablehook
+
+    def hook(unraisable):
+        code = getattr(unraisable.object, "cr_code", None)
+        if code is not None and "orbax" in code.co_filename:
+            return
+        previous(unraisable)
+    sys.unraisablehook = hook
+    try:
+        yield
+    finally:
+        gc.collect()
+        sys.unraisablehook = previous
 
 
 def _first_line(error: BaseException | None) -> str:

@@ -13,6 +13,8 @@ import contextlib
 import json
 import logging
 import pathlib
+import signal
+import threading
 import time
 
 import jax
@@ -192,6 +194,27 @@ def _scalar(value: int, mesh) -> jax.Array:
 
 
 @contextlib.contextmanager
+def _interrupts_between_steps():
+    """Ctrl-C (SIGINT) takes effect between steps: a step has donated its inputs' buffers once it
+    is dispatched, so stopping inside it would leave nothing to save. Yields `requested()`; a
+    second Ctrl-C stops at once."""
+    if threading.current_thread() is not threading.main_thread():
+        yield lambda: False
+        return
+    requested = []
+
+    def handler(signum, frame):
+        if requested:
+            raise KeyboardInterrupt
+        requested.append(True)
+    previous = signal.signal(signal.SIGINT, handler)
+    try:
+        yield lambda: bool(requested)
+    finally:
+        signal.signal(signal.SIGINT, previous)
+
+
+@contextlib.contextmanager
 def _out_of_memory_explained(step_shape: dict):
     """An out-of-memory error from XLA (compiling or running) becomes a ConfigError naming the
     options that lower the step's memory."""
@@ -314,8 +337,10 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
 
     with (open(run.metrics_path, "a") if writer else contextlib.nullcontext()) as metrics_file:
         try:
-            with _out_of_memory_explained(advice_args):
+            with _out_of_memory_explained(advice_args), _interrupts_between_steps() as interrupted:
                 while step < end:
+                    if interrupted():
+                        raise KeyboardInterrupt
                     params, opt_state, metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
                     pending.append(metrics)
                     step += 1

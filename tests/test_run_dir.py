@@ -3,6 +3,7 @@ checkpoints, stale evaluation records, unattended logs, and the CLI's refusals."
 import json
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -145,3 +146,32 @@ def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
     assert loaded.posenc.sinusoidal.layout == "vaswani" and loaded.posenc.kerple_log.per_layer is True
     with pytest.raises(ValueError, match="posenc.sinusoidal.layout: 'vaswani' -> 'fairseq'"):
         RunDir(tmp_path).check_config(config_util.resolve(config))
+
+
+def test_train_and_evaluate_honours_config_eval_stride(tmp_path):
+    from experiment import train_and_evaluate
+    config = tiny_config("alibi")
+    config.train.steps = 2
+    config.eval.update(dict(length_multipliers=(1, 2), stride=8, max_tokens=256))
+    summary = train_and_evaluate(config, tmp_path)
+    assert [(r["eval_length"], r["stride"]) for r in summary["eval"]] == [(16, 8), (32, 8)]
+
+
+def test_ctrl_c_during_training_saves_a_checkpoint_and_the_steps_logged_since(tmp_path):
+    import signal
+    proc = subprocess.Popen(
+        [sys.executable, "train.py", "--config", "configs/demo.py", "--workdir", str(tmp_path),
+         "--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.mlp_dim=64",
+         "--config.train.steps=100000", "--config.train.log_every=100000", "--config.train.batch_size=4",
+         "--config.train.seq_len=16", "--config.train.checkpoint_every=100000"],
+        cwd=REPO, stderr=subprocess.PIPE, text=True)
+    for line in proc.stderr:  # the model is built: training is about to start
+        if "parameters;" in line:
+            break
+    time.sleep(4)
+    proc.send_signal(signal.SIGINT)
+    rest = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130, rest
+    steps = RunDir(tmp_path).manager().all_steps()
+    logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert len(steps) == 1 and logged == [steps[0]] and steps[0] > 0, rest

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The reduced-scale reproduction, exactly as committed here (about 40 minutes on 2 CPU cores).
+# The reduced-scale reproduction, exactly as committed here (about 10 minutes on 2 CPU cores).
 # Run from anywhere after the README's set-up; PY and W may be overridden.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
