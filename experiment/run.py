@@ -261,20 +261,22 @@ class RunDir:
 @contextlib.contextmanager
 def _quiet_abandoned_reads():
     """A failed orbax restore leaves its other reads' coroutines unawaited; Python would print each
-    one's error and a page of TensorStore spec when they are collected. Collect them here, quietly."""
-    previous = sys.unraisablehook
-
-    def hook(unraisable):
-        code = getattr(unraisable.object, "cr_code", None)
-        if code is not None and "orbax" in code.co_filename:
-            return
-        previous(unraisable)
-    sys.unraisablehook = hook
+    one's error with a page of TensorStore spec whenever they are collected (often much later).
+    From the first failed restore on, those (and only those) are dropped quietly."""
     try:
         yield
-    finally:
+    except Exception:
+        if not getattr(sys.unraisablehook, "drops_orbax_reads", False):
+            previous = sys.unraisablehook
+
+            def hook(unraisable):
+                code = getattr(unraisable.object, "cr_code", None)
+                if code is None or "orbax" not in code.co_filename:
+                    previous(unraisable)
+            hook.drops_orbax_reads = True
+            sys.unraisablehook = hook
         gc.collect()
-        sys.unraisablehook = previous
+        raise
 
 
 def _first_line(error: BaseException | None) -> str:
