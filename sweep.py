@@ -1,5 +1,5 @@
 """Run a grid and report: python sweep.py --config configs/demo.py --schemes sinusoidal,rope,alibi
-[--train_lengths 64,128] --workdir runs/demo [--config.a.b=v ...]
+[--train_lengths 64,128] [--grid train.steps=25,100] --workdir runs/demo [--config.a.b=v ...]
 
 Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
 interrupted ones resume; the plot and table go to WORKDIR/report.
@@ -16,6 +16,7 @@ config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", 
 flags.DEFINE_list("schemes", None, "positional schemes to train (default: the config's posenc.name)")
 flags.DEFINE_list("train_lengths", None, "training lengths (default: the config's train.seq_len)")
 flags.DEFINE_string("workdir", None, "root folder; one sub-folder per run")
+flags.DEFINE_multi_string("grid", [], "KEY=v1,v2: also sweep this config key (repeatable), e.g. train.steps=25,100")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -27,7 +28,11 @@ def main(argv):
         schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
         lengths = [int(x) for x in FLAGS.train_lengths] if FLAGS.train_lengths else []
         check_scheme_options(sys.argv, [run_config(FLAGS.config, s, None).posenc for s in schemes])
-        paths = sweep(FLAGS.config, schemes, lengths, FLAGS.workdir)
+        bad = [g for g in FLAGS.grid if "=" not in g]
+        if bad:
+            raise ValueError(f"--grid takes KEY=v1,v2, got {bad[0]!r}")
+        grid = {k: [v for v in vals.split(",") if v] for k, vals in (g.split("=", 1) for g in FLAGS.grid)}
+        paths = sweep(FLAGS.config, schemes, lengths, FLAGS.workdir, grid)
         if not paths:  # not the process that writes (several processes as one job)
             return
         print(f"report: {paths['png']} and {paths['md']}")

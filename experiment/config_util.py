@@ -29,6 +29,29 @@ def resolve(config: ml_collections.ConfigDict) -> ml_collections.ConfigDict:
     return config
 
 
+def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
+    """config[dotted] = raw, converted to the type of the value it replaces (bool from 1/true/yes,
+    tuples from "a,b"); a missing key is a ValueError listing the valid ones at its level."""
+    *parents, leaf = dotted.split(".")
+    node = config
+    for part in parents:
+        if part not in node:
+            raise ValueError(f"{option} {dotted}: no config key {part!r}; valid: {', '.join(sorted(node.keys()))}")
+        node = node[part]
+    if leaf not in node:
+        raise ValueError(f"{option} {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
+    old = node[leaf]
+    if isinstance(old, bool):
+        value = str(raw).lower() in ("1", "true", "yes")
+    elif old is None or isinstance(raw, type(old)):
+        value = raw
+    elif isinstance(old, (tuple, list)):
+        value = tuple(type(old[0])(v) if old else v for v in _as_list(raw))
+    else:
+        value = type(old)(raw)
+    node[leaf] = value
+
+
 def _as_list(value) -> list:
     if isinstance(value, str):
         return [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]

@@ -25,7 +25,7 @@ from tqdm.auto import tqdm
 
 import corpora
 import posenc
-from experiment import distributed, sharding
+from experiment import config_util, distributed, sharding
 from experiment.run import RunDir
 from experiment.training import build_model
 from models.attention import attention_path
@@ -66,25 +66,16 @@ def apply_overrides(config, overrides: dict[str, str]) -> None:
             raise ValueError(f"--set {dotted}: only posenc.<scheme>.<option> and model.attention* can change "
                              f"at evaluation (anything else needs a new training run)")
         posenc.check_option_key(config.posenc, dotted)
-        *parents, leaf = dotted.split(".")
-        node = config
-        for part in parents:
-            if part not in node:
-                raise ValueError(f"--set {dotted}: no config key {part!r}; valid: {', '.join(sorted(node.keys()))}")
-            node = node[part]
-        if leaf not in node and parents == ["model"]:  # a run saved before the option existed
+        parents, leaf = dotted.split(".")[:-1], dotted.split(".")[-1]
+        if parents == ["model"] and leaf not in config.model:  # a run saved before the option existed
             from models.decoder import ModelConfig
-            node[leaf] = ModelConfig.__dataclass_fields__[leaf].default
-        if leaf not in node:
-            raise ValueError(f"--set {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
-        old = node[leaf]
-        if isinstance(old, bool):
-            value = str(raw).lower() in ("1", "true", "yes")
-        elif old is None:
-            value = raw
-        else:
-            value = type(old)(raw)
-        node[leaf] = value
+            config.model[leaf] = ModelConfig.__dataclass_fields__[leaf].default
+        if parents[:1] == ["posenc"] and len(parents) == 2 and leaf not in config.posenc.get(parents[1], {}):
+            defaults = posenc.default_config(parents[1])  # likewise for a scheme option
+            if parents[1] not in config.posenc:
+                config.posenc[parents[1]] = defaults[parents[1]].to_dict()
+            config.posenc[parents[1]][leaf] = defaults[parents[1]][leaf]
+        config_util.set_typed(config, dotted, raw)
 
 
 def eval_spec(config, lengths=None, stride=None, split=None, max_tokens=None, overrides=None) -> dict:

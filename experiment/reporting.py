@@ -3,13 +3,14 @@ tables per unit of perplexity (byte, BPE token, word), and the published curves 
 beside ours only where dataset, split, unit and training length match theirs."""
 from __future__ import annotations
 
-import json
 import math
 import pathlib
 import re
 from collections import defaultdict
 
-from experiment import config_util, paper, records
+import posenc
+from experiment import init_from, paper, records
+from experiment.run import RunDir
 
 PAPER_MODES = ("auto", "always", "never")
 # tokenizer kind -> (name in titles, what one token is)
@@ -37,28 +38,44 @@ def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
     for every workdir with results; labels name the dataset when the runs do not share one."""
     runs = []
     for workdir in map(pathlib.Path, workdirs):
-        path = workdir / "eval" / "extrapolation.json"
-        if not path.exists():
-            raise FileNotFoundError(f"{workdir} has no eval/extrapolation.json; run "
+        run_dir = RunDir(workdir)
+        if not run_dir.results_path.exists():
+            raise FileNotFoundError(f"{workdir} has no evaluation results; run "
                                     f"python eval_extrapolate.py --workdir {workdir} first")
-        config = config_util.load_config(workdir / "config.json")
+        config = run_dir.load_config()
         text = _dataset_text(config.data)
-        recs = json.loads(path.read_text())
+        recs = run_dir.results()
         for r in recs:
             r.setdefault("tokenizer", config.data.tokenizer)
         runs.append({"scheme": config.posenc.name, "train_length": int(config.train.seq_len),
                      "dataset": dataset_name(config.data), "wikitext": "wikitext" in text,
                      "wikitext103": bool(re.search(r"(wikitext|wt)[-_ ]?103", text)),
-                     "tokenizer": config.data.tokenizer, "workdir": str(workdir), "records": recs})
+                     "tokenizer": config.data.tokenizer, "workdir": str(workdir), "records": recs,
+                     "options": scheme_options_note(config.posenc), "origin": init_from.origin_of(run_dir)})
     several = len({run["dataset"] for run in runs}) > 1
     for run in runs:
-        run["label"] = (f"{run['scheme']} (L={run['train_length']}"
-                        + (f", {run['dataset']})" if several else ")"))
+        extra = [run["options"]] if run["options"] else []
+        if run["origin"]:
+            extra.append(f"from {pathlib.Path(run['origin']['workdir']).name}@{run['origin']['step']}")
+        if several:
+            extra.append(run["dataset"])
+        run["label"] = f"{run['scheme']} (L={run['train_length']}" + "".join(f", {e}" for e in extra) + ")"
     labels = [r["label"] for r in runs]
     for run in runs:  # same scheme, L and dataset in two workdirs: tell them apart by folder name
         if labels.count(run["label"]) > 1:
             run["label"] += f" [{pathlib.Path(run['workdir']).name}]"
     return runs
+
+
+def scheme_options_note(posenc_cfg) -> str:
+    """The options of the schemes a run uses that differ from their defaults: 'pi_factor=0.25'."""
+    notes = []
+    for name in posenc.used_schemes(posenc_cfg):
+        defaults = posenc.default_config(name).get(name, {})
+        given = posenc_cfg.get(name, {})
+        notes += [f"{k}={given[k]:g}" if isinstance(given[k], float) else f"{k}={given[k]}"
+                  for k in sorted(given.keys()) if k in defaults and given[k] != defaults[k] and k != "base"]
+    return ", ".join(notes)
 
 
 def series(run: dict) -> dict[tuple, list[dict]]:

@@ -196,13 +196,18 @@ class RunDir:
             return None
         return self.manager().latest_step()
 
-    def restore(self, params, opt_state=None, *, drop_damaged: bool = False):
+    def restore(self, params, opt_state=None, *, drop_damaged: bool = False, step: int | None = None):
         """(params, opt_state, meta) from the newest checkpoint that can be read: a damaged newer one
         is skipped with a warning (and deleted when `drop_damaged`, so that training can save that
         step again). If none can be read (or none fits the model), the newest one's error is raised."""
         mngr = self.manager()
+        steps = sorted(mngr.all_steps(), reverse=True)
+        if step is not None:
+            if step not in steps:
+                raise RunError(f"{self.checkpoints_dir} has no checkpoint at step {step}; it has {sorted(steps)}")
+            steps = [step]
         failed: list[tuple[int, Exception]] = []
-        for step in sorted(mngr.all_steps(), reverse=True):
+        for step in steps:
             try:
                 with _quiet_abandoned_reads():
                     restored = checkpoints.restore(mngr, params, opt_state, step=step)

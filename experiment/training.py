@@ -27,7 +27,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from tqdm.auto import tqdm
 
 import corpora
-from experiment import accelerator, checkpoints, config_util, distributed, sharding
+from experiment import accelerator, checkpoints, config_util, distributed, init_from, sharding
 from experiment.run import RunDir
 from models import DecoderLM, ModelConfig
 
@@ -244,15 +244,25 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
     micro_steps = micro_batching(tc.batch_size, tc.seq_len, tc.get("device_batch_tokens", 0), mesh.size)
     corpora.check_splits(config.data, sorted({config.data.train_split, config.eval.split}))
     with run.locked("training") if distributed.is_writer() else contextlib.nullcontext():
+        fresh = run.latest_step() is None
+        base = init_from.base_of(config) if fresh else None
         if distributed.is_writer():
             run.check_config(config)
             run.clear_leftovers()
+            if base is not None:
+                init_from.take_tokenizer(base, run)
         distributed.barrier("lengthx_workdir")
         tokenizer, stream = _load_data(config, run)
         tx = make_optimizer(tc)
         state = init_state(config, tokenizer.vocab_size, tx, mesh)  # checks the model and its length
+        if base is not None:  # the base's parameters, a fresh optimizer (its state does not depend on them)
+            params, origin = init_from.load_base_params(config, base, state[1], build_model, tokenizer.vocab_size)
+            state = (state[0], params, *state[2:])
+            log.info("starting from %s at step %d", origin["workdir"], origin["step"])
         if distributed.is_writer():
             run.save_config(config)
+            if base is not None:
+                init_from.record(run, origin)
         return _train_loop(config, run, mesh, micro_steps, tokenizer, stream, tx, state, max_steps)
 
 

@@ -70,6 +70,9 @@ class RopeOptions:
     yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
     yarn_ramp: str = "index"      # "index": the authors' code (linear in the feature index between
                                   # whole correction dimensions); "turns": the paper's equation (linear in r)
+    original_length: int = 0      # L_train that YaRN and dynamic NTK scale from (HF's
+                                  # original_max_position_embeddings); 0 = this run's training length.
+                                  # A run extended from a shorter one (train.init_from) sets the base's.
     rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
     xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
     xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
@@ -85,6 +88,8 @@ def validate_rope_options(options: RopeOptions) -> None:
         raise ValueError(f"rope.fraction must lie in [0, 1], got {options.fraction}")
     if options.pi_factor <= 0:
         raise ValueError(f"rope.pi_factor must be positive (L_train / L_target), got {options.pi_factor}")
+    if options.original_length < 0:
+        raise ValueError(f"rope.original_length must be >= 0 (0 = the training length), got {options.original_length}")
     if options.ntk_alpha <= 0:
         raise ValueError(f"rope.ntk_alpha must be positive, got {options.ntk_alpha}")
     if options.dynamic_ntk_factor < 1.0:
@@ -280,8 +285,8 @@ class Rope(Scheme):
     def _inv_freq(self, k_pos_BxS: jax.Array) -> jax.Array:
         """R/2, or B x 1 x R/2 with dynamic NTK (one alpha per row)."""
         length_B = jnp.max(k_pos_BxS, axis=-1) + 1 if self.options.dynamic_ntk else None
-        inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim, self.dims.train_length,
-                                              length_B)
+        inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim,
+                                              self.options.original_length or self.dims.train_length, length_B)
         return inv_freq[:, None, :] if inv_freq.ndim == 2 else inv_freq
 
     def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):

@@ -1,0 +1,279 @@
+"""A synthetic retrieval task: a number hidden at a chosen depth in filler text, asked for at the end
+(the passkey task of Mohtashami & Jaggi 2023, "Landmark Attention"), in a compact form that a small
+byte-level model trained at L = 64 can learn:
+
+     the sky is blue. here we go. key 4821. the grass is green. the sun is yellow. key 4821
+     `-- filler ---------------' `- key -'  `-- filler -----------------------------' `query'
+
+The key sentence and the final query share their lead (" key"), so answering is an induction (copy)
+task: find the earlier " key", copy the digits after it. The answer digits are the last tokens of
+the example; a model answers by predicting them after the final cue.
+
+Every example is built at token level from separately encoded pieces (filler sentences, cue,
+digits, end of sentence), so every tokenizer gets exactly `length + 1` tokens and the key at exactly
+`round(depth * usable span)` (usable span = the filler tokens there are). The filler on each side
+of the key is the tail of a deterministically shuffled stream of whole sentences: the window starts
+mid-sentence (as a random training window does) and the key sentence and the query each follow a
+complete sentence.
+
+Tokenizers:
+- byte, bpe: the text above (pieces begin with a space, GPT-2 style, so BPE gets its usual " the",
+  " 4821" pre-tokens). BPE may merge digits: the answer is then however many tokens " 4821"
+  encodes to, the same in the key sentence and the query (the same tokens by construction).
+- word: whitespace words, the period its own word ("the sky is blue ."), each digit its own word.
+  Digits are the words "0" .. "9" where the vocabulary has all ten (WikiText-103 has), else
+  "zero" .. "nine" where it has those; the cue word "key" must be in the vocabulary too. Otherwise
+  the example is refused with a PasskeyError naming the missing words: an unknown word would become
+  `<unk>` and the task unanswerable. Filler sentences with a word the vocabulary lacks are left out
+  (the builtin python_docs vocabulary has no "grass"); if none is left, PasskeyError.
+"""
+from __future__ import annotations
+
+import dataclasses
+import weakref
+from typing import Sequence
+
+import numpy as np
+
+# The filler sentences of Mohtashami & Jaggi (2023), lower-cased.
+FILLER = ("the grass is green.", "the sky is blue.", "the sun is yellow.", "here we go.", "there and back again.")
+CUE = "key"
+DIGIT_WORDS = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine")
+DEFAULT_DIGITS = 4
+# Entropy tags for the random streams (so that they do not collide with corpora.train_batch's).
+_KEY_STREAM, _FILLER_STREAM, _MIX_STREAM, _BATCH_STREAM = 0x6B6579, 0x66696C, 0x6D6978, 0x626174
+
+
+class PasskeyError(ValueError):
+    """The passkey task cannot be built as asked (length too short, words not in the vocabulary)."""
+
+
+@dataclasses.dataclass(frozen=True)
+class PasskeyExample:
+    """One example: `tokens` (length + 1, int32) is a training window: inputs = tokens[:-1],
+    targets = tokens[1:]. `answer_positions` index targets (the last ones); `key_position` indexes
+    tokens (where the key sentence's cue starts)."""
+    tokens: np.ndarray
+    answer_positions: np.ndarray
+    answer: str
+    key_position: int
+    depth: float
+
+    @property
+    def inputs(self) -> np.ndarray:
+        return self.tokens[:-1]
+
+    @property
+    def targets(self) -> np.ndarray:
+        return self.tokens[1:]
+
+
+@dataclasses.dataclass(frozen=True)
+class PasskeyBatch:
+    """N examples of one length, depth-major (all examples of depths[0] first). `answer_mask` marks
+    the answer positions of `targets`. Example i of every depth has the same key (paired cells)."""
+    inputs: np.ndarray        # N x L int32
+    targets: np.ndarray       # N x L int32
+    answer_mask: np.ndarray   # N x L bool
+    depths: np.ndarray        # N float
+    key_positions: np.ndarray  # N int
+    answers: tuple[str, ...]
+
+    def __len__(self) -> int:
+        return len(self.inputs)
+
+
+@dataclasses.dataclass(frozen=True)
+class _Format:
+    """A tokenizer's encoded pieces."""
+    sentences: tuple[np.ndarray, ...]
+    cue: np.ndarray
+    end: np.ndarray
+    digit_words: tuple[str, ...] | None  # word tokenizers: how digits are spelled; None: one number
+    kind: str
+
+
+_FORMATS: "weakref.WeakKeyDictionary[object, _Format]" = weakref.WeakKeyDictionary()
+
+
+def _encode(tokenizer, text: str) -> np.ndarray:
+    """The tokens of `text` alone (without the end-of-line token encode_lines appends)."""
+    return np.asarray(tokenizer.encode_lines([text])[:-1], dtype=np.int32)
+
+
+def _format(tokenizer) -> _Format:
+    try:
+        return _FORMATS[tokenizer]
+    except (KeyError, TypeError):
+        pass
+    kind = getattr(tokenizer, "kind", "")
+    if kind == "word":
+        fmt = _word_format(tokenizer)
+    else:
+        fmt = _Format(sentences=tuple(_encode(tokenizer, " " + s) for s in FILLER),
+                      cue=_encode(tokenizer, " " + CUE), end=_encode(tokenizer, "."), digit_words=None, kind=kind)
+    try:
+        _FORMATS[tokenizer] = fmt
+    except TypeError:  # not weak-referenceable: encode each time
+        pass
+    return fmt
+
+
+def _word_format(tokenizer) -> _Format:
+    vocab = tokenizer.index
+    missing = lambda words: [w for w in words if w not in vocab]
+    digits = next((spelling for spelling in (tuple(map(str, range(10))), DIGIT_WORDS) if not missing(spelling)), None)
+    problems = []
+    if digits is None:
+        problems.append(f"the digits (neither '0'..'9' nor 'zero'..'nine' are all words of it; missing "
+                        f"{missing(map(str, range(10)))} and {missing(DIGIT_WORDS)})")
+    if missing([CUE, "."]):
+        problems.append(f"the cue words {missing([CUE, '.'])}")
+    sentences = [s.replace(".", " .") for s in FILLER]
+    sentences = [s for s in sentences if not missing(s.split())]
+    if not sentences:
+        problems.append(f"any of the filler sentences {list(FILLER)}")
+    if problems:
+        raise PasskeyError(f"the word vocabulary ({tokenizer.vocab_size} words) lacks {'; '.join(problems)}, so the "
+                           f"passkey task cannot be written with it (unknown words would become <unk>); use a "
+                           f"vocabulary from a corpus that has them (WikiText-103 has all), or a byte / bpe tokenizer")
+    return _Format(sentences=tuple(_encode(tokenizer, s) for s in sentences), cue=_encode(tokenizer, CUE),
+                   end=_encode(tokenizer, "."), digit_words=digits, kind="word")
+
+
+def _answer_pieces(fmt: _Format, tokenizer, answer: str) -> tuple[np.ndarray, np.ndarray]:
+    """(cue tokens, answer tokens) for this answer: tokens of the digits piece that are only
+    whitespace (the byte tokenizer's space after "key") belong to the cue, not to the answer."""
+    if fmt.digit_words is not None:
+        return fmt.cue, _encode(tokenizer, " ".join(fmt.digit_words[int(c)] for c in answer))
+    tokens = _encode(tokenizer, " " + answer)
+    lead = 0
+    while lead < len(tokens) - 1 and not tokenizer.decode(tokens[lead:lead + 1]).strip():
+        lead += 1
+    return np.concatenate([fmt.cue, tokens[:lead]]), tokens[lead:]
+
+
+def min_length(tokenizer, digits: int = DEFAULT_DIGITS) -> int:
+    """The shortest `length` an example fits in (key sentence + query, no filler), over the worst
+    case of the answer's tokenization (digits all 9s or all 0s are tried; BPE may differ a token)."""
+    fmt = _format(tokenizer)
+    worst = 0
+    for answer in ("9" * digits, "0" * digits, "4821"[:digits].ljust(digits, "7")):
+        cue, ans = _answer_pieces(fmt, tokenizer, answer)
+        worst = max(worst, 2 * (len(cue) + len(ans)) + len(fmt.end))
+    return worst - 1
+
+
+def _tail(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """The last n tokens of a shuffled stream of whole sentences (ends at a sentence boundary)."""
+    if n <= 0:
+        return np.zeros(0, np.int32)
+    parts, total = [], 0
+    while total < n:
+        for i in rng.permutation(len(sentences)):
+            parts.append(sentences[i])
+            total += len(sentences[i])
+            if total >= n:
+                break
+    parts.reverse()  # the first drawn sentence sits right before the key / query
+    return np.concatenate(parts)[-n:]
+
+
+def _depth_code(depth: float) -> int:
+    return int(round(float(depth) * (1 << 20)))
+
+
+def passkey_example(tokenizer, length: int, depth: float, seed: int, digits: int = DEFAULT_DIGITS) -> PasskeyExample:
+    """One example of exactly `length + 1` tokens with a `digits`-digit key at `depth` (0: the key
+    sentence starts at token 0; 1: it ends right before the final query). Deterministic given
+    (tokenizer, seed, length, depth, digits); the key itself depends on (seed, digits) only, so
+    the same seed asks for the same number at every length and depth."""
+    if not 0.0 <= depth <= 1.0:
+        raise PasskeyError(f"depth must be in [0, 1], got {depth}")
+    if digits < 1:
+        raise PasskeyError(f"digits must be >= 1, got {digits}")
+    fmt = _format(tokenizer)
+    key_rng = np.random.default_rng([_KEY_STREAM, int(seed) & (2**64 - 1), digits])
+    answer = "".join(str(d) for d in key_rng.integers(0, 10, size=digits))
+    cue, ans = _answer_pieces(fmt, tokenizer, answer)
+    key_sentence = np.concatenate([cue, ans, fmt.end])
+    query = np.concatenate([cue, ans])
+    span = length + 1 - len(key_sentence) - len(query)
+    if span < 0:
+        raise PasskeyError(f"a passkey example with {digits} digits needs length >= {length - span} "
+                           f"{fmt.kind or 'token'} tokens, got {length}; use a longer length or fewer digits "
+                           f"(data.passkey_digits)")
+    key_position = int(round(depth * span))
+    rng = np.random.default_rng([_FILLER_STREAM, int(seed) & (2**64 - 1), length, _depth_code(depth), digits])
+    before = _tail(rng, fmt.sentences, key_position)
+    after = _tail(rng, fmt.sentences, span - key_position)
+    tokens = np.concatenate([before, key_sentence, after, query]).astype(np.int32)
+    assert len(tokens) == length + 1, (len(tokens), length)
+    answer_positions = np.arange(length - len(ans), length)
+    return PasskeyExample(tokens=tokens, answer_positions=answer_positions, answer=answer,
+                          key_position=key_position, depth=float(depth))
+
+
+def example_seed(seed: int, index: int) -> int:
+    """The seed of example `index` of an evaluation set drawn with `seed`."""
+    return int(np.random.SeedSequence([_BATCH_STREAM, int(seed) & (2**64 - 1), index]).generate_state(1, np.uint64)[0])
+
+
+def passkey_batch(tokenizer, length: int, depths: float | Sequence[float], count: int, seed: int,
+                  digits: int = DEFAULT_DIGITS) -> PasskeyBatch:
+    """`count` examples at each depth (depth-major); example i has the same key at every depth and
+    length (seed example_seed(seed, i)), so cells differ by where the key is, not which key."""
+    depths = [float(d) for d in np.atleast_1d(depths)]
+    examples = [passkey_example(tokenizer, length, d, example_seed(seed, i), digits)
+                for d in depths for i in range(count)]
+    tokens = np.stack([e.tokens for e in examples]) if examples else np.zeros((0, length + 1), np.int32)
+    mask = np.zeros((len(examples), length), bool)
+    for row, e in enumerate(examples):
+        mask[row, e.answer_positions] = True
+    return PasskeyBatch(inputs=tokens[:, :-1], targets=tokens[:, 1:], answer_mask=mask,
+                        depths=np.array([e.depth for e in examples]),
+                        key_positions=np.array([e.key_position for e in examples]),
+                        answers=tuple(e.answer for e in examples))
+
+
+def _global_rows(rows: slice, local: int) -> np.ndarray:
+    start, step = rows.start or 0, rows.step or 1
+    if start < 0 or step < 1:
+        raise ValueError(f"rows must be a forward slice of the global batch with a non-negative start, got {rows}")
+    return start + step * np.arange(local)
+
+
+def passkey_rows(global_rows: np.ndarray, fraction: float, step: int, seed: int) -> list[tuple[int, float, int]]:
+    """[(global row, depth, example seed)] for the rows a training batch replaces: each row decides
+    alone from (seed, step, row), so the choice does not depend on how the batch is split."""
+    chosen = []
+    if fraction <= 0:
+        return chosen
+    for row in global_rows:
+        rng = np.random.default_rng([_MIX_STREAM, int(seed) & (2**64 - 1), int(step), int(row)])
+        if rng.random() < fraction:
+            chosen.append((int(row), float(rng.random()), int(rng.integers(0, 2**63 - 1))))
+    return chosen
+
+
+def mix_passkey(inputs_BxL: np.ndarray, targets_BxL: np.ndarray, tokenizer, fraction: float, step: int, seed: int,
+                digits: int = DEFAULT_DIGITS, rows: slice = slice(None)) -> tuple[np.ndarray, np.ndarray]:
+    """A training batch (corpora.train_batch's output for `rows` of the global batch) with about
+    `fraction` of its rows replaced by passkey examples of the same length at uniform random depths.
+    Which rows, and what each holds, is a function of (seed, step, global row index) alone, so a
+    resumed run sees the same batches and every host agrees however the batch is split. Returns
+    new arrays; the inputs are not modified."""
+    if not 0.0 <= fraction <= 1.0:
+        raise ValueError(f"data.passkey_fraction must be in [0, 1], got {fraction}")
+    if fraction == 0:
+        return inputs_BxL, targets_BxL
+    inputs, targets = np.array(inputs_BxL, copy=True), np.array(targets_BxL, copy=True)
+    length = inputs.shape[1]
+    global_rows = _global_rows(rows, len(inputs))
+    first = int(global_rows[0]) if len(global_rows) else 0
+    stride = rows.step or 1
+    for row, depth, example_seed_ in passkey_rows(global_rows, fraction, step, seed):
+        tokens = passkey_example(tokenizer, length, depth, example_seed_, digits).tokens
+        local = (row - first) // stride
+        inputs[local], targets[local] = tokens[:-1], tokens[1:]
+    return inputs, targets
