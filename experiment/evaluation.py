@@ -25,8 +25,9 @@ from tqdm.auto import tqdm
 
 import corpora
 import posenc
-from experiment import config_util, distributed, sharding
+from experiment import config_util, distributed, records, sharding
 from experiment.run import RunDir
+from experiment.tensorboard import EventWriter
 from experiment.training import build_model
 from models.attention import attention_path
 
@@ -219,6 +220,8 @@ def _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_to
         results.append(record)
         if writer:
             run.add_results([record])  # each length kept as it finishes
+            with EventWriter(run.tensorboard_dir) as board:
+                board.scalar(records.tensorboard_tag(record), record["ppl"], record["step"])
     return results
 
 

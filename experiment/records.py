@@ -34,6 +34,15 @@ def series_label(key: tuple) -> str:
     return label
 
 
+def tensorboard_tag(record: dict) -> str:
+    """'eval/valid/ppl_L256', with '_S64', '_first32768', '_yarn_scale=4' where they apply."""
+    _, kind, max_tokens, overrides = series_key(record)
+    tag = f"eval/{record.get('split', 'valid')}/ppl_L{record['eval_length']}"
+    tag += "" if kind == "nonoverlapping" else f"_S{kind}"
+    tag += f"_first{max_tokens}" if max_tokens else ""
+    return tag + "".join(f"_{k.split('.')[-1]}={v}" for k, v in sorted(json.loads(overrides).items()))
+
+
 def merge(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
     """(merged records, dropped stale records). A new record replaces the one with its key; records
     from a checkpoint older than the newest one merged are dropped (stale: the run trained on since),

@@ -8,6 +8,7 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/checkpoints/         orbax (experiment/checkpoints.py)
     WORKDIR/metrics.jsonl        one line per logged training step, each step once
     WORKDIR/eval/extrapolation.json   evaluation records (experiment/records.py says what is one)
+    WORKDIR/tensorboard/         the same metrics and records as TensorBoard event files
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
 The lock is an OS lock on an open file (flock), which the kernel drops when its process dies, so a
@@ -81,6 +82,11 @@ class RunDir:
     @property
     def results_path(self) -> pathlib.Path:
         return self.path / "eval" / "extrapolation.json"
+
+    @property
+    def tensorboard_dir(self) -> pathlib.Path:
+        """TensorBoard event files (experiment/tensorboard.py), a view of metrics.jsonl and the records."""
+        return self.path / "tensorboard"
 
     @property
     def lock_path(self) -> pathlib.Path:

@@ -29,6 +29,7 @@ from tqdm.auto import tqdm
 import corpora
 from experiment import accelerator, checkpoints, config_util, distributed, init_from, sharding
 from experiment.run import RunDir
+from experiment.tensorboard import EventWriter
 from models import DecoderLM, ModelConfig
 
 log = logging.getLogger(__name__)
@@ -336,6 +337,7 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
         if writer:
             metrics_file.write(json.dumps(record) + "\n")
             metrics_file.flush()
+            board.scalars({f"train/{k}": v for k, v in record.items() if k != "step"}, step)
         bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}",
                         **({"mfu": f"{record['mfu']:.1%}"} if "mfu" in record else {}), mem=f"{memory_gb:.1f}GB")
         if plain_lines:
@@ -345,7 +347,8 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
         if not np.isfinite(record["loss"]):
             raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
 
-    with (open(run.metrics_path, "a") if writer else contextlib.nullcontext()) as metrics_file:
+    with (open(run.metrics_path, "a") if writer else contextlib.nullcontext()) as metrics_file, \
+            (EventWriter(run.tensorboard_dir) if writer else contextlib.nullcontext()) as board:
         try:
             with _out_of_memory_explained(advice_args), _interrupts_between_steps() as interrupted:
                 while step < end:

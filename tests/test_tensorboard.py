@@ -2,6 +2,7 @@
 round trip through the reader, and (when tensorboard is installed) TensorBoard's own loader."""
 from __future__ import annotations
 
+import json
 import math
 import re
 import struct
@@ -177,3 +178,22 @@ def test_tensorboard_reads_the_file(tmp_path):
                 value = float(tensor_util.make_ndarray(v.tensor).item())
             got.append((e.step, e.wall_time, v.tag, value))
     assert got == [(3, 1.0, "loss", 2.5), (3, 1.0, "acc", 0.75), (4, 2.0, "loss", 1.25)]
+
+
+def test_training_and_evaluation_write_tensorboard_events(tmp_path):
+    from experiment import evaluate, train
+    from experiment.tensorboard import read_events
+    from tests.conftest import tiny_config
+    config = tiny_config("alibi")
+    config.train.update(steps=2, log_every=1)
+    train(config, tmp_path)
+    evaluate(tmp_path, [16], max_tokens=256)
+    scalars = {}
+    for path in sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*")):
+        for event in read_events(path):
+            for tag, value in event.get("scalars", {}).items():
+                scalars[(tag, event["step"])] = value
+    losses = [json.loads(l)["loss"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert [scalars[("train/loss", s)] for s in (1, 2)] == pytest.approx(losses, rel=1e-6)
+    record = json.loads((tmp_path / "eval" / "extrapolation.json").read_text())[0]
+    assert scalars[("eval/valid/ppl_L16_first256", 2)] == pytest.approx(record["ppl"], rel=1e-6)
