@@ -3,7 +3,8 @@
 Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
 (each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
 switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
-Results are merged into DIR/eval/extrapolation.json.
+Results are merged into DIR/eval/extrapolation.json; --attention_stats adds attention diagnostics
+(eval/attention.json).
 """
 from absl import app, flags
 
@@ -18,6 +19,9 @@ flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default
 flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
                      "default: config.eval.max_tokens)")
 flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
+flags.DEFINE_boolean("attention_stats", False, "also write each layer's and head's mean attention distance and "
+                     "entropy by query position to DIR/eval/attention.json (first --attention_windows windows)")
+flags.DEFINE_integer("attention_windows", 8, "windows per length for --attention_stats")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -36,6 +40,11 @@ def main(argv):
             extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
             print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
                   f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
+        if FLAGS.attention_stats:
+            from experiment.diagnostics import diagnose
+            for r in diagnose(FLAGS.workdir, lengths, FLAGS.attention_windows, split=FLAGS.split,
+                              overrides=overrides, batch_tokens=FLAGS.batch_tokens):
+                print(f"attention L={r['eval_length']}: {r['windows']} window(s) -> eval/attention.json")
     run_cleanly(go)
 
 

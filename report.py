@@ -26,6 +26,8 @@ def main(argv):
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")
+        for path in paths.get("attention_pngs", []):
+            print(f"wrote {path}")
     run_cleanly(go)
 
 

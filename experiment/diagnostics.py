@@ -31,11 +31,8 @@ from models.diagnostics import attention_statistics
 
 log = logging.getLogger(__name__)
 
-RESULTS = pathlib.Path("eval") / "attention.json"
-
-
 def results_path(workdir: str | pathlib.Path) -> pathlib.Path:
-    return pathlib.Path(workdir) / RESULTS
+    return RunDir(workdir).attention_path
 
 
 def load_records(workdir: str | pathlib.Path) -> list[dict]:

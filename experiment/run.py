@@ -8,6 +8,7 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/checkpoints/         orbax (experiment/checkpoints.py)
     WORKDIR/metrics.jsonl        one line per logged training step, each step once
     WORKDIR/eval/extrapolation.json   evaluation records (experiment/records.py says what is one)
+    WORKDIR/eval/attention.json, eval/passkey.json   attention diagnostics, passkey retrieval
     WORKDIR/tensorboard/         the same metrics and records as TensorBoard event files
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
@@ -82,6 +83,16 @@ class RunDir:
     @property
     def results_path(self) -> pathlib.Path:
         return self.path / "eval" / "extrapolation.json"
+
+    @property
+    def attention_path(self) -> pathlib.Path:
+        """Attention diagnostics records (experiment/diagnostics.py)."""
+        return self.path / "eval" / "attention.json"
+
+    @property
+    def passkey_path(self) -> pathlib.Path:
+        """Passkey retrieval records (experiment/passkey.py)."""
+        return self.path / "eval" / "passkey.json"
 
     @property
     def tensorboard_dir(self) -> pathlib.Path:
