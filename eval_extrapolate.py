@@ -3,8 +3,8 @@
 Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
 (each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
 switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
-Results are merged into DIR/eval/extrapolation.json; --attention_stats adds attention diagnostics
-(eval/attention.json).
+Results are merged into DIR/eval/extrapolation.json; --passkey adds passkey retrieval
+(eval/passkey.json), --attention_stats attention diagnostics (eval/attention.json).
 """
 from absl import app, flags
 
@@ -22,6 +22,12 @@ flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope
 flags.DEFINE_boolean("attention_stats", False, "also write each layer's and head's mean attention distance and "
                      "entropy by query position to DIR/eval/attention.json (first --attention_windows windows)")
 flags.DEFINE_integer("attention_windows", 8, "windows per length for --attention_stats")
+flags.DEFINE_boolean("passkey", False, "also score passkey retrieval (exact match by length and depth) into "
+                     "DIR/eval/passkey.json")
+flags.DEFINE_list("passkey_depths", ["0", "0.25", "0.5", "0.75", "1"], "where the key sits: 0 = start, 1 = just before the question")
+flags.DEFINE_integer("passkey_per_cell", 20, "examples per (length, depth)")
+flags.DEFINE_integer("passkey_digits", None, "digits of the key (default: the run's data.passkey_digits, else 4)")
+flags.DEFINE_integer("passkey_seed", 1234, "seed of the passkey examples")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -40,6 +46,13 @@ def main(argv):
             extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
             print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
                   f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
+        if FLAGS.passkey:
+            from experiment.passkey import evaluate_passkey
+            from experiment.run import RunDir
+            for r in evaluate_passkey(FLAGS.workdir, lengths or RunDir(FLAGS.workdir).load_config().eval.lengths,
+                                      [float(d) for d in FLAGS.passkey_depths], FLAGS.passkey_per_cell,
+                                      FLAGS.passkey_seed, FLAGS.passkey_digits, overrides=overrides):
+                print(f"passkey L={r['eval_length']:>6}  depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}")
         if FLAGS.attention_stats:
             from experiment.diagnostics import diagnose
             for r in diagnose(FLAGS.workdir, lengths, FLAGS.attention_windows, split=FLAGS.split,

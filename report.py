@@ -28,6 +28,8 @@ def main(argv):
         print(f"wrote {paths['png']} and {paths['md']}")
         for path in paths.get("attention_pngs", []):
             print(f"wrote {path}")
+        if "passkey" in paths:
+            print(f"wrote the passkey report: {', '.join(str(v) for v in paths['passkey'].values())}")
     run_cleanly(go)
 
 

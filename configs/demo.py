@@ -17,7 +17,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 0
     c.data = dict(source="builtin", name="python_docs", path="", hf_config="", text_column="text",
-                  tokenizer="byte", vocab_size=0, train_split="train")
+                  tokenizer="byte", vocab_size=0, train_split="train",
+                  passkey_fraction=0.0, passkey_digits=4)  # share of training rows that are passkey examples
     c.model = dict(num_layers=4, d_model=128, num_heads=4, mlp_dim=512, activation="gelu",
                    dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
                    tie_embeddings=True, adaptive_cutoffs=(), adaptive_factor=4, attention="auto",

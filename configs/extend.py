@@ -9,7 +9,8 @@ parameters (a fresh optimizer), with position interpolation (Chen et al. 2023), 
         --grid train.steps=25,100 --workdir runs/extend/yarn
 
 Arg: METHOD,BASE_WORKDIR[,FACTOR]. METHOD: pi (rope.pi_factor = 1/FACTOR), yarn (rope.yarn_scale =
-FACTOR from the base's length, `rope.original_length`), or plain (no rescaling). FACTOR default 4.
+FACTOR from the base's length, `rope.original_length`), or plain (no rescaling). FACTOR default 4;
+no arg means yarn,runs/extend/base.
 The recipe of both papers, scaled down: a few hundred steps (PI: 1,000 for LLaMA; YaRN: 400), a
 small learning rate, the base's data. The committed result: results/context_extension/.
 """
@@ -18,10 +19,11 @@ import ml_collections
 from configs import demo
 
 METHODS = ("pi", "yarn", "plain")
+DEFAULT_ARG = "yarn,runs/extend/base"  # the README's commands
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
-    method, _, rest = (arg or "").partition(",")
+    method, _, rest = (arg or DEFAULT_ARG).partition(",")
     base, _, factor = rest.partition(",")
     if method not in METHODS or not base:
         raise ValueError(f"configs/extend.py needs METHOD,BASE_WORKDIR[,FACTOR] with METHOD one of "

@@ -62,7 +62,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = ml_collections.ConfigDict()
     c.seed = 1
     c.data = dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-103-v1", path="",
-                  text_column="text", tokenizer="word", vocab_size=0, train_split="train")
+                  text_column="text", tokenizer="word", vocab_size=0, train_split="train",
+                  passkey_fraction=0.0, passkey_digits=4)
     c.model = dict(**SIZES[size], activation="relu",
                    dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, tie_embeddings=True,
                    adaptive_cutoffs=(20000, 60000), adaptive_factor=4, attention="auto", attention_block=512,

@@ -154,14 +154,11 @@ def _answer_pieces(fmt: _Format, tokenizer, answer: str) -> tuple[np.ndarray, np
 
 
 def min_length(tokenizer, digits: int = DEFAULT_DIGITS) -> int:
-    """The shortest `length` an example fits in (key sentence + query, no filler), over the worst
-    case of the answer's tokenization (digits all 9s or all 0s are tried; BPE may differ a token)."""
+    """The shortest `length` that fits a key sentence and the query with no filler, whatever the key:
+    exact for byte and word tokenizers, an upper bound for BPE (its digits may merge)."""
     fmt = _format(tokenizer)
-    worst = 0
-    for answer in ("9" * digits, "0" * digits, "4821"[:digits].ljust(digits, "7")):
-        cue, ans = _answer_pieces(fmt, tokenizer, answer)
-        worst = max(worst, 2 * (len(cue) + len(ans)) + len(fmt.end))
-    return worst - 1
+    space = 0 if fmt.digit_words is not None else 1  # the byte after "key" (a BPE merge at most as long)
+    return 2 * (len(fmt.cue) + space + digits) + len(fmt.end) - 1
 
 
 def _tail(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) -> np.ndarray:

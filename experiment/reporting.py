@@ -282,7 +282,8 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
 def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path,
                  paper_mode: str = "auto") -> dict:
     """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md, and
-    OUT/attention_<run>.png for runs with attention diagnostics."""
+    OUT/attention_<run>.png and the passkey report (experiment/passkey_report.py) for the runs
+    that have those results."""
     if paper_mode not in PAPER_MODES:
         raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
     out = pathlib.Path(out)
@@ -297,6 +298,11 @@ def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path,
         + "Runs: " + ", ".join(f"`{r['workdir']}` ({r['dataset']}, {r['tokenizer']})" for r in runs)
         + "\n\n" + table(runs, paper_mode))
     from experiment.diagnostics_report import write_attention_plots  # matplotlib-heavy: only here
-    return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
-            "positions_png": str(out / "loss_by_position.png"),
-            "attention_pngs": write_attention_plots(runs, out)}
+    from experiment.passkey_report import write_passkey_report
+    paths = {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
+             "positions_png": str(out / "loss_by_position.png"),
+             "attention_pngs": write_attention_plots(runs, out)}
+    with_passkey = [run["workdir"] for run in runs if RunDir(run["workdir"]).passkey_path.exists()]
+    if with_passkey:
+        paths["passkey"] = write_passkey_report(with_passkey, out)
+    return paths

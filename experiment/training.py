@@ -256,6 +256,11 @@ def train(config: ml_collections.ConfigDict, workdir: str | pathlib.Path, *,
         tokenizer, stream = _load_data(config, run)
         tx = make_optimizer(tc)
         state = init_state(config, tokenizer.vocab_size, tx, mesh)  # checks the model and its length
+        if float(config.data.get("passkey_fraction", 0.0)):  # the task fits L and the vocabulary
+            try:
+                corpora.passkey_example(tokenizer, tc.seq_len, 0.5, 0, int(config.data.get("passkey_digits", 4)))
+            except corpora.PasskeyError as e:
+                raise ConfigError(f"data.passkey_fraction: {e}") from None
         if base is not None:  # the base's parameters, a fresh optimizer (its state does not depend on them)
             params, origin = init_from.load_base_params(config, base, state[1], build_model, tokenizer.vocab_size)
             state = (state[0], params, *state[2:])
@@ -297,9 +302,16 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
         ModelConfig.from_config(config.model, tokenizer.vocab_size), tc.seq_len, tokenizer.vocab_size)
     peak = accelerator.peak_tflops()
 
+    passkey_fraction = float(config.data.get("passkey_fraction", 0.0))
+
     def batch(step):
-        read = lambda lo, hi: corpora.train_batch(stream, step, tc.batch_size, tc.seq_len, config.seed,
+        def read(lo, hi):
+            inputs, targets = corpora.train_batch(stream, step, tc.batch_size, tc.seq_len, config.seed,
                                                   rows=slice(lo, hi))
+            if passkey_fraction:  # some rows become passkey examples (corpora/passkey.py)
+                inputs, targets = corpora.mix_passkey(inputs, targets, tokenizer, passkey_fraction, step, config.seed,
+                                                      int(config.data.get("passkey_digits", 4)), rows=slice(lo, hi))
+            return inputs, targets
         return sharding.global_batch(batch_shard, (tc.batch_size, tc.seq_len), read)
 
     if start < end:  # compile first, and refuse a step that cannot fit before running it
