@@ -51,7 +51,8 @@ def dense_model(model, toks):
     return jnp.stack([d for d, _ in out]), jnp.stack([e for _, e in out])
 
 
-@pytest.mark.parametrize("name", ["alibi", "rope", "t5", "kerple_log", "cope"])
+@pytest.mark.parametrize("name", ["alibi", "rope", "cope", pytest.param("t5", marks=pytest.mark.slow),
+                                  pytest.param("kerple_log", marks=pytest.mark.slow)])
 def test_tiled_statistics_equal_the_dense_softmax(name):
     model = make_model(name)
     toks = tokens()

@@ -147,15 +147,6 @@ def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
         RunDir(tmp_path).check_config(config_util.resolve(config))
 
 
-def test_train_and_evaluate_honours_config_eval_stride(tmp_path):
-    from experiment import train_and_evaluate
-    config = tiny_config("alibi")
-    config.train.steps = 2
-    config.eval.update(dict(length_multipliers=(1, 2), stride=8, max_tokens=256))
-    summary = train_and_evaluate(config, tmp_path)
-    assert [(r["eval_length"], r["stride"]) for r in summary["eval"]] == [(16, 8), (32, 8)]
-
-
 def test_ctrl_c_during_training_saves_a_checkpoint_and_the_steps_logged_since(tmp_path):
     import signal
     proc = subprocess.Popen(

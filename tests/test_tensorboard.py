@@ -181,13 +181,15 @@ def test_tensorboard_reads_the_file(tmp_path):
 
 
 def test_training_and_evaluation_write_tensorboard_events(tmp_path):
-    from experiment import evaluate, train
+    """(and train_and_evaluate honours config.eval, stride included)"""
+    from experiment import train_and_evaluate
     from experiment.tensorboard import read_events
     from tests.conftest import tiny_config
     config = tiny_config("alibi")
     config.train.update(steps=2, log_every=1)
-    train(config, tmp_path)
-    evaluate(tmp_path, [16], max_tokens=256)
+    config.eval.update(dict(length_multipliers=(1, 2), stride=8, max_tokens=256))
+    summary = train_and_evaluate(config, tmp_path)
+    assert [(r["eval_length"], r["stride"]) for r in summary["eval"]] == [(16, 8), (32, 8)]
     scalars = {}
     for path in sorted((tmp_path / "tensorboard").glob("events.out.tfevents.*")):
         for event in read_events(path):
@@ -196,4 +198,4 @@ def test_training_and_evaluation_write_tensorboard_events(tmp_path):
     losses = [json.loads(l)["loss"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert [scalars[("train/loss", s)] for s in (1, 2)] == pytest.approx(losses, rel=1e-6)
     record = json.loads((tmp_path / "eval" / "extrapolation.json").read_text())[0]
-    assert scalars[("eval/valid/ppl_L16_first256", 2)] == pytest.approx(record["ppl"], rel=1e-6)
+    assert scalars[("eval/valid/ppl_L16_S8_first256", 2)] == pytest.approx(record["ppl"], rel=1e-6)
