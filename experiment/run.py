@@ -171,10 +171,13 @@ class RunDir:
 
     # --- tokenizer and streams ----------------------------------------------------------------
     def tokenizer(self, data_cfg, train_lines: Callable[[], list[str]] | None = None, *, write: bool = True):
-        """The run's tokenizer: read from the run directory, or built from the train split's lines
-        (`train_lines()`, byte tokenizers need none) and saved there."""
+        """The run's tokenizer: read from the run directory, or (`write`) built from the train split's
+        lines (`train_lines()`, byte tokenizers need none) and saved there."""
         if self.tokenizer_path.exists():
             return corpora.load_tokenizer(self.tokenizer_path)
+        if not write:
+            raise RunError(f"{self.tokenizer_path} is missing; the run directory is incomplete (train again "
+                           f"with the same command to rebuild it)")
         lines = train_lines() if data_cfg.tokenizer != "byte" and train_lines else None
         tokenizer = corpora.build_tokenizer(data_cfg.tokenizer, lines, data_cfg.get("vocab_size", 0))
         if write:
