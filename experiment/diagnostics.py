@@ -20,13 +20,11 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
-from experiment import distributed, sharding
-from experiment.evaluation import EVAL_POSITIONS_STREAM, _binned, _data_name, apply_overrides, eval_spec
+from experiment import distributed
+from experiment.evaluation import _binned, _data_name, apply_overrides, eval_spec, load_for_scoring, window_positions
 from experiment.run import RunDir
-from experiment.training import build_model
 from models.diagnostics import attention_statistics
 
 log = logging.getLogger(__name__)
@@ -37,38 +35,12 @@ def results_path(workdir: str | pathlib.Path) -> pathlib.Path:
 
 def load_records(workdir: str | pathlib.Path) -> list[dict]:
     """The records of WORKDIR/eval/attention.json ([] if none)."""
-    path = results_path(workdir)
-    if not path.exists():
-        return []
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path} is damaged ({e}); delete it and run the diagnostics again") from e
+    return RunDir(workdir).read_records(results_path(workdir))
 
 
-def _key(record: dict) -> tuple:
+def record_key(record: dict) -> tuple:
+    """One record per (split, eval_length, overrides)."""
     return (record.get("split"), int(record["eval_length"]), json.dumps(record.get("overrides", {}), sort_keys=True))
-
-
-def _merge(old: list[dict], new: list[dict]) -> list[dict]:
-    """A new record replaces the one with its key; records of an older checkpoint are dropped."""
-    merged = {_key(r): r for r in old}
-    merged.update({_key(r): r for r in new})
-    newest = max((int(r["step"]) for r in new), default=0)
-    stale = [r for r in merged.values() if int(r.get("step", 0)) < newest]
-    if stale:
-        log.warning("dropped %d attention record(s) of an older checkpoint (step %s)", len(stale),
-                    sorted({r.get("step") for r in stale}))
-    return sorted((r for r in merged.values() if int(r.get("step", 0)) >= newest),
-                  key=lambda r: (str(r.get("split")), r["eval_length"], _key(r)[2]))
-
-
-def _write(workdir, new: list[dict]) -> None:
-    path = results_path(workdir)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(_merge(load_records(workdir), new), indent=1))
-    tmp.replace(path)
 
 
 def first_windows(stream: np.ndarray, length: int, max_windows: int, eos_id: int) -> np.ndarray:
@@ -102,7 +74,7 @@ def diagnose(workdir: str | pathlib.Path, lengths: list[int] | None = None, max_
     with run.locked("diagnostics") if distributed.is_writer() else contextlib.nullcontext():
         records = _diagnose(run, lengths, max_windows, block, split, overrides, batch_tokens)
         if distributed.is_writer():
-            _write(run.path, records)
+            run.add_records(run.attention_path, records, key=record_key)
     return records
 
 
@@ -116,18 +88,10 @@ def _diagnose(run, lengths, max_windows, block, split, overrides, batch_tokens):
         raise ValueError(f"block must be >= 1, got {block}")
     batch_tokens = int(batch_tokens or config.eval.batch_tokens)
 
-    tokenizer = run.tokenizer(config.data, write=False)
-    model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
-    for length in lengths:
-        model.scheme.check_length(length)
-    mesh = sharding.mesh_from_config(config)
-    graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
-                          abstract_params)
-    params, _, meta = run.restore(params)
+    tokenizer, graphdef, params, meta, _, lengths = load_for_scoring(run, config, lengths, False, overrides,
+                                                                     "diagnostics")
     model = nnx.merge(graphdef, params)
     stream, _ = run.stream(config.data, split, tokenizer, write=False)
-    position_seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
 
     records = []
     for length in lengths:
@@ -141,11 +105,7 @@ def _diagnose(run, lengths, max_windows, block, split, overrides, batch_tokens):
             weights = (index < n).astype(np.float32)
             index = np.minimum(index, n - 1)
             tokens = jnp.asarray(inputs[index])
-            positions = None
-            if model.scheme.samples_positions:  # the draw `evaluate` makes for these windows
-                positions = jax.vmap(lambda w: model.scheme.sample_positions(
-                    jnp.arange(length)[None], jax.random.fold_in(position_seed, w), training=False)[0]
-                )(jnp.asarray(index, jnp.int32))
+            positions = window_positions(model.scheme, config, jnp.asarray(index, jnp.int32), length)  # as `evaluate`
             stats = jax.device_get(attention_statistics(model, tokens, positions, block, weights_B=weights))
             part = {k: np.asarray(v, np.float64) * weights.sum() for k, v in stats.items()}
             total = part if total is None else {k: total[k] + part[k] for k in total}

@@ -110,6 +110,51 @@ def parse_overrides(text: str) -> dict[str, str]:
     return dict(item.split("=", 1) for item in items)
 
 
+def load_for_scoring(run: RunDir, config, lengths: list[int], skip_impossible: bool, overrides: dict,
+                     what: str = "eval"):
+    """(tokenizer, graphdef, params, meta, mesh, lengths) of the run's newest readable checkpoint,
+    parameters on every device (whatever mesh.fsdp stored them as in training: scoring has no
+    optimizer state and needs them whole). Lengths the scheme cannot encode raise its LengthError,
+    or are dropped with a warning when `skip_impossible`. Evaluation, passkey scoring and the
+    attention diagnostics all load here."""
+    tokenizer = run.tokenizer(config.data, write=False)
+    model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
+    kept = []
+    for length in lengths:
+        try:
+            model.scheme.check_length(length)
+            kept.append(length)
+        except posenc.LengthError as e:
+            if not skip_impossible:
+                raise
+            log.warning("skipping %s length %d: %s", what, length, e)
+    mesh = sharding.mesh_from_config(config)
+    graphdef, abstract_params = nnx.split(model)
+    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
+                          abstract_params)
+    try:
+        params, _, meta = run.restore(params)
+    except ValueError as e:
+        if not overrides:
+            raise
+        raise ValueError(f"the checkpoint does not fit the model with {overrides}: an overridden option changes "
+                         f"the parameters, so it cannot change at evaluation ({str(e).splitlines()[0][:200]})") from e
+    return tokenizer, graphdef, params, meta, mesh, kept
+
+
+def window_positions(scheme, config, rows: jax.Array, length: int) -> jax.Array | None:
+    """Positions for windows `rows` (their indices in the evaluation) where the scheme samples them
+    at evaluation (randomized: each window its own draw from the run's seed, so a result does not
+    depend on batching); None otherwise (0 .. T-1)."""
+    if not scheme.samples_positions:
+        return None
+    seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
+
+    def draw(row):
+        return scheme.sample_positions(jnp.arange(length)[None], jax.random.fold_in(seed, row), training=False)[0]
+    return jax.vmap(draw)(rows)
+
+
 def evaluate(workdir: str | pathlib.Path, lengths: list[int] | None = None, stride: int | None = None,
              split: str | None = None, batch_tokens: int | None = None,
              skip_impossible: bool = False, max_tokens: int | None = None,
@@ -138,44 +183,16 @@ def _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_to
     apply_overrides(config, overrides)
     batch_tokens = batch_tokens or config.eval.batch_tokens
 
-    tokenizer = run.tokenizer(config.data, write=False)
-    model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
-    for length in list(lengths):
-        try:
-            model.scheme.check_length(length)
-        except posenc.LengthError as e:
-            if not skip_impossible:
-                raise
-            log.warning("skipping eval length %d: %s", length, e)
-            lengths.remove(length)
-    # Windows split over every device of the job; parameters on every device (whatever mesh.fsdp
-    # stored them as in training: evaluation has no optimizer state, and scoring needs them whole).
-    mesh = sharding.mesh_from_config(config)
-    graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
-                          abstract_params)
-    try:
-        params, _, meta = run.restore(params)
-    except ValueError as e:
-        if not overrides:
-            raise
-        raise ValueError(f"the checkpoint does not fit the model with {overrides}: an overridden option changes "
-                         f"the parameters, so it cannot change at evaluation ({str(e).splitlines()[0][:200]})") from e
+    tokenizer, graphdef, params, meta, mesh, lengths = load_for_scoring(run, config, lengths, skip_impossible,
+                                                                        overrides)
     stream, words = run.stream(config.data, split, tokenizer, write=distributed.is_writer())
     if max_tokens and max_tokens < len(stream):
         stream = stream[:max_tokens]
         words = corpora.count_words_in_text(tokenizer.decode(stream))
-    position_seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
-
     @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))  # sums, on every device
     def score(params, inputs, targets, weights, windows):
         model = nnx.merge(graphdef, params)
-        positions = None
-        if model.scheme.samples_positions:  # randomized: each window its own draw (see its docstring)
-            def window_positions(window):
-                key = jax.random.fold_in(position_seed, window)
-                return model.scheme.sample_positions(jnp.arange(inputs.shape[1])[None], key, training=False)[0]
-            positions = jax.vmap(window_positions)(windows)
+        positions = window_positions(model.scheme, config, windows, inputs.shape[1])
         nll = model.token_nll(inputs, targets, positions) * weights
         return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
 
@@ -186,7 +203,7 @@ def _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_to
     for length in lengths:
         s = stride or length
         batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
-                                attention_tile(config.model, type(model.scheme), length))
+                                attention_tile(config.model, posenc.get(config.posenc.name), length))
         batch = -(-batch // mesh.size) * mesh.size  # whole rows per device; every batch one shape
         windows = corpora.EvalWindows(len(stream), length, s)
         total, count = 0.0, 0.0

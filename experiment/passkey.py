@@ -28,9 +28,9 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 import posenc
 from corpora import passkey as task
 from experiment import distributed, sharding
-from experiment.evaluation import EVAL_POSITIONS_STREAM, apply_overrides, attention_tile, eval_batch_size
+from experiment.evaluation import (apply_overrides, attention_tile, eval_batch_size, load_for_scoring,
+                                   window_positions)
 from experiment.run import RunDir
-from experiment.training import build_model
 
 log = logging.getLogger(__name__)
 
@@ -102,35 +102,16 @@ def _evaluate_passkey(run, lengths, depths, per_cell, seed, digits, batch_tokens
     apply_overrides(config, overrides)
     digits = int(config.data.get("passkey_digits", task.DEFAULT_DIGITS) if digits is None else digits)
     batch_tokens = batch_tokens or config.eval.get("batch_tokens", 16384)
-    tokenizer = run.tokenizer(config.data, write=False)
-    model = nnx.eval_shape(lambda: build_model(config, tokenizer.vocab_size))
-    for length in list(lengths):
-        try:
-            model.scheme.check_length(length)
-        except posenc.LengthError as e:
-            if not skip_impossible:
-                raise
-            log.warning("skipping passkey length %d: %s", length, e)
-            lengths.remove(length)
-    # every example is built (and a too-short length refused) before the checkpoint is read
+    for length in lengths:  # a too-short length is refused before the checkpoint is read
+        task.passkey_example(run.tokenizer(config.data, write=False), length, 0.5, seed, digits)
+    tokenizer, graphdef, params, meta, mesh, lengths = load_for_scoring(run, config, list(lengths), skip_impossible,
+                                                                        overrides, "passkey")
     batches = {length: task.passkey_batch(tokenizer, length, depths, per_cell, seed, digits) for length in lengths}
-
-    mesh = sharding.mesh_from_config(config)
-    graphdef, abstract_params = nnx.split(model)
-    params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
-                          abstract_params)
-    params, _, meta = run.restore(params)
-    position_seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
 
     @functools.partial(jax.jit, out_shardings=NamedSharding(mesh, P()))  # every host gets every row
     def predict(params, inputs, rows):
         model = nnx.merge(graphdef, params)
-        positions = None
-        if model.scheme.samples_positions:  # randomized: each example its own draw, as evaluation does
-            def example_positions(row):
-                key = jax.random.fold_in(position_seed, row)
-                return model.scheme.sample_positions(jnp.arange(inputs.shape[1])[None], key, training=False)[0]
-            positions = jax.vmap(example_positions)(rows)
+        positions = window_positions(model.scheme, config, rows, inputs.shape[1])  # randomized: per example
         return jnp.argmax(model(inputs, positions), axis=-1).astype(jnp.int32)
 
     batch_sharding = sharding.batch_sharding(mesh)
@@ -143,7 +124,7 @@ def _evaluate_passkey(run, lengths, depths, per_cell, seed, digits, batch_tokens
     results = []
     for length, batch in batches.items():
         size = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
-                               attention_tile(config.model, type(model.scheme), length))
+                               attention_tile(config.model, posenc.get(config.posenc.name), length))
         size = min(size, len(batch))
         size = -(-size // mesh.size) * mesh.size  # whole rows per device; every call one shape
 
@@ -174,37 +155,9 @@ def record_key(record: dict) -> tuple:
 
 
 def load_passkey_results(workdir: str | pathlib.Path) -> list[dict]:
-    path = results_path(workdir)
-    if not path.exists():
-        return []
-    try:
-        return json.loads(path.read_text())
-    except ValueError as e:
-        raise ValueError(f"{path} is damaged ({e}); delete it and evaluate again") from e
-
-
-def merge_records(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(merged, stale): a new record replaces the one with its key; records of a checkpoint older
-    than the newest one merged are dropped (the run trained on since)."""
-    merged = {record_key(r): r for r in old}
-    merged.update({record_key(r): r for r in new})
-    newest = max((int(r.get("step", 0)) for r in new), default=None)
-    kept, stale = [], []
-    for r in merged.values():
-        (stale if newest is not None and int(r.get("step", 0)) < newest else kept).append(r)
-    kept.sort(key=record_key)
-    return kept, stale
+    return RunDir(workdir).read_records(results_path(workdir))
 
 
 def add_passkey_results(workdir: str | pathlib.Path, new: list[dict]) -> list[dict]:
-    """Merge `new` into WORKDIR/eval/passkey.json, written atomically."""
-    merged, stale = merge_records(load_passkey_results(workdir), new)
-    path = results_path(workdir)
-    if stale:
-        log.warning("dropped %d passkey record(s) of an older checkpoint (step %s) from %s", len(stale),
-                    sorted({r.get("step") for r in stale}), path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(merged, indent=1))
-    tmp.replace(path)
-    return merged
+    """Merge `new` into WORKDIR/eval/passkey.json (experiment/records.merge with `record_key`)."""
+    return RunDir(workdir).add_records(results_path(workdir), new, key=record_key)

@@ -43,15 +43,16 @@ def tensorboard_tag(record: dict) -> str:
     return tag + "".join(f"_{k.split('.')[-1]}={v}" for k, v in sorted(json.loads(overrides).items()))
 
 
-def merge(old: list[dict], new: list[dict]) -> tuple[list[dict], list[dict]]:
-    """(merged records, dropped stale records). A new record replaces the one with its key; records
-    from a checkpoint older than the newest one merged are dropped (stale: the run trained on since),
-    so every record kept comes from one checkpoint."""
-    merged = {record_key(r): r for r in old}
-    merged.update({record_key(r): r for r in new})
+def merge(old: list[dict], new: list[dict], key=record_key) -> tuple[list[dict], list[dict]]:
+    """(merged records, dropped stale records). A new record replaces the one with its `key`;
+    records from a checkpoint older than the newest one merged are dropped (stale: the run trained
+    on since), so every record kept comes from one checkpoint. Every kind of record (perplexity,
+    passkey, attention) merges here, each with its own key."""
+    merged = {key(r): r for r in old}
+    merged.update({key(r): r for r in new})
     newest = max((int(r.get("step", 0)) for r in new), default=None)
     kept, stale = [], []
     for r in merged.values():
         (stale if newest is not None and int(r.get("step", 0)) < newest else kept).append(r)
-    kept.sort(key=lambda r: (str(r.get("split")), r["eval_length"], r["stride"]))
+    kept.sort(key=lambda r: tuple(str(x) for x in key(r)))
     return kept, stale

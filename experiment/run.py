@@ -260,27 +260,35 @@ class RunDir:
         self.metrics_path.write_text("".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
-    def results(self) -> list[dict]:
-        if not self.results_path.exists():
+    def read_records(self, path: pathlib.Path) -> list[dict]:
+        """The records of one results file under eval/ ([] if none)."""
+        if not path.exists():
             return []
         try:
-            return json.loads(self.results_path.read_text())
+            return json.loads(path.read_text())
         except ValueError as e:
-            raise RunError(f"{self.results_path} is damaged ({e}); delete it and evaluate again") from e
+            raise RunError(f"{path} is damaged ({e}); delete it and evaluate again") from e
+
+    def add_records(self, path: pathlib.Path, new: list[dict], key=records.record_key) -> list[dict]:
+        """Merge `new` records into `path` (experiment/records.py: same key replaces; older
+        checkpoints' records are dropped with a warning); written atomically."""
+        merged, stale = records.merge(self.read_records(path), new, key)
+        if stale:
+            log.warning("dropped %d record(s) of an older checkpoint (step %s) from %s; evaluate again to "
+                        "have them for step %s", len(stale), sorted({r.get("step") for r in stale}), path,
+                        new[0].get("step"))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = path.with_suffix(".tmp")
+        tmp.write_text(json.dumps(merged, indent=1))
+        tmp.replace(path)
+        return merged
+
+    def results(self) -> list[dict]:
+        """The perplexity records (eval/extrapolation.json)."""
+        return self.read_records(self.results_path)
 
     def add_results(self, new: list[dict]) -> list[dict]:
-        """Merge `new` records (experiment/records.py: same key replaces; older checkpoints' records
-        are dropped with a warning); written atomically."""
-        merged, stale = records.merge(self.results(), new)
-        if stale:
-            log.warning("dropped %d evaluation record(s) of an older checkpoint (step %s) from %s; evaluate "
-                        "again to have them for step %s", len(stale), sorted({r.get("step") for r in stale}),
-                        self.results_path, new[0].get("step"))
-        self.results_path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.results_path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        tmp.replace(self.results_path)
-        return merged
+        return self.add_records(self.results_path, new)
 
 
 @contextlib.contextmanager
