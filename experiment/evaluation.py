@@ -196,50 +196,57 @@ def _evaluate(run, lengths, stride, split, batch_tokens, skip_impossible, max_to
         nll = model.token_nll(inputs, targets, positions) * weights
         return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
 
-    batch_sharding = sharding.batch_sharding(mesh)
     writer = distributed.is_writer()
-
     results = []
-    for length in lengths:
-        s = stride or length
-        batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
-                                attention_tile(config.model, posenc.get(config.posenc.name), length))
-        batch = -(-batch // mesh.size) * mesh.size  # whole rows per device; every batch one shape
-        windows = corpora.EvalWindows(len(stream), length, s)
-        total, count = 0.0, 0.0
-        pos_nll, pos_count = np.zeros(length), np.zeros(length)
-        t0 = time.perf_counter()
-        for index, (inputs, targets, weights) in enumerate(tqdm(
-                corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
-                total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
-                unit="batch", dynamic_ncols=True, disable=None if writer else True, leave=False)):
-            window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
-            arrays = sharding.global_batch(
-                batch_sharding, inputs.shape,
-                lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
-            nll_sum, nll_pos, w_pos = jax.device_get(score(params, *arrays))
-            total += float(nll_sum)
-            pos_nll += nll_pos
-            pos_count += w_pos
-            count += float(w_pos.sum())
-        elapsed = time.perf_counter() - t0
-        nll = total / count
-        record = {"scheme": config.posenc.name, "train_length": int(config.train.seq_len),
-                  "eval_length": length, "stride": s, "split": split, "tokens": int(count),
-                  "nll": nll, "ppl": math.exp(nll), "tokenizer": tokenizer.kind,
-                  "step": int(meta["step"]), "tokens_per_s": count / elapsed,
-                  "max_tokens": int(max_tokens), "data": _data_name(config.data),
-                  **({"overrides": overrides} if overrides else {}),
-                  "position_nll": _binned(pos_nll, pos_count)}
-        if tokenizer.kind != "word":
-            record.update(words=words, word_ppl=math.exp(total / words))
-        log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
-        results.append(record)
-        if writer:
-            run.add_results([record])  # each length kept as it finishes
-            with EventWriter(run.tensorboard_dir) as board:
-                board.scalar(records.tensorboard_tag(record), record["ppl"], record["step"])
+    with EventWriter(run.tensorboard_dir) if writer else contextlib.nullcontext() as board:
+        for length in lengths:
+            results.append(_score_length(run, config, length, stride, split, max_tokens, overrides, tokenizer,
+                                         stream, words, params, meta, mesh, score, batch_tokens, board))
     return results
+
+
+def _score_length(run, config, length, stride, split, max_tokens, overrides, tokenizer, stream, words,
+                  params, meta, mesh, score, batch_tokens, board) -> dict:
+    """One evaluation length: its record, written (with its TensorBoard scalar) by the writer."""
+    batch_sharding = sharding.batch_sharding(mesh)
+    writer = board is not None
+    s = stride or length
+    batch = eval_batch_size(length, tokenizer.vocab_size, config.model.num_heads, batch_tokens,
+                            attention_tile(config.model, posenc.get(config.posenc.name), length))
+    batch = -(-batch // mesh.size) * mesh.size  # whole rows per device; every batch one shape
+    windows = corpora.EvalWindows(len(stream), length, s)
+    total, count = 0.0, 0.0
+    pos_nll, pos_count = np.zeros(length), np.zeros(length)
+    t0 = time.perf_counter()
+    for index, (inputs, targets, weights) in enumerate(tqdm(
+            corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
+            total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
+            unit="batch", dynamic_ncols=True, disable=None if writer else True, leave=False)):
+        window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
+        arrays = sharding.global_batch(
+            batch_sharding, inputs.shape,
+            lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
+        nll_sum, nll_pos, w_pos = jax.device_get(score(params, *arrays))
+        total += float(nll_sum)
+        pos_nll += nll_pos
+        pos_count += w_pos
+        count += float(w_pos.sum())
+    elapsed = time.perf_counter() - t0
+    nll = total / count
+    record = {"scheme": config.posenc.name, "train_length": int(config.train.seq_len),
+              "eval_length": length, "stride": s, "split": split, "tokens": int(count),
+              "nll": nll, "ppl": math.exp(nll), "tokenizer": tokenizer.kind,
+              "step": int(meta["step"]), "tokens_per_s": count / elapsed,
+              "max_tokens": int(max_tokens), "data": _data_name(config.data),
+              **({"overrides": overrides} if overrides else {}),
+              "position_nll": _binned(pos_nll, pos_count)}
+    if tokenizer.kind != "word":
+        record.update(words=words, word_ppl=math.exp(total / words))
+    log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
+    if writer:
+        run.add_results([record])  # each length kept as it finishes
+        board.scalar(records.tensorboard_tag(record), record["ppl"], record["step"])
+    return record
 
 
 def _data_name(data) -> str:

@@ -73,9 +73,8 @@ def load_base_params(config, base: RunDir, params, build_model, vocab_size: int)
 
 
 def record(run: RunDir, origin: dict) -> None:
-    (run.path / "init_from.json").write_text(json.dumps(origin, indent=1))
+    run.init_from_path.write_text(json.dumps(origin, indent=1))
 
 
 def origin_of(run: RunDir) -> dict | None:
-    path = run.path / "init_from.json"
-    return json.loads(path.read_text()) if path.exists() else None
+    return json.loads(run.init_from_path.read_text()) if run.init_from_path.exists() else None

@@ -102,8 +102,9 @@ def _evaluate_passkey(run, lengths, depths, per_cell, seed, digits, batch_tokens
     apply_overrides(config, overrides)
     digits = int(config.data.get("passkey_digits", task.DEFAULT_DIGITS) if digits is None else digits)
     batch_tokens = batch_tokens or config.eval.get("batch_tokens", 16384)
+    tokenizer = run.tokenizer(config.data, write=False)
     for length in lengths:  # a too-short length is refused before the checkpoint is read
-        task.passkey_example(run.tokenizer(config.data, write=False), length, 0.5, seed, digits)
+        task.passkey_example(tokenizer, length, 0.5, seed, digits)
     tokenizer, graphdef, params, meta, mesh, lengths = load_for_scoring(run, config, list(lengths), skip_impossible,
                                                                         overrides, "passkey")
     batches = {length: task.passkey_batch(tokenizer, length, depths, per_cell, seed, digits) for length in lengths}

@@ -10,6 +10,7 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/eval/extrapolation.json   evaluation records (experiment/records.py says what is one)
     WORKDIR/eval/attention.json, eval/passkey.json   attention diagnostics, passkey retrieval
     WORKDIR/tensorboard/         the same metrics and records as TensorBoard event files
+    WORKDIR/init_from.json       the run this one started from, if any
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
 The lock is an OS lock on an open file (flock), which the kernel drops when its process dies, so a
@@ -69,8 +70,12 @@ class RunDir:
     def tokenizer_path(self) -> pathlib.Path:
         return self.path / "tokenizer.json"
 
+    @property
+    def streams_dir(self) -> pathlib.Path:
+        return self.path / "streams"
+
     def stream_path(self, split: str) -> pathlib.Path:
-        return self.path / "streams" / f"{split}.npy"
+        return self.streams_dir / f"{split}.npy"
 
     @property
     def checkpoints_dir(self) -> pathlib.Path:
@@ -98,6 +103,11 @@ class RunDir:
     def tensorboard_dir(self) -> pathlib.Path:
         """TensorBoard event files (experiment/tensorboard.py), a view of metrics.jsonl and the records."""
         return self.path / "tensorboard"
+
+    @property
+    def init_from_path(self) -> pathlib.Path:
+        """Where a run started from another's parameters records that run (experiment/init_from.py)."""
+        return self.path / "init_from.json"
 
     @property
     def lock_path(self) -> pathlib.Path:
@@ -148,8 +158,8 @@ class RunDir:
         config.json left behind (its tokenizer or streams may come from other data)."""
         if self.exists():
             return
-        for name in ("tokenizer.json", "streams", "checkpoints", "metrics.jsonl", "eval"):
-            target = self.path / name
+        for target in (self.tokenizer_path, self.streams_dir, self.checkpoints_dir, self.metrics_path,
+                       self.results_path.parent, self.tensorboard_dir, self.init_from_path):
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
