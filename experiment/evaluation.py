@@ -53,6 +53,9 @@ def attention_tile(model_cfg, scheme_cls, length: int) -> int | None:
     """The key-tile width attention will use at this length (None: dense, full rows)."""
     block = model_cfg.get("attention_block", 512)
     path = attention_path(model_cfg.get("attention", "auto"), block, scheme_cls, length)
+    if path == "pallas":
+        from models.pallas_attention import BLOCK
+        return BLOCK
     return block if path == "blockwise" else None
 
 

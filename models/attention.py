@@ -60,14 +60,17 @@ def is_long(length: int, block: int) -> bool:
 
 
 def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], length: int, *,
-                   dropping: bool = False, triangular: bool = False) -> str:
+                   dropping: bool = False, triangular: bool = False, pallas: bool = False) -> str:
     """The attention implementation for one sequence length: `kind` ('auto' or an explicit
-    model.attention) resolved to 'dense' | 'triangular' | 'blockwise' | 'fused'. 'auto' takes
-    blockwise for long sequences (`is_long`) unless attention dropout is on or the scheme needs
+    model.attention) resolved to 'dense' | 'triangular' | 'blockwise' | 'fused' | 'pallas'. 'auto'
+    takes the Pallas kernel where `pallas` (on GPU, for a scheme it expresses: any length, dropout
+    included), else blockwise for long sequences (`is_long`) unless attention dropout is on or the scheme needs
     whole rows; otherwise the triangular path where `triangular` (it supports the scheme and the
     scheme does no per-key work), else dense. The decoder and the evaluation batch policy both ask here."""
     if kind != "auto":
         return kind
+    if pallas:
+        return "pallas"
     if is_long(length, block) and not dropping and not needs_whole_rows(scheme):
         return "blockwise"
     if triangular and not scheme.bias_work_per_key:

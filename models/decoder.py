@@ -23,12 +23,13 @@ from models.attention import (
     fused_attention,
     is_long,
 )
+from models import pallas_attention as pallas
 from models.triangular import supports as triangular_supports
 from models.triangular import triangular_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused")
+ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -45,10 +46,11 @@ class ModelConfig:
     tie_embeddings: bool = True
     adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
     adaptive_factor: int = 4        # band i has width d_model / factor**i
-    attention: str = "auto"         # auto | dense | triangular | blockwise | fused; auto = blockwise
-                                    # beyond 2 blocks (unless dropping out), else triangular where the
-                                    # scheme allows it (and its bias does no work per key), else dense.
-                                    # fused = jax.nn.dot_product_attention
+    attention: str = "auto"         # auto | dense | triangular | blockwise | fused | pallas; auto = pallas
+                                    # on GPU where the scheme allows it, else blockwise beyond 2 blocks
+                                    # (unless dropping out), else triangular where the scheme allows it
+                                    # (and its bias does no work per key), else dense.
+                                    # fused = jax.nn.dot_product_attention; pallas = models/pallas_attention.py
     attention_block: int = 512      # tile size of blockwise attention (and of the MLP, evaluating long)
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
@@ -102,10 +104,16 @@ class Attention(nnx.Module):
         qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
         dropping = key is not None and self.cfg.attention_dropout > 0
+        auto = self.cfg.attention == "auto"
         kind = attention_path(self.cfg.attention, self.cfg.attention_block, self.scheme, t, dropping=dropping,
-                              triangular=self.cfg.attention == "auto"
-                              and triangular_supports(self.scheme, positions_BxT, positions_BxT))
-        if kind == "fused":
+                              triangular=auto and triangular_supports(self.scheme, positions_BxT, positions_BxT),
+                              pallas=auto and not pallas.interpreted()
+                              and pallas.supports(self.scheme, positions_BxT, positions_BxT)
+                              and pallas.available(self.scheme, q.dtype))
+        if kind == "pallas":
+            out = pallas.pallas_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
+                                          self.cfg.attention_dropout, key)
+        elif kind == "fused":
             if dropping:
                 raise ValueError("model.attention=fused does not implement attention dropout; "
                                  "set --config.model.attention=dense (or auto) for training with it")

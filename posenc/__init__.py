@@ -2,7 +2,7 @@
 
 Importing this package registers every scheme family below.
 """
-from posenc.base import (LengthError, ModelDims, Scheme, build, check_option_key, default_config, get,
+from posenc.base import (BiasFunction, LengthError, ModelDims, Scheme, build, check_option_key, default_config, get,
                          names, register, used_schemes)
 from posenc.absolute import fairseq_sinusoidal_table, sinusoidal_table
 from posenc.rotary import (apply_rotary, rope_inverse_frequencies, scaled_inverse_frequencies,
@@ -14,7 +14,7 @@ from posenc.hierarchical import hierarchical_positions
 from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their schemes)
 
 __all__ = [
-    "LengthError", "ModelDims", "Scheme", "build", "check_option_key", "default_config", "get", "names",
+    "BiasFunction", "LengthError", "ModelDims", "Scheme", "build", "check_option_key", "default_config", "get", "names",
     "register", "used_schemes",
     "sinusoidal_table", "fairseq_sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
     "xpos_zeta", "yarn_logit_scale", "yarn_mscale", "alibi_slopes", "t5_relative_position_bucket",

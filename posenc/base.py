@@ -9,9 +9,10 @@ attention can call it per tile without a full T x T matrix ever existing outside
 from __future__ import annotations
 
 import dataclasses
-from typing import Any, ClassVar
+from typing import Any, Callable, ClassVar
 
 import jax
+import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
@@ -37,6 +38,37 @@ def check_table_length(scheme_name: str, rows: int, length: int, detail: str = "
             f"positional scheme {scheme_name!r}{detail} has a table of {rows} positions but length {length} "
             f"was requested; train with --config.posenc.{scheme_name}.max_length={length} (or larger), "
             f"or evaluate at lengths <= {rows}")
+
+
+@dataclasses.dataclass(frozen=True)
+class BiasFunction:
+    """An additive logits bias as a function of positions, for kernels that compute it tile by tile
+    and never materialise it (models/pallas_attention.py).
+
+    `fn(shared, head, q_pos_Qx1, k_pos_1xS) -> Q x S` (float32) is the bias of one head: `shared`
+    is the pytree `shared` as given, `head` the pytree `per_head` with every leaf sliced at one head
+    (each `per_head` leaf has a leading axis of length num_heads). Leaves reach `fn` at least 1-d
+    (a scalar as shape (1,), one head's scalar as (1,)), so write `fn` with broadcasting. `fn` must
+    be elementwise arithmetic on its position arguments (no gathers, no per-key reductions: it runs
+    inside a GPU kernel) and depend on the leaves only (not on arrays it closes over). Where
+    `learned`, the kernel returns the leaves' gradients, through which the scheme's parameters get
+    theirs; parameter-free biases set it False and skip that work.
+    """
+    fn: Callable
+    shared: Any = ()
+    per_head: Any = ()
+    learned: bool = True
+
+    def dense(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
+        """The whole bias, B x H x T x S, one head at a time (to check `fn` against `Scheme.bias`)."""
+        lift = lambda x: jnp.reshape(x, (1,)) if jnp.ndim(x) == 0 else x
+        shared = jax.tree.map(lift, self.shared)
+        num_heads = len(jax.tree.leaves(self.per_head)[0]) if jax.tree.leaves(self.per_head) else 1
+        heads = []
+        for h in range(num_heads):
+            head = jax.tree.map(lambda x: lift(x[h]), self.per_head)
+            heads.append(jax.vmap(lambda q, k: self.fn(shared, head, q[:, None], k[None, :]))(q_pos_BxT, k_pos_BxS))
+        return jnp.stack(heads, axis=1).astype(jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -76,6 +108,12 @@ class Scheme(nnx.Module):
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
         """Additive logits bias for one tile, broadcastable to B x H x T x S (after 1/sqrt(d))."""
+        return None
+
+    def bias_fn(self) -> BiasFunction | None:
+        """The same bias as `bias`, as a function of positions that a fused kernel evaluates per tile
+        (see BiasFunction); None where the scheme has no bias or does not provide one. It must equal
+        `bias` (tests/test_pallas_attention.py checks every scheme that provides it)."""
         return None
 
     def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS) -> jax.Array | None:

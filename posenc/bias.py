@@ -8,7 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
+from posenc.base import BiasFunction, ModelDims, Scheme, register
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -42,6 +42,14 @@ class ALiBi(Scheme):
         slopes_H = jnp.asarray(alibi_slopes(self.dims.num_heads), jnp.float32)
         distance_BxTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :]).astype(jnp.float32)
         return -slopes_H[None, :, None, None] * distance_BxTxS[:, None, :, :]
+
+    def bias_fn(self):
+        slopes_H = jnp.asarray(alibi_slopes(self.dims.num_heads), jnp.float32)
+        return BiasFunction(_alibi_tile, per_head=slopes_H, learned=False)
+
+
+def _alibi_tile(shared, slope, q_pos_Qx1, k_pos_1xS):
+    return -slope * (q_pos_Qx1 - k_pos_1xS).astype(jnp.float32)
 
 
 def t5_relative_position_bucket(relative_position, bidirectional: bool = True,
@@ -96,3 +104,16 @@ class T5Bias(Scheme):
             k_pos_BxS[:, None, :] - q_pos_BxT[:, :, None], self.options.bidirectional,
             self.options.num_buckets, self.options.max_distance)
         return jnp.moveaxis(jnp.take(self.table[...], buckets_BxTxS, axis=0), -1, 1)
+
+    def bias_fn(self):
+        o = self.options
+
+        def tile(shared, table_N, q_pos_Qx1, k_pos_1xS):
+            buckets = t5_relative_position_bucket(k_pos_1xS - q_pos_Qx1, o.bidirectional, o.num_buckets,
+                                                  o.max_distance)
+            # the lookup as a sum of selects: no gather inside a kernel; its vjp is one masked sum per bucket
+            out = jnp.zeros(buckets.shape, jnp.float32)
+            for n in range(o.num_buckets):
+                out = out + jnp.where(buckets == n, table_N[n], 0.0)
+            return out
+        return BiasFunction(tile, per_head=self.table[...].T)

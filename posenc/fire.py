@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
+from posenc.base import BiasFunction, ModelDims, Scheme, register
 
 
 @dataclasses.dataclass(frozen=True)
@@ -68,10 +68,7 @@ class Fire(Scheme):
 
     def normalized_distance(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
         """psi(i - j) / (psi(max(L, i)) + eps), B x T x S."""
-        c = self.c[...]
-        distance = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :]).astype(jnp.float32)
-        query = jnp.maximum(q_pos_BxT.astype(jnp.float32), self.threshold())
-        return jnp.log1p(jnp.abs(c * distance)) / (jnp.log1p(jnp.abs(c * query)) + self.eps)[:, :, None]
+        return normalized_distance(self.c[...], self.threshold(), q_pos_BxT[:, :, None], k_pos_BxS[:, None, :])
 
     def mlp(self, x: jax.Array) -> jax.Array:
         """f_theta on every element of x (any shape ...), ... -> H x ... (heads first).
@@ -89,3 +86,22 @@ class Fire(Scheme):
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         x_BxTxS = self.normalized_distance(q_pos_BxT, k_pos_BxS)
         return jnp.moveaxis(self.mlp(x_BxTxS), 0, 1)
+
+    def bias_fn(self):
+        def tile(shared, head, q_pos_Qx1, k_pos_1xS):
+            c, threshold, w1, b1 = shared
+            w2, b2 = head
+            x = normalized_distance(c, threshold, q_pos_Qx1, k_pos_1xS)
+            out = jnp.broadcast_to(b2, x.shape)
+            for u in range(w1.shape[0]):  # the same order of summation as `mlp`
+                out = out + w2[u] * jax.nn.relu(w1[u] * x + b1[u])
+            return out
+        shared = (self.c[...], self.threshold(), self.w1[...], self.b1[...])
+        return BiasFunction(tile, shared=shared, per_head=(self.w2[...].T, self.b2[...]))
+
+
+def normalized_distance(c: jax.Array, threshold: jax.Array, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:
+    """psi(i - j) / (psi(max(L, i)) + eps), psi(x) = log(|c x| + 1), for broadcasting position arrays."""
+    distance = (q_pos - k_pos).astype(jnp.float32)
+    query = jnp.maximum(q_pos.astype(jnp.float32), threshold)
+    return jnp.log1p(jnp.abs(c * distance)) / (jnp.log1p(jnp.abs(c * query)) + Fire.eps)

@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
+from posenc.base import BiasFunction, ModelDims, Scheme, register
 
 
 def inverse_softplus(y: jax.Array) -> jax.Array:
@@ -78,6 +78,12 @@ class KerpleLog(Scheme):
         distance = head_distances(q_pos_BxT, k_pos_BxS)
         return -r1_H[:, None, None] * jnp.log1p(r2_H[:, None, None] * distance)
 
+    def bias_fn(self):
+        def tile(shared, head, q_pos_Qx1, k_pos_1xS):
+            r1, r2 = head
+            return -r1 * jnp.log1p(r2 * jnp.abs(q_pos_Qx1 - k_pos_1xS).astype(jnp.float32))
+        return BiasFunction(tile, per_head=self.coefficients())
+
 
 @register("kerple_power")
 class KerplePower(Scheme):
@@ -111,8 +117,16 @@ class KerplePower(Scheme):
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         r1_H, r2_H = self.coefficients()
-        distance = head_distances(q_pos_BxT, k_pos_BxS)
-        # d^r2 = exp(r2 log d) for d > 0 and 0 at d = 0, without a log(0) in the gradient.
-        safe_log = jnp.log(jnp.where(distance > 0, distance, 1.0))
-        power = jnp.where(distance > 0, jnp.exp(r2_H[:, None, None] * safe_log), 0.0)
-        return -r1_H[:, None, None] * power
+        return -r1_H[:, None, None] * _power(head_distances(q_pos_BxT, k_pos_BxS), r2_H[:, None, None])
+
+    def bias_fn(self):
+        def tile(shared, head, q_pos_Qx1, k_pos_1xS):
+            r1, r2 = head
+            return -r1 * _power(jnp.abs(q_pos_Qx1 - k_pos_1xS).astype(jnp.float32), r2)
+        return BiasFunction(tile, per_head=self.coefficients())
+
+
+def _power(distance: jax.Array, exponent: jax.Array) -> jax.Array:
+    """d^r = exp(r log d) for d > 0 and 0 at d = 0, without a log(0) in the gradient."""
+    safe_log = jnp.log(jnp.where(distance > 0, distance, 1.0))
+    return jnp.where(distance > 0, jnp.exp(exponent * safe_log), 0.0)

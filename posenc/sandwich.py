@@ -7,7 +7,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc.base import Scheme, register
+from posenc.base import BiasFunction, Scheme, register
 
 
 def sandwich_compression(num_heads: int) -> np.ndarray:
@@ -95,3 +95,11 @@ class Sandwich(Scheme):
             lambda d: sinusoid_inner_product(d, self.dim, self.options.base), q_pos_BxT, k_pos_BxS)
         ratio_H = jnp.asarray(sandwich_compression(self.dims.num_heads), jnp.float32)
         return (inner_BxTxS[:, None] - self.dim / 2) / ratio_H[None, :, None, None]
+
+    def bias_fn(self):
+        dim, base = self.dim, self.options.base
+
+        def tile(shared, ratio, q_pos_Qx1, k_pos_1xS):
+            return (sinusoid_inner_product(q_pos_Qx1 - k_pos_1xS, dim, base) - dim / 2) / ratio
+        return BiasFunction(tile, per_head=jnp.asarray(sandwich_compression(self.dims.num_heads), jnp.float32),
+                            learned=False)

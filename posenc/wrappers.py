@@ -47,6 +47,9 @@ class Wrapper(Scheme):
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         return self.inner.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
 
+    def bias_fn(self):
+        return self.inner.bias_fn()
+
     def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS):
         return self.inner.value_bias(probs_BxHxTxS, q_pos_BxT, k_pos_BxS)
 

@@ -1,0 +1,126 @@
+"""The Pallas attention kernel (models/pallas_attention.py), run in Pallas' interpreter on CPU:
+equal to dense attention, forward and gradients (inputs and the bias's learned parameters), for
+every scheme that provides `bias_fn`, for rotations without a bias, and with dropout."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import posenc
+from models import DecoderLM, ModelConfig
+from models.attention import dense_attention
+from models.pallas_attention import keep_mask, pallas_attention, supports
+
+B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
+# small option values keep the interpreter's compile time down; the formulas are the same
+SMALL = {"t5": {"num_buckets": 8, "max_distance": 16}, "fire": {"hidden": 4, "threshold_init": 8.0},
+         "sandwich": {"dim": 8}}
+
+
+def _scheme(name: str, train_length: int = 16):
+    cfg = posenc.default_config(name)
+    for key, value in SMALL.get(name, {}).items():
+        cfg[name][key] = value
+    dims = posenc.ModelDims(d_model=H * K, num_heads=H, head_dim=K, num_layers=1, train_length=train_length)
+    return posenc.build(cfg, dims, rngs=nnx.Rngs(0))
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(3))
+    # rows at different offsets, with a gap: positions feed only the bias, the order is the index's
+    pos = jnp.asarray(np.stack([np.arange(T), 5 + np.arange(T) + (np.arange(T) >= 9) * 3]), jnp.int32)
+    return q, k, v, pos
+
+
+BIAS_SCHEMES = [n for n in posenc.names() if _scheme(n).bias_fn() is not None]
+
+
+def test_every_additive_bias_scheme_provides_its_bias_as_a_function():
+    assert {"alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"} <= set(BIAS_SCHEMES)
+
+
+@pytest.mark.parametrize("name", BIAS_SCHEMES)
+def test_bias_function_equals_the_tile_bias(name):
+    scheme = _scheme(name)
+    _, _, _, pos = _inputs()
+    probe = jnp.zeros((B, T, H, K), jnp.float32)
+    np.testing.assert_allclose(scheme.bias_fn().dense(pos, pos),
+                               np.broadcast_to(scheme.bias(probe, probe, pos, pos), (B, H, T, T)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _loss(attend, graphdef, state, q, k, v, pos):
+    out = attend(q, k, v, pos, pos, nnx.merge(graphdef, state))
+    return (out * jnp.sin(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))).sum()
+
+
+def _dense(q, k, v, q_pos, k_pos, scheme):
+    return dense_attention(q, k, v, q_pos, k_pos, scheme, jnp.tril(jnp.ones((T, T), bool)))
+
+
+def _kernel(q, k, v, q_pos, k_pos, scheme):
+    return pallas_attention(q, k, v, q_pos, k_pos, scheme, block=BLOCK, interpret=True)
+
+
+@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn"])
+def test_kernel_equals_dense_attention_forward_and_gradients(name):
+    scheme = _scheme(name)
+    q, k, v, pos = _inputs()
+    graphdef, state = nnx.split(scheme)
+    outs, grads = {}, {}
+    for label, attend in (("dense", _dense), ("kernel", _kernel)):
+        outs[label], grads[label] = jax.jit(jax.value_and_grad(
+            lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(state, q, k, v, pos)
+    np.testing.assert_allclose(outs["kernel"], outs["dense"], rtol=1e-5, atol=1e-5)
+    flat_dense, flat_kernel = jax.tree.leaves(grads["dense"]), jax.tree.leaves(grads["kernel"])
+    assert len(flat_dense) == len(flat_kernel) >= 3
+    for want, got in zip(flat_dense, flat_kernel):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(jnp.abs(want).max())))
+    if jax.tree.leaves(state):  # the learned parameters of the bias get (non-zero) gradients
+        assert any(float(jnp.abs(g).max()) > 1e-4 for g in jax.tree.leaves(grads["kernel"][0]))
+
+
+def test_kernel_dropout_is_the_dense_softmax_under_the_kernels_own_mask():
+    scheme, rate = _scheme("kerple_log"), 0.3
+    q, k, v, pos = _inputs(1)
+    key = jax.random.key(7)
+    seed = jax.random.bits(key, (1,), jnp.uint32)[0]
+    b, h = np.meshgrid(np.arange(B), np.arange(H), indexing="ij")
+    keep = jax.vmap(lambda b, h: keep_mask(seed, b, h, H, jnp.arange(T)[:, None], jnp.arange(T)[None, :], rate))(
+        jnp.asarray(b.ravel()), jnp.asarray(h.ravel())).reshape(B, H, T, T)
+    assert abs(float(keep.mean()) - (1 - rate)) < 0.05
+
+    def reference(q, k, v, q_pos, k_pos, scheme):
+        s = jnp.einsum("bthk,bshk->bhts", q, k) * K ** -0.5 + scheme.bias(q, k, q_pos, k_pos)
+        p = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -1e30), axis=-1)
+        return jnp.einsum("bhts,bshk->bthk", jnp.where(keep, p / (1 - rate), 0.0), v)
+
+    def kernel(q, k, v, q_pos, k_pos, scheme):
+        return pallas_attention(q, k, v, q_pos, k_pos, scheme, rate, key, block=BLOCK, interpret=True)
+
+    graphdef, state = nnx.split(scheme)
+    results = [jax.jit(jax.value_and_grad(lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(
+        state, q, k, v, pos) for attend in (reference, kernel)]
+    for want, got in zip(*(jax.tree.leaves(r) for r in results)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(jnp.abs(want).max())))
+
+
+def test_schemes_the_kernel_cannot_express_are_refused():
+    _, _, _, pos = _inputs()
+    for name in ("shaw", "cope", "deberta"):  # a bias from the content, a value term, whole rows
+        assert not supports(_scheme(name), pos, pos)
+    q, k, v, pos = _inputs()
+    with pytest.raises(ValueError, match="model.attention=pallas cannot express"):
+        pallas_attention(q, k, v, pos, pos, _scheme("shaw"), interpret=True)
+
+
+def test_decoder_with_pallas_attention_equals_dense():
+    cfg = dict(vocab_size=50, num_layers=1, d_model=16, num_heads=2, mlp_dim=32)
+    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 24)), jnp.int32)
+    nll = {}
+    for kind in ("dense", "pallas"):
+        model = DecoderLM(ModelConfig(**cfg, attention=kind), posenc.default_config("alibi"), 16, rngs=nnx.Rngs(0))
+        nll[kind] = nnx.jit(lambda m, x, y: m.token_nll(x, y))(model, tokens[:, :-1], tokens[:, 1:])
+    np.testing.assert_allclose(nll["pallas"], nll["dense"], rtol=1e-5, atol=1e-5)
