@@ -14,7 +14,7 @@ from flax import nnx
 
 from posenc.base import ModelDims, Scheme, build, default_config, get, names
 
-HOOKS = ("embed", "rotate", "bias", "value_bias", "logit_scale", "sample_positions")
+HOOKS = ("embed", "rotate", "bias", "bias_fn", "value_bias", "logit_scale", "sample_positions")
 START, END = "<!-- schemes:start -->", "<!-- schemes:end -->"
 _DIMS = ModelDims(d_model=64, num_heads=4, head_dim=16, num_layers=2, train_length=128)
 
