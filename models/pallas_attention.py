@@ -63,8 +63,10 @@ _AVAILABLE: dict = {}
 def available(scheme: Scheme, dtype) -> bool:
     """Whether this scheme's kernel compiles on the default backend (GPU): a tiny forward and
     backward pass is lowered and compiled once per (scheme, heads, head size, dtype). A failure
-    is printed once and `auto` keeps the other paths. Never true where the kernel is interpreted."""
-    if interpreted():
+    is printed once and `auto` keeps the other paths. Never true where the kernel is interpreted,
+    nor on several devices: the kernel has no partitioning rule yet, so XLA would gather a sharded
+    batch onto every device (explicit `model.attention=pallas` still works there, at that cost)."""
+    if interpreted() or jax.device_count() > 1:
         return False
     key = (scheme.name, scheme.dims.num_heads, scheme.dims.head_dim, jnp.dtype(dtype).name)
     if key not in _AVAILABLE:
