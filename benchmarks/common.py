@@ -54,9 +54,10 @@ def compiled_stats(jitted, *args) -> dict:
     return out
 
 
-def matmul_peak_flops(n: int = 2048, repeats: int = 5) -> float:
-    """FLOP/s of a large float32 matmul on this machine, measured now (the achievable peak)."""
-    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.float32)
+def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32") -> float:
+    """FLOP/s of a large n x n matmul in `dtype` (float32, bfloat16) on this machine, measured now
+    (the achievable peak)."""
+    a = jnp.asarray(np.random.default_rng(0).standard_normal((n, n)), jnp.dtype(dtype))
     f = jax.jit(lambda x: x @ x)
     return 2 * n ** 3 / median_seconds(lambda: f(a), repeats)
 

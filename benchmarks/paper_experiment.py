@@ -25,6 +25,9 @@ import time
 import numpy as np
 
 WT103_VOCAB, WT103_VALID_TOKENS, PAPER_UPDATES = 267_735, 217_646, 286_000
+# --shrink: a tiny model over a 30,000-word vocabulary (also benchmarks/gpu_step.py's)
+SHRINK_VOCAB = 30_000
+SHRINK_MODEL = dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=128, adaptive_cutoffs=(2000, 10000))
 
 
 def synthetic_wikitext(folder: pathlib.Path, vocab: int, train_tokens: int, valid_tokens: int) -> None:
@@ -63,7 +66,7 @@ def main() -> None:
     data = pathlib.Path(args.data) if args.data else root / "data"
     if not args.data:
         data.mkdir()
-        vocab = 30_000 if args.shrink else WT103_VOCAB
+        vocab = SHRINK_VOCAB if args.shrink else WT103_VOCAB
         synthetic_wikitext(data, vocab, 200_000 if args.shrink else 3_000_000,
                            20_000 if args.shrink else WT103_VALID_TOKENS)
     config = wikitext103.get_config(f"{args.scheme},{args.length},{args.size}")
@@ -71,7 +74,7 @@ def main() -> None:
     config.train.update(dict(steps=args.steps, log_every=5, checkpoint_every=args.steps))
     config.mesh.fsdp = args.fsdp
     if args.shrink:
-        config.model.update(dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=128, adaptive_cutoffs=(2000, 10000)))
+        config.model.update(SHRINK_MODEL)
     if args.eval_lengths not in ("all", "none"):
         config.eval.lengths = tuple(int(x) for x in args.eval_lengths.split(","))
 

@@ -23,14 +23,19 @@ TRAIN = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10, steps=1000, min
                                        weight_decay=0.1, grad_clip=1.0, optimizer="adamw"))
 
 
-def train_runner(scheme: str, seq_len: int, batch: int, dtype: str = "float32", **model_overrides):
+def train_runner(scheme: str, seq_len: int, batch: int, dtype: str = "float32", *, model: dict | None = None,
+                 train: ml_collections.ConfigDict | None = None, tokens: jax.Array | None = None,
+                 **model_overrides):
     """A zero-argument function running one training step (forward, backward, clipping, AdamW) of
-    the benchmark model on a fixed batch, and what it needs: (run, step, state, tokens, graphdef)."""
-    model = common.build(scheme, train_length=seq_len, dtype=dtype, **model_overrides)
-    graphdef, params = nnx.split(model)
-    tx = make_optimizer(TRAIN)
+    the benchmark model on a fixed batch, and what it needs: (run, step, state, tokens, graphdef).
+    `model`: other model options (over the benchmark model's; `model_overrides` over both),
+    `train`: other optimizer options (default TRAIN), `tokens`: the batch (default uniform ids)."""
+    built = common.build(scheme, train_length=seq_len, **{**(model or {}), "dtype": dtype, **model_overrides})
+    graphdef, params = nnx.split(built)
+    tx = make_optimizer(train or TRAIN)
     step = make_train_step(graphdef, tx, dropout_seed=0)
-    tokens = jax.random.randint(jax.random.key(0), (batch, seq_len), 0, 256)
+    if tokens is None:
+        tokens = jax.random.randint(jax.random.key(0), (batch, seq_len), 0, built.cfg.vocab_size)
     state = {"params": params, "opt": tx.init(params)}
 
     def run():

@@ -32,45 +32,69 @@ XT_SCHEMES = {
 }
 
 
-def xtransformers_runner(scheme: str, seq_len: int, batch: int):
-    """A zero-argument function running one x-transformers training step on a fixed batch."""
+def xtransformers_runner(scheme: str, seq_len: int, batch: int, *, model: dict | None = None,
+                         dtype: str = "float32", compile: bool = False, device: str = "cpu"):
+    """A zero-argument function running one x-transformers training step on a fixed batch.
+    `model`: the sizes (default the benchmark model); `dtype` bfloat16: float32 parameters and
+    optimizer, the forward and backward under torch.autocast(bfloat16) (our model.dtype policy);
+    `compile`: the model torch.compile'd (the optimizer step stays eager); `device`: cpu or cuda
+    (there AdamW is torch's fused kernel and the step waits for the GPU before returning)."""
     import torch
     from x_transformers import Decoder, TransformerWrapper
 
     torch.manual_seed(0)
     wrapper_kw, decoder_kw = XT_SCHEMES[scheme]
-    m = common.BENCH_MODEL
-    model = TransformerWrapper(
+    m = model or common.BENCH_MODEL
+    net = TransformerWrapper(
         num_tokens=m["vocab_size"], max_seq_len=seq_len, tie_embedding=True, **wrapper_kw,
         attn_layers=Decoder(dim=m["d_model"], depth=m["num_layers"], heads=m["num_heads"],
                             attn_dim_head=m["d_model"] // m["num_heads"],
-                            ff_mult=m["mlp_dim"] // m["d_model"], **decoder_kw))
-    opt = torch.optim.AdamW(model.parameters(), lr=1e-3, weight_decay=0.1)
-    tokens = torch.randint(0, m["vocab_size"], (batch, seq_len + 1))
+                            ff_mult=m["mlp_dim"] // m["d_model"], **decoder_kw)).to(device)
+    opt = torch.optim.AdamW(net.parameters(), lr=1e-3, weight_decay=0.1, fused=device.startswith("cuda"))
+    forward = torch.compile(net) if compile else net
+    tokens = torch.randint(0, m["vocab_size"], (batch, seq_len + 1), device=device)
+    autocast = torch.autocast(device_type=device.split(":")[0], dtype=torch.bfloat16, enabled=dtype == "bfloat16")
 
     def step():
-        logits = model(tokens[:, :-1])
-        loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tokens[:, 1:].reshape(-1))
+        with autocast:
+            logits = forward(tokens[:, :-1])
+            loss = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]).float(),
+                                                     tokens[:, 1:].reshape(-1))
         opt.zero_grad(set_to_none=True)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        torch.nn.utils.clip_grad_norm_(net.parameters(), 1.0)
         opt.step()
+        if device.startswith("cuda"):
+            torch.cuda.synchronize()
 
     return step
 
 
-def interleaved_tokens_per_s(runners: dict, tokens_per_step: int, repeats: int) -> dict:
-    """Median tokens/s of each zero-argument step function, timed in turns after two warm-up calls."""
+def interleaved_tokens_per_s(runners: dict, tokens_per_step: int, repeats: int, *, warmup: int = 2,
+                             errors: dict | None = None) -> dict:
+    """Median tokens/s of each zero-argument step function, timed in turns after `warmup` calls each.
+    With `errors` (a dict) a runner that raises is dropped, its message stored there under its name."""
     import jax
-    for run in runners.values():
-        for _ in range(2):
+
+    def ok(name, run) -> bool:
+        try:
             jax.block_until_ready(run())
-    times = {name: [] for name in runners}
+            return True
+        except Exception as e:  # noqa: BLE001 - recorded: one failing runner must not end the benchmark
+            if errors is None:
+                raise
+            errors[name] = f"{type(e).__name__}: {e}"[:2000]
+            return False
+
+    live = {name: run for name, run in runners.items() if all(ok(name, run) for _ in range(warmup))}
+    times = {name: [] for name in live}
     for _ in range(repeats):
-        for name, run in runners.items():
+        for name, run in list(live.items()):
             t0 = time.perf_counter()
-            jax.block_until_ready(run())
-            times[name].append(time.perf_counter() - t0)
+            if ok(name, run):
+                times[name].append(time.perf_counter() - t0)
+            else:
+                del live[name], times[name]
     return {name: tokens_per_step / statistics.median(t) for name, t in times.items()}
 
 

@@ -12,6 +12,7 @@ import os
 import pathlib
 import resource
 import sys
+from typing import Sequence
 
 import jax
 
@@ -98,13 +99,25 @@ def memory_advice(need: int | None, limit: int | None, **step: int) -> str | Non
             f"{limit / 2**30:.1f} GiB; " + memory_options(**step))
 
 
-def training_flops_per_token(model_cfg, seq_len: int, vocab_size: int) -> float:
+def training_flops_per_token(model_cfg, seq_len: int, vocab_size: int,
+                             band_shares: Sequence[float] | None = None) -> float:
     """Model FLOPs of one trained token (forward + backward = 3 x forward; no rematerialisation):
     the matrix products of every layer (q, k, v, output, MLP), attention's two products over the
     causal half of the window, and the output layer (the adaptive softmax's head only, since tail
-    clusters are scored for the few tokens that fall in them)."""
+    clusters are scored for the few tokens that fall in them).
+    `band_shares` (adaptive models: the share of trained tokens in each band, head first) counts
+    the adaptive parts by the work each token needs: the adaptive input's projection of its own
+    band (dim_i x d; the table lookup is free), the softmax head (d x (c0 + clusters)) for every
+    token, and tail cluster i's projection and word scores (d x dim_i + dim_i x band size) for the
+    tokens whose target lies in it."""
     d, f, n = model_cfg.d_model, model_cfg.mlp_dim, model_cfg.num_layers
     per_layer = 2 * (4 * d * d + 2 * d * f) + 2 * 2 * d * (seq_len + 1) / 2
     cutoffs = tuple(model_cfg.adaptive_cutoffs)
     output = 2 * d * (cutoffs[0] + len(cutoffs) if cutoffs else vocab_size)
+    if cutoffs and band_shares is not None:
+        edges = (0, *cutoffs, vocab_size)
+        dims = [d // model_cfg.adaptive_factor ** i for i in range(len(edges) - 1)]
+        output += sum(share * 2 * dim * d for share, dim in zip(band_shares, dims))
+        output += sum(share * 2 * dim * (d + hi - lo)
+                      for share, dim, lo, hi in zip(band_shares[1:], dims[1:], edges[1:], edges[2:]))
     return 3.0 * (n * per_layer + output)

@@ -20,3 +20,51 @@ def test_step_profile_puts_aten_ops_in_the_right_category():
     assert torch_category("aten::copy_", [[8, 256, 8, 32], [8, 256, 8, 32], []], 8, 8) == "layout copies"
     assert torch_category("aten::native_layer_norm_backward", [[8, 256, 256]], 8, 8) == "other"
     assert torch_category("aten::_foreach_mul_", [[], []], 8, 8) == "optimizer"
+
+
+def test_gpu_step_model_flops_of_a_small_decoder():
+    from benchmarks.gpu_step import STANDARD_SHRUNK, model_flops_per_step
+    # d = 64, 2 layers, FFN 256, vocabulary 512 (tied), L = 64, batch 8: 6 x (2 x (4 d^2 + 2 d f) + d V)
+    # per token for the products, 6 x layers x d x (L + 1) for causal attention
+    per_token = 6 * (2 * (4 * 64 * 64 + 2 * 64 * 256) + 64 * 512) + 6 * 2 * 64 * 65
+    assert per_token == 836_352
+    assert model_flops_per_step(STANDARD_SHRUNK, 64, 8) == 8 * 64 * per_token
+
+
+def test_gpu_step_counts_adaptive_bands_by_the_tokens_in_them():
+    from benchmarks.gpu_step import band_shares, model_flops_per_step, zipf_tokens
+    model = dict(vocab_size=30_000, num_layers=2, d_model=64, num_heads=4, mlp_dim=128,
+                 adaptive_cutoffs=(2000, 10000), adaptive_factor=4)
+    shares = (0.5, 0.3, 0.2)  # band dims 64, 16, 4; tail sizes 8,000 and 20,000
+    input_side = 0.5 * 64 * 64 + 0.3 * 16 * 64 + 0.2 * 4 * 64
+    tails = 0.3 * 16 * (64 + 8000) + 0.2 * 4 * (64 + 20000)
+    extra = model_flops_per_step(model, 32, 2, shares) - model_flops_per_step(model, 32, 2)
+    assert abs(extra - 6 * (input_side + tails) * 64) < 1e-6 * extra
+    tokens = zipf_tokens(30_000, (4, 256))
+    measured = band_shares(tokens, (2000, 10000))
+    assert abs(sum(measured) - 1) < 1e-9 and 0.6 < measured[0] < 0.9  # Zipf: the head holds most words
+    assert band_shares([0, 1999, 2000, 9999, 10000, 29999], (2000, 10000)) == [1 / 3] * 3
+
+
+def test_gpu_step_records_a_failing_runner_and_times_the_others():
+    from benchmarks.vs_xtransformers import interleaved_tokens_per_s
+
+    def fails():
+        raise RuntimeError("no compiler")
+    errors = {}
+    tps = interleaved_tokens_per_s({"good": lambda: 1, "bad": fails}, 100, 3, warmup=1, errors=errors)
+    assert set(tps) == {"good"} and errors == {"bad": "RuntimeError: no compiler"}
+
+
+def test_gpu_step_targets_and_file_name():
+    from benchmarks.gpu_step import slug, targets
+    row = lambda scheme, runner, tps, over=None, model="standard", mfu=None, dropout="off": dict(
+        model=model, scheme=scheme, seq_len=512, runner=runner, tokens_per_s=tps, over_theirs_compiled=over,
+        mfu=mfu, dropout=dropout)
+    rows = [row("alibi", "ours auto", 100.0, 1.3), row("alibi", "theirs compiled", 77.0),
+            row("t5", "ours auto", 80.0, 1.1), row("alibi", "ours auto", 1.0, model="paper", mfu=0.5, dropout="on")]
+    met = {t["target"].split(":")[0]: t["met"] for t in targets(rows)}
+    assert met["alibi L=512"] is True and met["t5 L=512"] is False and met["rope L=512"] is None
+    assert met["L=512 ours auto"] is False  # t5 at 80% of alibi
+    assert met["paper alibi with dropout"] is True
+    assert slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
