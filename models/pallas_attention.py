@@ -116,7 +116,8 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     rate = float(dropout_rate) if dropout_key is not None else 0.0
     seed = (jax.random.bits(dropout_key, (1,), jnp.uint32) if rate > 0 else jnp.zeros((1,), jnp.uint32))
     config = _Config(block=block, rate=rate, interpret=interpreted() if interpret is None else interpret,
-                     treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned)
+                     treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
+                     constant_beyond=None if bias is None else bias.constant_beyond)
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, [_kernel_shape(x) for x in shared],
                  [_kernel_shape(x, per_head=True) for x in per_head])
@@ -126,15 +127,28 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
 class _Config:
     """The static arguments of one call (hashable by identity, as custom_vjp needs nothing more)."""
 
-    def __init__(self, block, rate, interpret, treedef, num_shared, learned):
+    def __init__(self, block, rate, interpret, treedef, num_shared, learned, constant_beyond):
         self.block, self.rate, self.interpret, self.treedef, self.num_shared, self.learned = (
             block, rate, interpret, treedef, num_shared, learned)
+        self.constant_beyond = constant_beyond
 
-    def bias(self, leaves, q_pos_Qx1, k_pos_1xS):
+    def bias(self, leaves, q_pos_Q, k_pos_S):
+        """The bias of one tile, Q x S float32: from one evaluation where the whole tile lies
+        `constant_beyond` back, else elementwise."""
         shared_def, head_def, fn = self.treedef
-        shared = jax.tree.unflatten(shared_def, leaves[:self.num_shared])
-        head = jax.tree.unflatten(head_def, leaves[self.num_shared:])
-        return fn(shared, head, q_pos_Qx1, k_pos_1xS).astype(jnp.float32)
+
+        def call(p, q_pos_Qx1, k_pos_1xS):
+            shared = jax.tree.unflatten(shared_def, p[:self.num_shared])
+            head = jax.tree.unflatten(head_def, p[self.num_shared:])
+            return fn(shared, head, q_pos_Qx1, k_pos_1xS).astype(jnp.float32)
+
+        full = lambda p: call(p, q_pos_Q[:, None], k_pos_S[None, :])
+        if self.constant_beyond is None:
+            return full(leaves)
+        shape = (q_pos_Q.shape[0], k_pos_S.shape[0])
+        far = q_pos_Q.min() - k_pos_S.max() >= self.constant_beyond
+        one = lambda p: jnp.broadcast_to(call(p, q_pos_Q[:1, None], k_pos_S[None, :1]), shape)
+        return jax.lax.cond(far, one, full, leaves)
 
 
 def _kernel_shape(x: jax.Array, per_head: bool = False) -> jax.Array:
@@ -174,10 +188,10 @@ def _logits(cfg, q, k, q_pos, k_pos, leaves, i, j, scale):
     s = _dot(q, k, (1, 1)) * scale
     vjp = None
     if cfg.learned:
-        bias, vjp = jax.vjp(lambda p: cfg.bias(p, q_pos[:, None], k_pos[None, :]), leaves)
+        bias, vjp = jax.vjp(lambda p: cfg.bias(p, q_pos, k_pos), leaves)
         s = s + bias
     elif cfg.treedef is not None:
-        s = s + cfg.bias(leaves, q_pos[:, None], k_pos[None, :])
+        s = s + cfg.bias(leaves, q_pos, k_pos)
     n = cfg.block
     causal = (i * n + jnp.arange(n))[:, None] >= (j * n + jnp.arange(n))[None, :]
     return jnp.where(causal | (i != j), s, NEG_INF), vjp

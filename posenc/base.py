@@ -52,12 +52,15 @@ class BiasFunction:
     be elementwise arithmetic on its position arguments (no gathers, no per-key reductions: it runs
     inside a GPU kernel) and depend on the leaves only (not on arrays it closes over). Where
     `learned`, the kernel returns the leaves' gradients, through which the scheme's parameters get
-    theirs; parameter-free biases set it False and skip that work.
+    theirs; parameter-free biases set it False and skip that work. `constant_beyond` = D says that
+    the bias is one value per head wherever q_pos - k_pos >= D (T5's last bucket): a tile lying
+    wholly that far back is then filled from one evaluation.
     """
     fn: Callable
     shared: Any = ()
     per_head: Any = ()
     learned: bool = True
+    constant_beyond: int | None = None
 
     def dense(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
         """The whole bias, B x H x T x S, one head at a time (to check `fn` against `Scheme.bias`)."""

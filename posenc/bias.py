@@ -116,4 +116,5 @@ class T5Bias(Scheme):
             for n in range(o.num_buckets):
                 out = out + jnp.where(buckets == n, table_N[n], 0.0)
             return out
-        return BiasFunction(tile, per_head=self.table[...].T)
+        # causal buckets stop at the last one from max_distance on (bidirectional: for keys in the past)
+        return BiasFunction(tile, per_head=self.table[...].T, constant_beyond=o.max_distance)

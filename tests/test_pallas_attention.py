@@ -14,7 +14,7 @@ from models.pallas_attention import keep_mask, pallas_attention, supports
 
 B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
 # small option values keep the interpreter's compile time down; the formulas are the same
-SMALL = {"t5": {"num_buckets": 8, "max_distance": 16}, "fire": {"hidden": 4, "threshold_init": 8.0},
+SMALL = {"t5": {"num_buckets": 8, "max_distance": 8},  # tiles wholly beyond max_distance take one value "fire": {"hidden": 4, "threshold_init": 8.0},
          "sandwich": {"dim": 8}}
 
 
