@@ -30,12 +30,15 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from jax.experimental import pallas as pl
+from jax.experimental.pallas import triton as pl_triton
 
 from models.attention import adds_value_term
 from posenc import Scheme
 
 NEG_INF = -1e30
 BLOCK = 64  # query and key rows per tile
+# Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
+TRITON = pl_triton.CompilerParams(num_warps=4, num_stages=2)
 
 
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
@@ -132,23 +135,43 @@ class _Config:
             block, rate, interpret, treedef, num_shared, learned)
         self.constant_beyond = constant_beyond
 
+    def _call(self, leaves, q_pos_Qx1, k_pos_1xS):
+        shared_def, head_def, fn = self.treedef
+        shared = jax.tree.unflatten(shared_def, leaves[:self.num_shared])
+        head = jax.tree.unflatten(head_def, leaves[self.num_shared:])
+        return fn(shared, head, q_pos_Qx1, k_pos_1xS).astype(jnp.float32)
+
+    def _far(self, q_pos_Q, k_pos_S):
+        return q_pos_Q.min() - k_pos_S.max() >= self.constant_beyond
+
+    @staticmethod
+    def _corner(q_pos_Q, k_pos_S):
+        """One (query, key) pair of the tile, as 1 x 1 arrays (reductions: a kernel cannot slice)."""
+        return jnp.reshape(q_pos_Q.min(), (1, 1)), jnp.reshape(k_pos_S.max(), (1, 1))
+
     def bias(self, leaves, q_pos_Q, k_pos_S):
         """The bias of one tile, Q x S float32: from one evaluation where the whole tile lies
         `constant_beyond` back, else elementwise."""
-        shared_def, head_def, fn = self.treedef
-
-        def call(p, q_pos_Qx1, k_pos_1xS):
-            shared = jax.tree.unflatten(shared_def, p[:self.num_shared])
-            head = jax.tree.unflatten(head_def, p[self.num_shared:])
-            return fn(shared, head, q_pos_Qx1, k_pos_1xS).astype(jnp.float32)
-
-        full = lambda p: call(p, q_pos_Q[:, None], k_pos_S[None, :])
+        full = lambda p: self._call(p, q_pos_Q[:, None], k_pos_S[None, :])
         if self.constant_beyond is None:
             return full(leaves)
         shape = (q_pos_Q.shape[0], k_pos_S.shape[0])
-        far = q_pos_Q.min() - k_pos_S.max() >= self.constant_beyond
-        one = lambda p: jnp.broadcast_to(call(p, q_pos_Q[:1, None], k_pos_S[None, :1]), shape)
-        return jax.lax.cond(far, one, full, leaves)
+        one = lambda p: jnp.broadcast_to(self._call(p, *self._corner(q_pos_Q, k_pos_S)), shape)
+        return jax.lax.cond(self._far(q_pos_Q, k_pos_S), one, full, leaves)
+
+    def bias_grads(self, leaves, q_pos_Q, k_pos_S, ds_QxS):
+        """The leaves' gradients from one tile's dS (the bias's vector-Jacobian product). Each side
+        of the far / near choice takes its own vjp (a vjp through `lax.cond` leaves primitives that
+        the GPU kernel cannot lower)."""
+        def near(p):
+            return jax.vjp(lambda p: self._call(p, q_pos_Q[:, None], k_pos_S[None, :]), p)[1](ds_QxS)[0]
+        if self.constant_beyond is None:
+            return near(leaves)
+
+        def far(p):
+            _, vjp = jax.vjp(lambda p: self._call(p, *self._corner(q_pos_Q, k_pos_S)), p)
+            return vjp(ds_QxS.sum(keepdims=True))[0]
+        return jax.lax.cond(self._far(q_pos_Q, k_pos_S), far, near, leaves)
 
 
 def _kernel_shape(x: jax.Array, per_head: bool = False) -> jax.Array:
@@ -184,14 +207,14 @@ def _dot(a, b, contract=(1, 0)):
 
 
 def _logits(cfg, q, k, q_pos, k_pos, leaves, i, j, scale):
-    """One tile's float32 logits (and the bias's vjp), masked only on the diagonal (i == j)."""
+    """One tile's float32 logits, masked only on the diagonal (i == j), and where the bias is
+    learned, the function from the tile's dS to the leaves' gradients."""
     s = _dot(q, k, (1, 1)) * scale
     vjp = None
-    if cfg.learned:
-        bias, vjp = jax.vjp(lambda p: cfg.bias(p, q_pos, k_pos), leaves)
-        s = s + bias
-    elif cfg.treedef is not None:
+    if cfg.treedef is not None:
         s = s + cfg.bias(leaves, q_pos, k_pos)
+    if cfg.learned:
+        vjp = lambda ds: cfg.bias_grads(leaves, q_pos, k_pos, ds)
     n = cfg.block
     causal = (i * n + jnp.arange(n))[:, None] >= (j * n + jnp.arange(n))[None, :]
     return jnp.where(causal | (i != j), s, NEG_INF), vjp
@@ -253,7 +276,7 @@ def _dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, k
         ds = p * (dp - delta[:, None])
         dq = dq + _dot(ds.astype(k.dtype), k)
         if vjp is not None:
-            grads = [g + d for g, d in zip(grads, vjp(ds)[0])]
+            grads = [g + d for g, d in zip(grads, vjp(ds))]
         return dq, grads
 
     init = (jnp.zeros(q.shape, jnp.float32), [jnp.zeros(x.shape, jnp.float32) for x in leaves[:len(grad_refs)]])
@@ -323,7 +346,7 @@ def _forward(cfg, q, k, v, q_pos, k_pos, seed, shared, per_head):
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["stat_rows"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-        interpret=cfg.interpret, name="attention_forward",
+        interpret=cfg.interpret, compiler_params=TRITON, name="attention_forward",
     )(q, k, v, q_pos, k_pos, seed, *shared, *per_head)
     return out, lse
 
@@ -356,7 +379,7 @@ def _flash_backward(cfg, residuals, d_out):
                   sp["rows"], sp["stat_rows"], sp["stat_rows"], *sp["leaves"]],
         out_specs=[sp["rows"], *grad_specs],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *grad_shapes],
-        interpret=cfg.interpret, name="attention_backward_dq",
+        interpret=cfg.interpret, compiler_params=TRITON, name="attention_backward_dq",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)
     dk, dv = pl.pallas_call(
         functools.partial(_dkv_kernel, cfg, h, scale, nb), grid=(b, h, nb),
@@ -364,7 +387,7 @@ def _flash_backward(cfg, residuals, d_out):
                   sp["whole"], sp["stat_whole"], sp["stat_whole"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["rows"]],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        interpret=cfg.interpret, name="attention_backward_dkv",
+        interpret=cfg.interpret, compiler_params=TRITON, name="attention_backward_dkv",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)
     if cfg.learned:
         d_shared = [g.sum((0, 1, 2)) for g in grads[:len(shared)]]

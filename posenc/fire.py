@@ -93,11 +93,12 @@ class Fire(Scheme):
             w2, b2 = head
             x = normalized_distance(c, threshold, q_pos_Qx1, k_pos_1xS)
             out = jnp.broadcast_to(b2, x.shape)
-            for u in range(w1.shape[0]):  # the same order of summation as `mlp`
-                out = out + w2[u] * jax.nn.relu(w1[u] * x + b1[u])
+            for w1_u, b1_u, w2_u in zip(w1, b1, w2):  # the same order of summation as `mlp`
+                out = out + w2_u * jax.nn.relu(w1_u * x + b1_u)
             return out
-        shared = (self.c[...], self.threshold(), self.w1[...], self.b1[...])
-        return BiasFunction(tile, shared=shared, per_head=(self.w2[...].T, self.b2[...]))
+        # one leaf per hidden unit: the kernel gets scalars, never slices a vector
+        shared = (self.c[...], self.threshold(), tuple(self.w1[...]), tuple(self.b1[...]))
+        return BiasFunction(tile, shared=shared, per_head=(tuple(self.w2[...]), self.b2[...]))
 
 
 def normalized_distance(c: jax.Array, threshold: jax.Array, q_pos: jax.Array, k_pos: jax.Array) -> jax.Array:

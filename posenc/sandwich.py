@@ -15,14 +15,21 @@ def sandwich_compression(num_heads: int) -> np.ndarray:
     return 8.0 * np.arange(1, num_heads + 1) / num_heads
 
 
-def sinusoid_inner_product(distance: jax.Array, dim: int, base: float = 10000.0) -> jax.Array:
+def sinusoid_inner_product(distance: jax.Array, dim: int, base: float = 10000.0,
+                           unrolled: bool = False) -> jax.Array:
     """sum_{k=1}^{dim/2} cos(distance / base^(2k/dim)) = p_i . p_j for sinusoidal p of width dim
     (frequencies k = 1 .. dim/2 as in the paper), for integer distances i - j of any shape.
 
     Summed one frequency at a time in a fixed order: elementwise, so a value does not depend on the
-    shape of the array it sits in, and no (..., dim/2) intermediate is materialised.
+    shape of the array it sits in, and no (..., dim/2) intermediate is materialised. `unrolled`:
+    a Python loop with the frequencies as constants (inside a GPU kernel, which cannot index a vector).
     """
     distance = distance.astype(jnp.float32)
+    if unrolled:
+        total = jnp.zeros_like(distance)
+        for k in range(1, dim // 2 + 1):
+            total = total + jnp.cos(distance * np.float32(base ** (-2.0 * k / dim)))
+        return total
     inv_freq = base ** (-2.0 * jnp.arange(1, dim // 2 + 1, dtype=jnp.float32) / dim)
 
     def add_frequency(k, total):
@@ -100,6 +107,6 @@ class Sandwich(Scheme):
         dim, base = self.dim, self.options.base
 
         def tile(shared, ratio, q_pos_Qx1, k_pos_1xS):
-            return (sinusoid_inner_product(q_pos_Qx1 - k_pos_1xS, dim, base) - dim / 2) / ratio
+            return (sinusoid_inner_product(q_pos_Qx1 - k_pos_1xS, dim, base, unrolled=True) - dim / 2) / ratio
         return BiasFunction(tile, per_head=jnp.asarray(sandwich_compression(self.dims.num_heads), jnp.float32),
                             learned=False)
