@@ -109,7 +109,9 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     if bias is not None:
         shared, shared_def = jax.tree.flatten(bias.shared)
         per_head, head_def = jax.tree.flatten(bias.per_head)
-        treedef = (shared_def, head_def, bias.fn)
+        treedef = None if bias.fn is None else (shared_def, head_def, bias.fn)
+        if bias.table is not None:  # the lookup table travels as the last per-head leaf
+            per_head = per_head + [bias.table]
     pad = -t % block
     if pad:  # padded queries and keys come after every real query; their positions continue the rows
         grow = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
@@ -120,7 +122,8 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     seed = (jax.random.bits(dropout_key, (1,), jnp.uint32) if rate > 0 else jnp.zeros((1,), jnp.uint32))
     config = _Config(block=block, rate=rate, interpret=interpreted() if interpret is None else interpret,
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
-                     constant_beyond=None if bias is None else bias.constant_beyond)
+                     constant_beyond=None if bias is None else bias.constant_beyond,
+                     lookup=None if bias is None or bias.table is None else bias.index)
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, [_kernel_shape(x) for x in shared],
                  [_kernel_shape(x, per_head=True) for x in per_head])
@@ -130,10 +133,18 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
 class _Config:
     """The static arguments of one call (hashable by identity, as custom_vjp needs nothing more)."""
 
-    def __init__(self, block, rate, interpret, treedef, num_shared, learned, constant_beyond):
+    def __init__(self, block, rate, interpret, treedef, num_shared, learned, constant_beyond, lookup):
         self.block, self.rate, self.interpret, self.treedef, self.num_shared, self.learned = (
             block, rate, interpret, treedef, num_shared, learned)
-        self.constant_beyond = constant_beyond
+        self.constant_beyond, self.lookup = constant_beyond, lookup
+
+    @property
+    def has_bias(self) -> bool:
+        return self.treedef is not None or self.lookup is not None
+
+    def _fn_leaves(self, leaves):
+        """The leaves `fn` reads (all but the lookup table, which is the last)."""
+        return leaves[:-1] if self.lookup is not None else leaves
 
     def _call(self, leaves, q_pos_Qx1, k_pos_1xS):
         shared_def, head_def, fn = self.treedef
@@ -149,29 +160,49 @@ class _Config:
         """One (query, key) pair of the tile, as 1 x 1 arrays (reductions: a kernel cannot slice)."""
         return jnp.reshape(q_pos_Q.min(), (1, 1)), jnp.reshape(k_pos_S.max(), (1, 1))
 
-    def bias(self, leaves, q_pos_Q, k_pos_S):
-        """The bias of one tile, Q x S float32: from one evaluation where the whole tile lies
-        `constant_beyond` back, else elementwise."""
-        full = lambda p: self._call(p, q_pos_Q[:, None], k_pos_S[None, :])
-        if self.constant_beyond is None:
-            return full(leaves)
-        shape = (q_pos_Q.shape[0], k_pos_S.shape[0])
-        one = lambda p: jnp.broadcast_to(self._call(p, *self._corner(q_pos_Q, k_pos_S)), shape)
-        return jax.lax.cond(self._far(q_pos_Q, k_pos_S), one, full, leaves)
+    def bias(self, leaves, leaf_refs, q_pos_Q, k_pos_S):
+        """The bias of one tile, Q x S float32: `fn` (from one evaluation where the whole tile lies
+        `constant_beyond` back, else elementwise) plus the table looked up at `index` (a gather
+        from the table's ref)."""
+        q_Qx1, k_1xS = q_pos_Q[:, None], k_pos_S[None, :]
+        out = jnp.zeros((q_pos_Q.shape[0], k_pos_S.shape[0]), jnp.float32)
+        if self.treedef is not None:
+            full = lambda p: self._call(p, q_Qx1, k_1xS)
+            if self.constant_beyond is None:
+                out = full(self._fn_leaves(leaves))
+            else:
+                one = lambda p: jnp.broadcast_to(self._call(p, *self._corner(q_pos_Q, k_pos_S)), out.shape)
+                out = jax.lax.cond(self._far(q_pos_Q, k_pos_S), one, full, self._fn_leaves(leaves))
+        if self.lookup is not None:
+            out = out + leaf_refs[-1][self.lookup(q_Qx1, k_1xS)]
+        return out
 
     def bias_grads(self, leaves, q_pos_Q, k_pos_S, ds_QxS):
-        """The leaves' gradients from one tile's dS (the bias's vector-Jacobian product). Each side
-        of the far / near choice takes its own vjp (a vjp through `lax.cond` leaves primitives that
-        the GPU kernel cannot lower)."""
+        """Every leaf's gradient from one tile's dS: the vjp of `fn`, and for the table one masked
+        sum of dS per entry. A tile lying `constant_beyond` back needs only the sum of its dS. Each
+        side of that choice takes its own vjp (a vjp through `lax.cond` leaves primitives that the
+        GPU kernel cannot lower)."""
+        q_Qx1, k_1xS = q_pos_Q[:, None], k_pos_S[None, :]
+        entries = jnp.arange(leaves[-1].shape[0]) if self.lookup is not None else None
+
         def near(p):
-            return jax.vjp(lambda p: self._call(p, q_pos_Q[:, None], k_pos_S[None, :]), p)[1](ds_QxS)[0]
+            grads = [] if self.treedef is None else list(jax.vjp(lambda p: self._call(p, q_Qx1, k_1xS), p)[1](ds_QxS)[0])
+            if self.lookup is not None:
+                index, table = self.lookup(q_Qx1, k_1xS), jnp.zeros(entries.shape, jnp.float32)
+                for n in range(entries.shape[0]):
+                    table = table + jnp.where(entries == n, jnp.where(index == n, ds_QxS, 0.0).sum(), 0.0)
+                grads.append(table)
+            return grads
         if self.constant_beyond is None:
-            return near(leaves)
+            return near(self._fn_leaves(leaves))
 
         def far(p):
-            _, vjp = jax.vjp(lambda p: self._call(p, *self._corner(q_pos_Q, k_pos_S)), p)
-            return vjp(ds_QxS.sum(keepdims=True))[0]
-        return jax.lax.cond(self._far(q_pos_Q, k_pos_S), far, near, leaves)
+            corner, total = self._corner(q_pos_Q, k_pos_S), ds_QxS.sum(keepdims=True)
+            grads = [] if self.treedef is None else list(jax.vjp(lambda p: self._call(p, *corner), p)[1](total)[0])
+            if self.lookup is not None:
+                grads.append(jnp.where(entries == jnp.reshape(self.lookup(*corner), ()), total[0, 0], 0.0))
+            return grads
+        return jax.lax.cond(self._far(q_pos_Q, k_pos_S), far, near, self._fn_leaves(leaves))
 
 
 def _kernel_shape(x: jax.Array, per_head: bool = False) -> jax.Array:
@@ -206,13 +237,13 @@ def _dot(a, b, contract=(1, 0)):
                                preferred_element_type=jnp.float32)
 
 
-def _logits(cfg, q, k, q_pos, k_pos, leaves, i, j, scale):
+def _logits(cfg, q, k, q_pos, k_pos, leaves, leaf_refs, i, j, scale):
     """One tile's float32 logits, masked only on the diagonal (i == j), and where the bias is
     learned, the function from the tile's dS to the leaves' gradients."""
     s = _dot(q, k, (1, 1)) * scale
     vjp = None
-    if cfg.treedef is not None:
-        s = s + cfg.bias(leaves, q_pos, k_pos)
+    if cfg.has_bias:
+        s = s + cfg.bias(leaves, leaf_refs, q_pos, k_pos)
     if cfg.learned:
         vjp = lambda ds: cfg.bias_grads(leaves, q_pos, k_pos, ds)
     n = cfg.block
@@ -238,7 +269,7 @@ def _forward_kernel(cfg, num_heads, scale, q_ref, k_ref, v_ref, qp_ref, kp_ref, 
     def tile(j, carry):
         m, l, acc = carry
         k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, _ = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], leaves, i, j, scale)
+        s, _ = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], leaves, leaf_refs, i, j, scale)
         m_new = jnp.maximum(m, s.max(-1))
         p = jnp.exp(s - m_new[:, None])
         correction = jnp.exp(m - m_new)
@@ -268,7 +299,7 @@ def _dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, k
     def tile(j, carry):
         dq, grads = carry
         k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, vjp = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], leaves, i, j, scale)
+        s, vjp = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], leaves, leaf_refs, i, j, scale)
         p = jnp.exp(s - lse[:, None])
         dp = _dot(do, v, (1, 1))
         if cfg.rate:
@@ -298,7 +329,7 @@ def _dkv_kernel(cfg, num_heads, scale, num_blocks, q_ref, k_ref, v_ref, qp_ref, 
         dk, dv = carry
         rows = pl.ds(i * n, n)
         q, do = q_ref[rows, :], do_ref[rows, :]
-        s, _ = _logits(cfg, q, k, qp_ref[rows], k_pos, leaves, i, j, scale)
+        s, _ = _logits(cfg, q, k, qp_ref[rows], k_pos, leaves, leaf_refs, i, j, scale)
         p = jnp.exp(s - lse_ref[rows][:, None])
         dp = _dot(do, v, (1, 1))
         if cfg.rate:

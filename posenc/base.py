@@ -52,15 +52,19 @@ class BiasFunction:
     be elementwise arithmetic on its position arguments (no gathers, no per-key reductions: it runs
     inside a GPU kernel) and depend on the leaves only (not on arrays it closes over). Where
     `learned`, the kernel returns the leaves' gradients, through which the scheme's parameters get
-    theirs; parameter-free biases set it False and skip that work. `constant_beyond` = D says that
-    the bias is one value per head wherever q_pos - k_pos >= D (T5's last bucket): a tile lying
-    wholly that far back is then filled from one evaluation.
+    theirs; parameter-free biases set it False and skip that work. A learned lookup table (T5's
+    buckets) goes in `table` with its elementwise `index` function instead of `fn` (or beside it):
+    kernels gather it, and sum dS per entry for its gradient. `constant_beyond` = D says that the
+    bias is one value per head wherever q_pos - k_pos >= D (T5's last bucket): a tile lying wholly
+    that far back is then filled from one evaluation, and its gradient is one sum.
     """
-    fn: Callable
+    fn: Callable | None
     shared: Any = ()
     per_head: Any = ()
     learned: bool = True
     constant_beyond: int | None = None
+    table: jax.Array | None = None   # H x N: plus table[head, index(q_pos_Qx1, k_pos_1xS)] (int32
+    index: Callable | None = None    # Q x S in [0, N)), which a kernel gathers from memory
 
     def dense(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
         """The whole bias, B x H x T x S, one head at a time (to check `fn` against `Scheme.bias`)."""
@@ -68,9 +72,19 @@ class BiasFunction:
         shared = jax.tree.map(lift, self.shared)
         num_heads = len(jax.tree.leaves(self.per_head)[0]) if jax.tree.leaves(self.per_head) else 1
         heads = []
+        if self.table is not None:
+            num_heads = self.table.shape[0]
         for h in range(num_heads):
             head = jax.tree.map(lambda x: lift(x[h]), self.per_head)
-            heads.append(jax.vmap(lambda q, k: self.fn(shared, head, q[:, None], k[None, :]))(q_pos_BxT, k_pos_BxS))
+
+            def one(q, k):
+                out = jnp.zeros((q.shape[0], k.shape[0]), jnp.float32)
+                if self.fn is not None:
+                    out = out + self.fn(shared, head, q[:, None], k[None, :])
+                if self.table is not None:
+                    out = out + self.table[h][self.index(q[:, None], k[None, :])]
+                return out
+            heads.append(jax.vmap(one)(q_pos_BxT, k_pos_BxS))
         return jnp.stack(heads, axis=1).astype(jnp.float32)
 
 

@@ -108,14 +108,8 @@ class T5Bias(Scheme):
     def bias_fn(self):
         o = self.options
 
-        def tile(shared, head_values, q_pos_Qx1, k_pos_1xS):
-            buckets = t5_relative_position_bucket(k_pos_1xS - q_pos_Qx1, o.bidirectional, o.num_buckets,
-                                                  o.max_distance)
-            # the lookup as a sum of selects: no gather inside a kernel; its vjp is one masked sum per bucket
-            out = jnp.zeros(buckets.shape, jnp.float32)
-            for n, value in enumerate(head_values):
-                out = out + jnp.where(buckets == n, value, 0.0)
-            return out
-        # one leaf per bucket (each of shape H): the kernel gets scalars, never slices a vector.
+        def bucket(q_pos_Qx1, k_pos_1xS):
+            return t5_relative_position_bucket(k_pos_1xS - q_pos_Qx1, o.bidirectional, o.num_buckets,
+                                               o.max_distance)
         # Causal buckets stop at the last one from max_distance on (bidirectional: for keys in the past).
-        return BiasFunction(tile, per_head=tuple(self.table[...]), constant_beyond=o.max_distance)
+        return BiasFunction(None, table=self.table[...].T, index=bucket, constant_beyond=o.max_distance)
