@@ -8,10 +8,13 @@ probabilities from the saved log-sum-exp: one kernel accumulates dQ (walking key
 accumulates dK and dV (walking query blocks), with dS = P * (dP - rowsum(dO * O)).
 
 The bias is never materialised: a scheme provides `bias_fn()` (posenc.base.BiasFunction), an
-elementwise function of (query positions, key positions) and its parameters, for one head. The
-kernel evaluates it per tile, and the dQ kernel also takes its vector-Jacobian product with the
-tile's dS, so that the bias's learned parameters (T5's table, KERPLE's r1 / r2, FIRE's MLP) get
-their gradients: per (sequence, head, query block) partial sums, added up outside the kernel.
+elementwise function of (query positions, key positions) and its parameters for one head, and / or
+a learned table read at an elementwise index (T5's buckets, gathered from memory). The kernel
+evaluates it per tile, and the dQ kernel also takes its vector-Jacobian product with the tile's dS
+(for a table: one masked sum of dS per entry), so that the bias's learned parameters (T5's table,
+KERPLE's r1 / r2, FIRE's MLP) get their gradients: per (sequence, head, query block) partial sums,
+added up outside the kernel. Where a bias is constant beyond some distance (T5), tiles wholly that
+far back take one value and one sum.
 Schemes without a bias (the RoPE family, absolute embeddings, NoPE) use the same kernel without
 one; a per-query logit scale (log-n) is folded into the queries.
 
