@@ -8,7 +8,6 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
 from models.attention import dense_attention
 from models.pallas_attention import keep_mask, pallas_attention, supports
 
@@ -116,14 +115,34 @@ def test_schemes_the_kernel_cannot_express_are_refused():
         pallas_attention(q, k, v, pos, pos, _scheme("shaw"), interpret=True)
 
 
-def test_decoder_with_pallas_attention_equals_dense():
-    cfg = dict(vocab_size=50, num_layers=1, d_model=16, num_heads=2, mlp_dim=32)
-    tokens = jnp.asarray(np.random.default_rng(0).integers(0, 50, (2, 24)), jnp.int32)
-    nll = {}
-    for kind in ("dense", "pallas"):
-        model = DecoderLM(ModelConfig(**cfg, attention=kind), posenc.default_config("alibi"), 16, rngs=nnx.Rngs(0))
-        nll[kind] = nnx.jit(lambda m, x, y: m.token_nll(x, y))(model, tokens[:, :-1], tokens[:, 1:])
-    np.testing.assert_allclose(nll["pallas"], nll["dense"], rtol=1e-5, atol=1e-5)
+def _one_update(attention: str, attention_dropout: float):
+    """Parameters and loss after one training update of a tiny t5 model through the training step
+    (2 micro-steps; with dropout, per-row keys, as training draws them)."""
+    from experiment import config_util, sharding, training
+    from tests.conftest import tiny_config
+    config = tiny_config("t5")
+    config.model.update(dict(num_layers=1, attention=attention, attention_dropout=attention_dropout))
+    config.train.update(dict(batch_size=4, seq_len=24))
+    config = config_util.resolve(config)
+    tx = training.make_optimizer(config.train)
+    graphdef, params, opt_state, shards, scheme = training.init_state(config, 64, tx,
+                                                                      sharding.make_mesh(1, jax.devices()[:1]))
+    step = training.make_train_step(graphdef, tx, 7, micro_steps=2, grad_shardings=shards,
+                                    per_example_keys=training.is_stochastic(config.model, scheme))
+    tokens = np.random.default_rng(0).integers(0, 64, (4, 25))
+    params, _, metrics = step(params, opt_state, tokens[:, :-1], tokens[:, 1:], np.int32(0))
+    return params, float(metrics["loss"])
+
+
+def test_training_step_with_pallas_attention_equals_dense():
+    (dense, dense_loss), (kernel, kernel_loss) = (_one_update(kind, 0.0) for kind in ("dense", "pallas"))
+    assert kernel_loss == pytest.approx(dense_loss, rel=1e-5)
+    for want, got in zip(jax.tree.leaves(dense), jax.tree.leaves(kernel)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # with attention dropout: per-row keys (a vmap over rows of the kernel), other masks, similar loss
+    _, dropped_loss = _one_update("pallas", 0.3)
+    assert np.isfinite(dropped_loss) and dropped_loss != kernel_loss
+    assert dropped_loss == pytest.approx(kernel_loss, rel=0.05)
 
 
 @pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "nope"])
