@@ -21,8 +21,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   passkey_fraction=0.0, passkey_digits=4)  # share of training rows that are passkey examples
     c.model = dict(num_layers=4, d_model=128, num_heads=4, mlp_dim=512, activation="gelu",
                    dropout=0.0, attention_dropout=0.0, activation_dropout=0.0,
-                   tie_embeddings=True, adaptive_cutoffs=(), adaptive_factor=4, attention="auto",
-                   attention_block=512, dtype="float32")
+                   tie_embeddings=True, adaptive_cutoffs=(), adaptive_factor=4, adaptive_tail_capacity=0.25,
+                   attention="auto", attention_block=512, dtype="float32")
     c.posenc = posenc.default_config(arg or "alibi")
     c.train = dict(seq_len=64, batch_size=32, steps=600, optimizer="adamw", lr=2e-3, warmup_steps=100,
                    warmup_init_lr=0.0, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, momentum=0.9,

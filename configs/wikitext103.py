@@ -66,14 +66,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                   passkey_fraction=0.0, passkey_digits=4)
     c.model = dict(**SIZES[size], activation="relu",
                    dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, tie_embeddings=True,
-                   adaptive_cutoffs=(20000, 60000), adaptive_factor=4, attention="auto", attention_block=512,
-                   dtype="bfloat16")
+                   adaptive_cutoffs=(20000, 60000), adaptive_factor=4, adaptive_tail_capacity=0.25,
+                   attention="auto", attention_block=512, dtype="bfloat16")
     c.posenc = posenc.default_config(scheme)
     c.train = dict(seq_len=train_length, batch_size=max(1, DEVICES * TOKENS_PER_DEVICE // train_length),
                    steps=286_000, optimizer="nag", lr=1.0, momentum=0.99, warmup_steps=16_000,
                    warmup_init_lr=1e-7, min_lr_ratio=1e-4, weight_decay=0.0, b1=0.9, b2=0.98,
                    grad_clip=0.1, device_batch_tokens=TOKENS_PER_DEVICE, log_every=100, checkpoint_every=2000,
-                   init_from="", init_step=0)
+                   init_from="", init_step=0, dropout_rng="threefry")
     # 1 device: 8 micro-steps of 9,216 tokens per update; 8 devices: one each. mesh.fsdp = N shards
     # parameters and optimizer state N ways (1: replicated).
     c.mesh = dict(fsdp=1)

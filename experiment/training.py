@@ -97,8 +97,12 @@ def micro_batching(batch_size: int, seq_len: int, device_batch_tokens: int, devi
     return steps
 
 
+# train.dropout_rng -> jax.random.key's impl; runs saved without the option used threefry.
+DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_rbg"}
+
+
 def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
-                    per_example_keys: bool = False, grad_shardings=None):
+                    per_example_keys: bool = False, grad_shardings=None, rng_impl: str = "threefry"):
     """The jitted update. With `micro_steps` = k > 1 the batch is split into k micro-batches (rows
     i, k + i, 2k + i, ... form micro-batch i, so each device keeps its own rows) whose gradients are
     summed in a `lax.scan`; the loss, gradient norm, clipping and update are those of the whole batch.
@@ -107,7 +111,12 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
     `grad_shardings` (the parameters' shardings): parameters sharded over an FSDP axis are gathered
     whole for the forward and backward pass (left to itself, XLA's propagation splits the products
     over the sharded dimension instead and all-reduces activations), and gradients are
-    reduce-scattered back to the parameters' shards."""
+    reduce-scattered back to the parameters' shards.
+    `rng_impl` (a DROPOUT_RNGS name): the PRNG of the dropout keys. threefry is the same on every
+    backend; rbg / unsafe_rbg draw bits with XLA's RngBitGenerator (cheaper on accelerators, the
+    bits depend on the backend; unsafe_rbg also splits keys with it)."""
+    if rng_impl not in DROPOUT_RNGS:
+        raise ConfigError(f"unknown train.dropout_rng {rng_impl!r}; valid: {', '.join(DROPOUT_RNGS)}")
     gathered = None if grad_shardings is None else jax.tree.map(
         lambda s: NamedSharding(s.mesh, P()), grad_shardings)
 
@@ -124,7 +133,7 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
         return jax.value_and_grad(loss_fn)(params)
 
     def train_step(params, opt_state, inputs_BxT, targets_BxT, step):
-        step_key = jax.random.fold_in(jax.random.key(dropout_seed), step)
+        step_key = jax.random.fold_in(jax.random.key(dropout_seed, impl=DROPOUT_RNGS[rng_impl]), step)
         rows_B = jnp.arange(inputs_BxT.shape[0], dtype=jnp.int32)
         if micro_steps == 1:
             loss, grads = loss_and_grads(params, inputs_BxT, targets_BxT, rows_B, step_key)
@@ -287,7 +296,7 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
 
     step_fn = make_train_step(graphdef, tx, config.seed + 1, micro_steps=micro_steps,
                               per_example_keys=is_stochastic(config.model, scheme),
-                              grad_shardings=param_shards)
+                              grad_shardings=param_shards, rng_impl=tc.get("dropout_rng", "threefry"))
     batch_shard = sharding.batch_sharding(mesh)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     end = tc.steps if max_steps is None else min(tc.steps, start + max_steps)

@@ -46,6 +46,9 @@ class ModelConfig:
     tie_embeddings: bool = True
     adaptive_cutoffs: tuple = ()    # e.g. (20000, 60000): adaptive input + adaptive softmax
     adaptive_factor: int = 4        # band i has width d_model / factor**i
+    adaptive_tail_capacity: float = 0.25  # training scores a tail cluster in this fraction of each row's
+                                    # positions (the tokens whose target it holds); a batch with a row
+                                    # needing more scores it for every token. 0: every token always
     attention: str = "auto"         # auto | dense | triangular | blockwise | fused | pallas; auto = pallas
                                     # on GPU where the scheme allows it, else blockwise beyond 2 blocks
                                     # (unless dropping out), else triangular where the scheme allows it
@@ -195,7 +198,8 @@ class DecoderLM(nnx.Module):
                                        cfg.adaptive_factor, rngs=rngs, dtype=dtype)
             self.softmax = AdaptiveSoftmax(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
                                            cfg.adaptive_factor, rngs=rngs, dtype=dtype,
-                                           tie_to=self.embed if cfg.tie_embeddings else None)
+                                           tie_to=self.embed if cfg.tie_embeddings else None,
+                                           tail_capacity=cfg.adaptive_tail_capacity)
         else:
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
                                    embedding_init=columns_sharded(nnx.initializers.normal(stddev=cfg.d_model ** -0.5)))

@@ -136,3 +136,71 @@ def test_bad_configurations_fail_clearly():
     inp = AdaptiveInput(V, D, CUTOFFS, FACTOR, rngs=nnx.Rngs(0))
     with pytest.raises(ValueError, match="tie_to"):
         AdaptiveSoftmax(V, D, (10, 20), FACTOR, rngs=nnx.Rngs(0), tie_to=inp)
+
+
+def _grads(loss, sm, h_BxTxD):
+    grads_sm, grads_h = nnx.jit(nnx.grad(loss, argnums=(0, 1)))(sm, h_BxTxD)
+    return [g[...] for _, g in nnx.to_flat_state(grads_sm)] + [grads_h]
+
+
+@pytest.mark.parametrize("case", ["fits", "overflows"])
+@pytest.mark.parametrize("tie", [False, True])
+def test_nll_scoring_tails_in_slots_equals_scoring_every_token(case, tie):
+    """Training scores a tail cluster only for the tokens whose target it holds (8 slots per row of
+    32 here); a batch with a row needing more falls back to every token. Loss and gradients equal
+    the every-token computation either way, called on the batch or row by row under vmap (as the
+    training step does, each row with its own dropout key), jitted."""
+    from models.adaptive import tail_slots
+    pair = Pair(V, D, CUTOFFS, FACTOR, tie=tie, rngs=nnx.Rngs(0))
+    every = Pair(V, D, CUTOFFS, FACTOR, tie=tie, rngs=nnx.Rngs(0))
+    pair.sm.tail_capacity, every.sm.tail_capacity = 0.25, 0.0
+    b, t = 3, 32
+    assert tail_slots(t, 0.25) == 8 and tail_slots(t, 0.0) == 0
+    head_BxT = jax.random.randint(jax.random.key(3), (b, t), 0, CUTOFFS[0])
+    any_BxT = jax.random.randint(jax.random.key(4), (b, t), 0, V)
+    share = 0.25 if case == "fits" else 0.9  # of tokens drawn from the whole vocabulary
+    targets_BxT = jnp.where(jax.random.uniform(jax.random.key(5), (b, t)) < share, any_BxT, head_BxT)
+    per_cluster = [((targets_BxT >= lo) & (targets_BxT < hi)).sum(1) for lo, hi in ((10, 30), (30, V))]
+    assert all(int(c.min()) > 0 for c in per_cluster)  # every row scores both clusters
+    assert (max(int(c.max()) for c in per_cluster) > 8) == (case == "overflows")
+    h_BxTxD = 3.0 * hidden(6, (b, t, D))
+
+    def batch_loss(sm, h):
+        return sm.nll(h, targets_BxT).mean()
+
+    def row_loss(sm, h):
+        return jax.vmap(lambda x, y: sm.nll(x[None], y[None])[0])(h, targets_BxT).mean()
+
+    expected_BxT = nnx.jit(lambda sm, h: sm.nll(h, targets_BxT))(every.sm, h_BxTxD)
+    np.testing.assert_allclose(nnx.jit(lambda sm, h: sm.nll(h, targets_BxT))(pair.sm, h_BxTxD), expected_BxT,
+                               rtol=1e-6, atol=1e-6)
+    expected = _grads(batch_loss, every.sm, h_BxTxD)
+    for loss in (batch_loss, row_loss):
+        for g, e in zip(_grads(loss, pair.sm, h_BxTxD), expected, strict=True):
+            np.testing.assert_allclose(g, e, rtol=1e-5, atol=1e-7)
+
+
+def test_tail_slots_alone_are_exact_only_when_no_row_overflows_and_vmap_keeps_the_branch():
+    """The slot path scores only the first `slots` in-cluster tokens of a row (so the fallback is
+    what makes an overflowing batch exact), and the overflow test answers for the whole vmapped
+    batch, so under the training step's per-row vmap the choice stays a branch (a `cond`) instead
+    of a select that would compute the every-token side too."""
+    from models.adaptive import _tail_nll_by_chunks, _tail_nll_every_token, _tail_nll_in_slots, tail_nll
+    sm = AdaptiveSoftmax(V, D, CUTOFFS, FACTOR, rngs=nnx.Rngs(0))
+    proj, table = sm.tail_projs[0][...], sm.tables[1][...]
+    h_BxTxD = hidden(7, (2, 16, D))
+    targets_BxT = jnp.stack([jnp.full(16, 12), jnp.arange(16) * 3])  # row 0: 16 in [10, 30); row 1: 7
+    every_BxT = _tail_nll_every_token(h_BxTxD, targets_BxT, proj, table, 10, 30, jnp.float32)
+    slots_BxT = _tail_nll_in_slots(h_BxTxD, targets_BxT, proj, table, 10, 30, 8, jnp.float32)
+    np.testing.assert_allclose(slots_BxT[1], every_BxT[1], rtol=1e-6)  # 7 fit in 8 slots
+    np.testing.assert_allclose(slots_BxT[0, :8], every_BxT[0, :8], rtol=1e-6)
+    np.testing.assert_array_equal(slots_BxT[0, 8:], 0.0)  # the 9th and later were not scored
+    np.testing.assert_allclose(tail_nll(h_BxTxD, targets_BxT, proj, table, 10, 30, 8), every_BxT, rtol=1e-6)
+    # the fallback scores every token a chunk at a time, the last one padded
+    chunked_BxT = _tail_nll_by_chunks(h_BxTxD, targets_BxT, proj, table, 10, 30, 6, jnp.float32)
+    np.testing.assert_allclose(chunked_BxT, every_BxT, rtol=1e-6)
+
+    def rows(h):
+        return jax.vmap(lambda x, y: tail_nll(x[None], y[None], proj, table, 10, 30, 8)[0])(h, targets_BxT).sum()
+    np.testing.assert_allclose(jax.jit(rows)(h_BxTxD), every_BxT.sum(), rtol=1e-6)
+    assert "cond[" in str(jax.make_jaxpr(jax.grad(rows))(h_BxTxD))

@@ -39,11 +39,32 @@ def one_update(config, micro_steps: int):
     graphdef, params, opt_state, shards, scheme = training.init_state(config, 256, tx, mesh)
     step = training.make_train_step(graphdef, tx, 7, micro_steps=micro_steps,
                                     per_example_keys=training.is_stochastic(config.model, scheme),
-                                    grad_shardings=shards)
+                                    grad_shardings=shards, rng_impl=tc.get("dropout_rng", "threefry"))
     stream = np.random.default_rng(0).integers(0, 256, 5000)
     inputs, targets = corpora.train_batch(stream, 0, tc.batch_size, tc.seq_len, 0)
     params, _, metrics = step(params, opt_state, inputs, targets, np.int32(0))
     return params, jax.device_get(metrics)
+
+
+def test_dropout_rng_option_is_reproducible_and_defaults_to_threefry():
+    """train.dropout_rng picks the dropout keys' PRNG; a config without it (runs saved before the
+    option) draws the masks it always did."""
+    config = tiny_config("alibi")
+    config.model.update(dict(dropout=0.3))
+    config.train.update(dict(batch_size=2, optimizer="nag", momentum=0.9, lr=0.5, warmup_steps=0))
+    legacy, _ = one_update(config, 1)
+    config.train.dropout_rng = "threefry"
+    threefry, _ = one_update(config, 1)
+    config.train.dropout_rng = "rbg"
+    rbg, _ = one_update(config, 1)
+    rbg_again, _ = one_update(config, 1)
+    leaves = lambda p: [np.asarray(x) for x in jax.tree.leaves(p)]
+    for a, b, c, d in zip(leaves(legacy), leaves(threefry), leaves(rbg), leaves(rbg_again)):
+        np.testing.assert_array_equal(a, b)
+        np.testing.assert_array_equal(c, d)
+    assert any(not np.array_equal(a, c) for a, c in zip(leaves(threefry), leaves(rbg)))
+    with pytest.raises(training.ConfigError, match="dropout_rng"):
+        training.make_train_step(None, None, 0, rng_impl="philox")
 
 
 @pytest.mark.parametrize("dropout,k", [pytest.param(0.0, 2, marks=pytest.mark.slow), (0.3, 8)])  # 8: one sequence per micro-step

@@ -1,0 +1,216 @@
+"""Where the paper model's training step goes, by category, on a CPU-sized copy of it that keeps
+what drives its costs: the WikiText-103 word vocabulary (267,735), tied adaptive input + adaptive
+softmax with cutoffs (20000, 60000) and factor 4, ReLU, dropout 0.3 / attention 0.1 / activation
+0.1, the paper's optimizer (NAG, clipping) and its training step (one dropout key per row, as
+`train()` builds it), at L=512 -- but d_model 256, 4 layers, 4 heads, FFN 1024 and 2 sequences.
+
+    python -m benchmarks.paper_step [--layers 4] [--d_model 256] [--batch 2] [--steps 3]
+        [--tail_capacity 0.25] [--no-compare]
+
+Targets are Zipf-distributed word ranks (exponent 1.1: 5.0% of tokens in [20000, 60000) and 6.0%
+beyond, the ~10% tail share issue #15 estimates for WikiText-103; 11-31 per row of 512, against
+128 slots). Categories (instructions
+of the compiled step, see benchmarks/step_profile.py for the method; the softmax and input are
+recognised by their named scopes in models/adaptive.py and by their band-sized shapes, which also
+catches the converts and transposing copies XLA adds to them):
+  adaptive softmax head   head logits (c0 words + clusters), log-softmax, forward and backward
+  adaptive softmax tails  tail cluster projections, logits, logsumexp, their gradients
+  adaptive input          band lookups and projections of the adaptive input
+  dropout RNG             key splitting / folding and the random bits of the dropout masks
+  attention               everything on B x H x ... tensors
+  dense products          the layers' q/k/v, output and MLP products
+  layout copies           transposes, slices, pads, concatenations outside the above
+  optimizer               clipping and NAG (ops outside the differentiated function)
+  other                   LayerNorm, ReLU, residual adds, applying dropout masks, ...
+The comparison (default on) times pairs of steps alternately in this process: every tail cluster
+computed for every token (`tail_capacity=0`, the old `nll`) against the default; the dropout keys'
+PRNG, threefry against rbg (`train.dropout_rng`); dropout against none (same per-row keys).
+Writes benchmarks/results/paper_step.json.
+"""
+from __future__ import annotations
+
+import argparse
+import collections
+import glob
+import gzip
+import json
+import os
+import re
+import statistics
+import tempfile
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+
+from benchmarks import common
+from benchmarks.step_profile import _INSTRUCTION, _LAYOUT_OPS, _OP_NAME
+from configs import wikitext103
+from experiment import training
+from experiment.host_memory import keep_freed_host_memory
+
+WT103_VOCAB = 267_735
+CATEGORIES = ("adaptive softmax head", "adaptive softmax tails", "adaptive input", "dropout RNG", "attention",
+              "dense products", "layout copies", "optimizer", "other")
+_RNG = re.compile(r"threefry|_bernoulli|_uniform|random_bits|_split|fold_in|rng_bit_generator|random_wrap|"
+                  r"random_unwrap|random_seed")
+_CONTROL = re.compile(r"(cond|conditional|while|call)(\.\d+)?$")
+_SHAPE = re.compile(r"\w+\[([\d,]*)\]")
+
+
+def zipf_targets(shape: tuple[int, ...], vocab: int = WT103_VOCAB, exponent: float = 1.1, seed: int = 0) -> np.ndarray:
+    """Word ids (frequency ranks) drawn from a Zipf law truncated to the vocabulary."""
+    p = np.arange(1, vocab + 1, dtype=np.float64) ** -exponent
+    return np.random.default_rng(seed).choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
+
+
+def paper_config(layers: int, d_model: int, heads: int, mlp_dim: int):
+    config = wikitext103.get_config("alibi,512")
+    config.model.update(dict(num_layers=layers, d_model=d_model, num_heads=heads, mlp_dim=mlp_dim))
+    return config
+
+
+def paper_runner(config, batch: int, *, tail_capacity: float | None = None, rng_impl: str | None = None):
+    """(run, step, state, args): one training step of the paper model as `train()` builds it
+    (per-row dropout keys, NAG, clipping) on a fixed Zipf batch. `tail_capacity` overrides the
+    adaptive softmax's (0: every tail for every token); `rng_impl` the dropout keys' PRNG."""
+    seq_len = config.train.seq_len
+    if tail_capacity is not None:
+        config = config.copy_and_resolve_references()
+        config.model.adaptive_tail_capacity = tail_capacity
+    model = training.build_model(config, WT103_VOCAB)
+    graphdef, params = nnx.split(model)
+    tx = training.make_optimizer(config.train)
+    step = training.make_train_step(graphdef, tx, 2, per_example_keys=True, rng_impl=rng_impl or "threefry")
+    ids = zipf_targets((batch, seq_len + 1))
+    inputs, targets = jax.numpy.asarray(ids[:, :-1]), jax.numpy.asarray(ids[:, 1:])
+    state = {"params": params, "opt": tx.init(params)}
+
+    def run():
+        state["params"], state["opt"], metrics = step(state["params"], state["opt"], inputs, targets, 0)
+        return metrics["loss"]
+    return run, step, state, (inputs, targets)
+
+
+def category(name: str, shape: str, op_name: str, batch: int, heads: int, bands: tuple[int, ...]) -> str:
+    """The category of one instruction of the compiled paper step (see the module docstring)."""
+    if _RNG.search(op_name):
+        return "dropout RNG"
+    if "adaptive_softmax_tail" in op_name:
+        return "adaptive softmax tails"
+    if "adaptive_softmax_head" in op_name:
+        return "adaptive softmax head"
+    if "adaptive_input" in op_name:
+        return "adaptive input"
+    dims = _SHAPE.match(shape)
+    dims = tuple(int(d) for d in dims.group(1).split(",") if d) if dims else ()
+    if any(d in bands[1:] for d in dims):  # (also XLA's own converts and copies, which have no op_name)
+        return "adaptive softmax tails"
+    if any(d in (bands[0], bands[0] + len(bands) - 1) for d in dims):
+        return "adaptive softmax head"
+    if not op_name:  # made by XLA (layout assignment, dtype converts)
+        return "layout copies" if name.startswith(("copy", "bitcast", "transpose")) else "other"
+    if "jvp(" not in op_name:
+        return "optimizer"
+    if len(dims) >= 3 and (dims[1] == heads or dims[1:3] == (1, heads)) and dims[0] == batch:
+        return "attention"
+    if op_name.endswith("dot_general") or name.startswith("dot"):
+        return "dense products"
+    if op_name.rsplit("/", 1)[-1] in _LAYOUT_OPS or name.startswith(("copy_bitcast", "bitcast_copy", "transpose")):
+        return "layout copies"
+    return "other"
+
+
+def profile(run, step, state, args, config, batch: int, steps: int) -> dict:
+    cutoffs = tuple(config.model.adaptive_cutoffs)
+    edges = (0, *cutoffs, WT103_VOCAB)
+    bands = tuple(b - a for a, b in zip(edges, edges[1:]))
+    compiled = step.lower(state["params"], state["opt"], *args, 0).compile()
+    hlo = compiled.as_text()
+    temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20  # XLA's plan: either branch of a cond
+    categories = {}
+    for line in hlo.splitlines():
+        m = _INSTRUCTION.match(line)
+        if m:
+            op = _OP_NAME.search(line)
+            categories.setdefault(m.group(1), category(m.group(1), m.group(2), op.group(1) if op else "",
+                                                       batch, config.model.num_heads, bands))
+    step_ms = common.median_seconds(run, max(steps, 3), warmup=1) * 1e3
+    with tempfile.TemporaryDirectory() as trace_dir:
+        jax.profiler.start_trace(trace_dir)
+        for _ in range(steps):
+            jax.block_until_ready(run())
+        jax.profiler.stop_trace()
+        (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
+        with gzip.open(path) as f:
+            events = json.load(f)["traceEvents"]
+    ms = collections.Counter()
+    for e in events:  # leaf ops only: a cond's or while's own event spans the ops of its body
+        if e.get("ph") == "X" and e["name"] in categories and not _CONTROL.match(e["name"]):
+            ms[categories[e["name"]]] += e["dur"] / 1e3 / steps
+    return {"step_ms": step_ms, "temp_mb": temp_mb, "ms": {c: ms[c] for c in CATEGORIES}}
+
+
+def alternate(runners: dict, rounds: int) -> dict:
+    """Median seconds per step of each runner, timed in turns (round robin) so drift hits all alike."""
+    for run in runners.values():
+        jax.block_until_ready(run())
+    times = {name: [] for name in runners}
+    for _ in range(rounds):
+        for name, run in runners.items():
+            t0 = time.perf_counter()
+            jax.block_until_ready(run())
+            times[name].append(time.perf_counter() - t0)
+    return {name: statistics.median(t) for name, t in times.items()}
+
+
+def main():
+    keep_freed_host_memory()
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--layers", type=int, default=4)
+    ap.add_argument("--d_model", type=int, default=256)
+    ap.add_argument("--heads", type=int, default=4)
+    ap.add_argument("--mlp_dim", type=int, default=1024)
+    ap.add_argument("--batch", type=int, default=2)
+    ap.add_argument("--steps", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=6)
+    ap.add_argument("--tail_capacity", type=float, default=None, help="default: the model's")
+    ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True)
+    args = ap.parse_args()
+    config = paper_config(args.layers, args.d_model, args.heads, args.mlp_dim)
+    columns = {"dense tails": dict(tail_capacity=0.0), "default": dict(tail_capacity=args.tail_capacity)}
+    results = {}
+    for name, kw in columns.items():
+        run, step, state, batch_args = paper_runner(config, args.batch, **kw)
+        results[name] = profile(run, step, state, batch_args, config, args.batch, args.steps)
+    rows = [{"category": c, **{n: r["ms"][c] for n, r in results.items()}} for c in CATEGORIES]
+    rows.append({"category": "sum (profiled)", **{n: sum(r["ms"].values()) for n, r in results.items()}})
+    rows.append({"category": "step, unprofiled", **{n: r["step_ms"] for n, r in results.items()}})
+    rows.append({"category": "temporaries, MiB", **{n: r["temp_mb"] for n, r in results.items()}})
+    print(f"paper model, {args.layers} layers, d={args.d_model}, {args.batch} x 512 tokens: ms per training step")
+    common.print_table(rows, ["category", *results])
+    payload = {"model": dict(config.model), "vocab_size": WT103_VOCAB, "seq_len": config.train.seq_len,
+               "batch": args.batch, "steps": args.steps, "rows": rows}
+    if args.compare:  # pairs, each timed alternately, then freed
+        no_dropout = paper_config(args.layers, args.d_model, args.heads, args.mlp_dim)
+        no_dropout.model.update(dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))
+        cap = dict(tail_capacity=args.tail_capacity)
+        pairs = {"tails": ({"dense tails": (config, dict(tail_capacity=0.0)), "default": (config, cap)}),
+                 "dropout keys": ({"threefry": (config, cap), "rbg": (config, dict(cap, rng_impl="rbg"))}),
+                 "dropout": ({"dropout": (config, cap), "no dropout": (no_dropout, cap)})}
+        timing = []
+        for pair, runners in pairs.items():
+            seconds = alternate({n: paper_runner(c, args.batch, **kw)[0] for n, (c, kw) in runners.items()},
+                                args.rounds)
+            (base, base_s), (other, other_s) = seconds.items()
+            timing.append({"pair": pair, "a": base, "a_ms": base_s * 1e3, "b": other, "b_ms": other_s * 1e3,
+                           "a / b": base_s / other_s})
+        print("\ntimed alternately (pairs), unprofiled, ms per step:")
+        common.print_table(timing, ["pair", "a", "a_ms", "b", "b_ms", "a / b"])
+        payload["alternating"] = timing
+    print(f"wrote {common.write('paper_step', payload)}")
+
+
+if __name__ == "__main__":
+    main()
