@@ -30,27 +30,21 @@ Writes benchmarks/results/paper_step.json.
 from __future__ import annotations
 
 import argparse
-import collections
-import glob
-import gzip
-import json
-import os
 import re
 import statistics
-import tempfile
 import time
 
 import jax
 import numpy as np
 from flax import nnx
 
-from benchmarks import common
-from benchmarks.step_profile import _INSTRUCTION, _LAYOUT_OPS, _OP_NAME
+from benchmarks import common, step_profile
+from benchmarks.paper_experiment import WT103_VOCAB
+from benchmarks.step_profile import _LAYOUT_OPS
 from configs import wikitext103
 from experiment import training
 from experiment.host_memory import keep_freed_host_memory
 
-WT103_VOCAB = 267_735
 CATEGORIES = ("adaptive softmax head", "adaptive softmax tails", "adaptive input", "dropout RNG", "attention",
               "dense products", "layout copies", "optimizer", "other")
 _RNG = re.compile(r"threefry|_bernoulli|_uniform|random_bits|_split|fold_in|rng_bit_generator|random_wrap|"
@@ -129,26 +123,11 @@ def profile(run, step, state, args, config, batch: int, steps: int) -> dict:
     compiled = step.lower(state["params"], state["opt"], *args, 0).compile()
     hlo = compiled.as_text()
     temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20  # XLA's plan: either branch of a cond
-    categories = {}
-    for line in hlo.splitlines():
-        m = _INSTRUCTION.match(line)
-        if m:
-            op = _OP_NAME.search(line)
-            categories.setdefault(m.group(1), category(m.group(1), m.group(2), op.group(1) if op else "",
-                                                       batch, config.model.num_heads, bands))
+    categories = step_profile.instruction_categories(
+        hlo, lambda name, shape, op: category(name, shape, op, batch, config.model.num_heads, bands))
     step_ms = common.median_seconds(run, max(steps, 3), warmup=1) * 1e3
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
-        for _ in range(steps):
-            jax.block_until_ready(run())
-        jax.profiler.stop_trace()
-        (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
-    ms = collections.Counter()
-    for e in events:  # leaf ops only: a cond's or while's own event spans the ops of its body
-        if e.get("ph") == "X" and e["name"] in categories and not _CONTROL.match(e["name"]):
-            ms[categories[e["name"]]] += e["dur"] / 1e3 / steps
+    # leaf ops only: a cond's or while's own event spans the ops of its body
+    ms = step_profile.traced_ms(run, steps, categories, skip=lambda name: bool(_CONTROL.match(name)))
     return {"step_ms": step_ms, "temp_mb": temp_mb, "ms": {c: ms[c] for c in CATEGORIES}}
 
 

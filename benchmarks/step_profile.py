@@ -56,18 +56,20 @@ def xla_category(name: str, shape: str, op_name: str, batch: int, heads: int) ->
     return "other"
 
 
-def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
-    run, step, state, tokens, _ = train_runner(scheme, seq_len, batch)
-    hlo = step.lower(state["params"], state["opt"], tokens, tokens, 0).compile().as_text()
-    heads = common.BENCH_MODEL["num_heads"]
-    category = {}
+def instruction_categories(hlo: str, categorize) -> dict[str, str]:
+    """Every instruction of a compiled program's HLO text -> categorize(name, shape, op_name)."""
+    categories = {}
     for line in hlo.splitlines():
         m = _INSTRUCTION.match(line)
         if m:
             op = _OP_NAME.search(line)
-            category.setdefault(m.group(1), xla_category(m.group(1), m.group(2), op.group(1) if op else "",
-                                                         batch, heads))
-    step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
+            categories.setdefault(m.group(1), categorize(m.group(1), m.group(2), op.group(1) if op else ""))
+    return categories
+
+
+def traced_ms(run, steps: int, categories: dict[str, str], skip=lambda name: False) -> collections.Counter:
+    """Milliseconds per step by category, from a `jax.profiler` trace of `steps` calls of `run`:
+    complete events named after an instruction of the step (not runtime spans), except `skip`ped ones."""
     with tempfile.TemporaryDirectory() as trace_dir:
         jax.profiler.start_trace(trace_dir)
         for _ in range(steps):
@@ -77,9 +79,19 @@ def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
         with gzip.open(path) as f:
             events = json.load(f)["traceEvents"]
     ms = collections.Counter()
-    for e in events:  # complete events named after an instruction of the step (not runtime spans)
-        if e.get("ph") == "X" and e["name"] in category:
-            ms[category[e["name"]]] += e["dur"] / 1e3 / steps
+    for e in events:
+        if e.get("ph") == "X" and e["name"] in categories and not skip(e["name"]):
+            ms[categories[e["name"]]] += e["dur"] / 1e3 / steps
+    return ms
+
+
+def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
+    run, step, state, tokens, _ = train_runner(scheme, seq_len, batch)
+    hlo = step.lower(state["params"], state["opt"], tokens, tokens, 0).compile().as_text()
+    heads = common.BENCH_MODEL["num_heads"]
+    category = instruction_categories(hlo, lambda name, shape, op: xla_category(name, shape, op, batch, heads))
+    step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
+    ms = traced_ms(run, steps, category)
     return {"step_ms": step_ms, "ms": {c: ms[c] for c in CATEGORIES}}
 
 
