@@ -32,6 +32,7 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
+from flax import nnx
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
@@ -66,23 +67,33 @@ def interpreted() -> bool:
 _AVAILABLE: dict = {}
 
 
+def probe(scheme: Scheme, dtype):
+    """A tiny forward and backward pass of the kernel for `scheme`, traced from shapes alone (the
+    scheme's parameters may be tracers of the model being traced): lower it, then compile it."""
+    graphdef, state = nnx.split(scheme)
+    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
+    pos = np.arange(BLOCK, dtype=np.int32)[None]
+
+    def loss(q, state):
+        out = pallas_attention(q, q, q, pos, pos, nnx.merge(graphdef, state), 0.1, jax.random.key(0),
+                               interpret=False)
+        return out.astype(jnp.float32).sum()
+    q = jax.ShapeDtypeStruct((1, BLOCK, scheme.dims.num_heads, scheme.dims.head_dim), dtype)
+    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(q, shapes)
+
+
 def available(scheme: Scheme, dtype) -> bool:
-    """Whether this scheme's kernel compiles on the default backend (GPU): a tiny forward and
-    backward pass is lowered and compiled once per (scheme, heads, head size, dtype). A failure
-    is printed once and `auto` keeps the other paths. Never true where the kernel is interpreted,
-    nor on several devices: the kernel has no partitioning rule yet, so XLA would gather a sharded
-    batch onto every device (explicit `model.attention=pallas` still works there, at that cost)."""
+    """Whether this scheme's kernel compiles on the default backend (GPU): `probe` is compiled once
+    per (scheme, heads, head size, dtype). A failure is printed once and `auto` keeps the other
+    paths. Never true where the kernel is interpreted, nor on several devices: the kernel has no
+    partitioning rule yet, so XLA would gather a sharded batch onto every device (explicit
+    `model.attention=pallas` still works there, at that cost)."""
     if interpreted() or jax.device_count() > 1:
         return False
     key = (scheme.name, scheme.dims.num_heads, scheme.dims.head_dim, jnp.dtype(dtype).name)
     if key not in _AVAILABLE:
-        shape = (1, BLOCK, scheme.dims.num_heads, scheme.dims.head_dim)
-        pos = jnp.broadcast_to(jnp.arange(BLOCK, dtype=jnp.int32), (1, BLOCK))
-
-        def loss(q):
-            return pallas_attention(q, q, q, pos, pos, scheme).astype(jnp.float32).sum()
         try:
-            jax.jit(jax.grad(loss)).lower(jax.ShapeDtypeStruct(shape, dtype)).compile()
+            probe(scheme, dtype).lower().compile()
             _AVAILABLE[key] = True
         except Exception as e:  # noqa: BLE001 - any lowering failure means: use another path
             print(f"model.attention=auto: the Pallas kernel does not compile for {scheme.name!r} here "
