@@ -64,7 +64,8 @@ def interpreted() -> bool:
     return jax.default_backend() != "gpu"
 
 
-_AVAILABLE: dict = {}
+_AVAILABLE: dict = {}  # (scheme, heads, head size, dtype) -> whether the kernel compiles here
+_WARNED: set = set()
 
 
 def probe(scheme: Scheme, dtype):
@@ -134,7 +135,13 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
         q_pos_BxT, k_pos_BxT = more(q_pos_BxT), more(k_pos_BxT)
     rate = float(dropout_rate) if dropout_key is not None else 0.0
     seed = (jax.random.bits(dropout_key, (1,), jnp.uint32) if rate > 0 else jnp.zeros((1,), jnp.uint32))
-    config = _Config(block=block, rate=rate, interpret=interpreted() if interpret is None else interpret,
+    if interpret is None:
+        interpret = interpreted()
+        if interpret and "interpreter" not in _WARNED:
+            _WARNED.add("interpreter")
+            print(f"model.attention=pallas on {jax.default_backend()}: the kernel runs in Pallas' interpreter, "
+                  f"which is for tests and very slow; use model.attention=auto here")
+    config = _Config(block=block, rate=rate, interpret=interpret,
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
                      constant_beyond=None if bias is None else bias.constant_beyond,
                      lookup=None if bias is None or bias.table is None else bias.index)
