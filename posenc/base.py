@@ -49,8 +49,10 @@ class BiasFunction:
     is the pytree `shared` as given, `head` the pytree `per_head` with every leaf sliced at one head
     (each `per_head` leaf has a leading axis of length num_heads). Leaves reach `fn` at least 1-d
     (a scalar as shape (1,), one head's scalar as (1,)), so write `fn` with broadcasting. `fn` must
-    be elementwise arithmetic on its position arguments (no gathers, no per-key reductions: it runs
-    inside a GPU kernel) and depend on the leaves only (not on arrays it closes over). Where
+    be elementwise arithmetic on its position arguments and depend on the leaves only (not on
+    arrays it closes over; Python numbers are fine): it runs inside a GPU kernel, which cannot
+    gather, reduce over keys or index into a vector, so a vector of coefficients is given as a
+    tuple of leaves, one per element (tests/test_pallas_attention.py lowers every scheme's). Where
     `learned`, the kernel returns the leaves' gradients, through which the scheme's parameters get
     theirs; parameter-free biases set it False and skip that work. A learned lookup table (T5's
     buckets) goes in `table` with its elementwise `index` function instead of `fn` (or beside it):
@@ -70,10 +72,11 @@ class BiasFunction:
         """The whole bias, B x H x T x S, one head at a time (to check `fn` against `Scheme.bias`)."""
         lift = lambda x: jnp.reshape(x, (1,)) if jnp.ndim(x) == 0 else x
         shared = jax.tree.map(lift, self.shared)
-        num_heads = len(jax.tree.leaves(self.per_head)[0]) if jax.tree.leaves(self.per_head) else 1
-        heads = []
         if self.table is not None:
             num_heads = self.table.shape[0]
+        else:
+            num_heads = len(jax.tree.leaves(self.per_head)[0]) if jax.tree.leaves(self.per_head) else 1
+        heads = []
         for h in range(num_heads):
             head = jax.tree.map(lambda x: lift(x[h]), self.per_head)
 
