@@ -150,7 +150,7 @@ def test_kernel_lowers_to_triton_for_a_gpu(name):
     """Pallas' Triton lowering runs without a GPU: the forward and backward kernels of every scheme
     (the paper model's head size, bfloat16, dropout, a vmap over rows as training's per-row keys
     make it) are lowered for CUDA. What it cannot check here is Triton's own compilation to PTX."""
-    b, t, h, d = 2, 256, 8, 64
+    b, t, h, d = 2, 320, 8, 64  # 5 blocks: the whole-sequence blocks need not be a power of 2
     dims = posenc.ModelDims(d_model=h * d, num_heads=h, head_dim=d, num_layers=1, train_length=512)
     graphdef, state = nnx.split(posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0)))
     pos = jnp.arange(t, dtype=jnp.int32)[None]
