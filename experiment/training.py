@@ -102,7 +102,8 @@ DROPOUT_RNGS = {"threefry": "threefry2x32", "rbg": "rbg", "unsafe_rbg": "unsafe_
 
 
 def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
-                    per_example_keys: bool = False, grad_shardings=None, rng_impl: str = "threefry"):
+                    per_example_keys: bool = False, grad_shardings=None, rng_impl: str = "threefry",
+                    per_device_mesh: jax.sharding.Mesh | None = None):
     """The jitted update. With `micro_steps` = k > 1 the batch is split into k micro-batches (rows
     i, k + i, 2k + i, ... form micro-batch i, so each device keeps its own rows) whose gradients are
     summed in a `lax.scan`; the loss, gradient norm, clipping and update are those of the whole batch.
@@ -114,7 +115,11 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
     reduce-scattered back to the parameters' shards.
     `rng_impl` (a DROPOUT_RNGS name): the PRNG of the dropout keys. threefry is the same on every
     backend; rbg / unsafe_rbg draw bits with XLA's RngBitGenerator (cheaper on accelerators, the
-    bits depend on the backend; unsafe_rbg also splits keys with it)."""
+    bits depend on the backend; unsafe_rbg also splits keys with it).
+    `per_device_mesh`: the forward and backward pass run on each device's rows by itself
+    (`shard_map` over the batch axes: parameters whole on every device, loss and gradients averaged
+    across devices), for kernels XLA cannot partition (`uses_per_device_step`). The same numbers as
+    without it, up to rounding: rows and their dropout keys are the same."""
     if rng_impl not in DROPOUT_RNGS:
         raise ConfigError(f"unknown train.dropout_rng {rng_impl!r}; valid: {', '.join(DROPOUT_RNGS)}")
     gathered = None if grad_shardings is None else jax.tree.map(
@@ -131,6 +136,17 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
             row_nll = lambda x, y, k: model.token_nll(x[None], y[None], dropout_key=k)[0]
             return jax.vmap(row_nll)(inputs_BxT, targets_BxT, keys_B).mean()
         return jax.value_and_grad(loss_fn)(params)
+
+    if per_device_mesh is not None:
+        gathered = None  # the parameters enter the per-device function whole (in_specs P())
+        axes = sharding.BATCH_AXES
+        whole_batch = loss_and_grads
+
+        def on_each_device(params, inputs_BxT, targets_BxT, rows_B, step_key):
+            return jax.lax.pmean(whole_batch(params, inputs_BxT, targets_BxT, rows_B, step_key), axes)
+        # check_vma off: Pallas' outputs carry no varying-axes types; pmean makes the results replicated
+        loss_and_grads = jax.shard_map(on_each_device, mesh=per_device_mesh, check_vma=False,
+                                       in_specs=(P(), P(axes), P(axes), P(axes), P()), out_specs=P())
 
     def train_step(params, opt_state, inputs_BxT, targets_BxT, step):
         step_key = jax.random.fold_in(jax.random.key(dropout_seed, impl=DROPOUT_RNGS[rng_impl]), step)
@@ -155,6 +171,17 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
         params = optax.apply_updates(params, updates)
         return params, opt_state, {"loss": loss, "grad_norm": optax.tree.norm(grads)}
     return jax.jit(train_step, donate_argnums=(0, 1))
+
+
+def uses_per_device_step(model_cfg, scheme, devices: int) -> bool:
+    """Whether training on `devices` devices runs its forward and backward pass per device (see
+    make_train_step): where the Pallas attention kernel runs compiled (GPU), which has no rule for
+    XLA to partition it, explicitly (model.attention=pallas) or as `auto`'s choice."""
+    from models import pallas_attention
+    if devices < 2 or pallas_attention.interpreted():
+        return False
+    kind, positions = model_cfg.get("attention", "auto"), jnp.zeros((1, 1), jnp.int32)
+    return kind == "pallas" or (kind == "auto" and pallas_attention.supports(scheme, positions, positions))
 
 
 def is_stochastic(model_cfg, scheme) -> bool:
@@ -296,7 +323,8 @@ def _train_loop(config, run: RunDir, mesh, micro_steps, tokenizer, stream, tx, s
 
     step_fn = make_train_step(graphdef, tx, config.seed + 1, micro_steps=micro_steps,
                               per_example_keys=is_stochastic(config.model, scheme),
-                              grad_shardings=param_shards, rng_impl=tc.get("dropout_rng", "threefry"))
+                              grad_shardings=param_shards, rng_impl=tc.get("dropout_rng", "threefry"),
+                              per_device_mesh=mesh if uses_per_device_step(config.model, scheme, mesh.size) else None)
     batch_shard = sharding.batch_sharding(mesh)
     n_params = sum(x.size for x in jax.tree.leaves(params))
     end = tc.steps if max_steps is None else min(tc.steps, start + max_steps)

@@ -59,6 +59,12 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
     return scheme.bias(probe_q, probe_q, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is None
 
 
+def per_device() -> bool:
+    """Whether this is traced per device (inside `shard_map` over every axis of the mesh)."""
+    mesh = jax.sharding.get_abstract_mesh()
+    return not mesh.empty and set(mesh.manual_axes) == set(mesh.axis_names)
+
+
 def interpreted() -> bool:
     """Whether the kernels run in Pallas' interpreter here (everywhere but on GPU)."""
     return jax.default_backend() != "gpu"
@@ -86,10 +92,11 @@ def probe(scheme: Scheme, dtype):
 def available(scheme: Scheme, dtype) -> bool:
     """Whether this scheme's kernel compiles on the default backend (GPU): `probe` is compiled once
     per (scheme, heads, head size, dtype). A failure is printed once and `auto` keeps the other
-    paths. Never true where the kernel is interpreted, nor on several devices: the kernel has no
-    partitioning rule yet, so XLA would gather a sharded batch onto every device (explicit
-    `model.attention=pallas` still works there, at that cost)."""
-    if interpreted() or jax.device_count() > 1:
+    paths. Never true where the kernel is interpreted, nor on several devices unless the model runs
+    per device (inside `shard_map`, as training does there: experiment/training.py,
+    `uses_per_device_step`): the kernel has no partitioning rule, so XLA would gather a sharded
+    batch onto every device."""
+    if interpreted() or (jax.device_count() > 1 and not per_device()):
         return False
     key = (scheme.name, scheme.dims.num_heads, scheme.dims.head_dim, jnp.dtype(dtype).name)
     if key not in _AVAILABLE:

@@ -1,6 +1,8 @@
 """The Pallas attention kernel (models/pallas_attention.py), run in Pallas' interpreter on CPU:
 equal to dense attention, forward and gradients (inputs and the bias's learned parameters), for
 every scheme that provides `bias_fn`, for rotations without a bias, and with dropout."""
+import json
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -115,23 +117,52 @@ def test_schemes_the_kernel_cannot_express_are_refused():
         pallas_attention(q, k, v, pos, pos, _scheme("shaw"), interpret=True)
 
 
-def _one_update(attention: str, attention_dropout: float):
+def _one_update(attention: str, attention_dropout: float, *, batch: int = 4, mesh=None):
     """Parameters and loss after one training update of a tiny t5 model through the training step
-    (2 micro-steps; with dropout, per-row keys, as training draws them)."""
+    (2 micro-steps; with dropout, per-row keys, as training draws them). With a `mesh`, the step
+    runs per device over it (`per_device_mesh`)."""
     from experiment import config_util, sharding, training
     from tests.conftest import tiny_config
     config = tiny_config("t5")
     config.model.update(dict(num_layers=1, attention=attention, attention_dropout=attention_dropout))
-    config.train.update(dict(batch_size=4, seq_len=24))
+    config.train.update(dict(batch_size=batch, seq_len=24))
     config = config_util.resolve(config)
     tx = training.make_optimizer(config.train)
-    graphdef, params, opt_state, shards, scheme = training.init_state(config, 64, tx,
-                                                                      sharding.make_mesh(1, jax.devices()[:1]))
+    graphdef, params, opt_state, shards, scheme = training.init_state(
+        config, 64, tx, mesh or sharding.make_mesh(1, jax.devices()[:1]))
     step = training.make_train_step(graphdef, tx, 7, micro_steps=2, grad_shardings=shards,
-                                    per_example_keys=training.is_stochastic(config.model, scheme))
-    tokens = np.random.default_rng(0).integers(0, 64, (4, 25))
+                                    per_example_keys=training.is_stochastic(config.model, scheme),
+                                    per_device_mesh=mesh)
+    tokens = np.random.default_rng(0).integers(0, 64, (batch, 25))
     params, _, metrics = step(params, opt_state, tokens[:, :-1], tokens[:, 1:], np.int32(0))
     return params, float(metrics["loss"])
+
+
+PER_DEVICE_SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import jax, numpy as np
+from experiment import sharding
+from tests.test_pallas_attention import _one_update
+params, loss = _one_update("pallas", 0.3, batch=16, mesh=sharding.make_mesh(2))  # data 4 x fsdp 2
+print(json.dumps({{"devices": jax.device_count(), "loss": loss,
+                  "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}}))
+"""
+
+
+def test_per_device_training_step_on_eight_devices_matches_one_device():
+    """Several devices run the kernel per device (shard_map over the batch axes, as training does
+    where the compiled kernel cannot be partitioned): with dropout, the update equals one device's."""
+    from tests.conftest import REPO, run_entry
+    result = run_entry("-c", PER_DEVICE_SCRIPT.format(repo=str(REPO)), timeout=600,
+                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 8
+    params, loss = _one_update("pallas", 0.3, batch=16)
+    assert out["loss"] == pytest.approx(loss, rel=1e-5)
+    for got, want in zip(out["params"], jax.tree.leaves(params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
 
 
 def test_training_step_with_pallas_attention_equals_dense():
@@ -177,3 +208,17 @@ def test_auto_probe_traces_from_shapes_inside_a_model_trace():
         assert lowered.as_text().count("xla.gpu.triton") == 3
         return jax.tree.leaves(state)[0].sum()
     jax.jit(traced).trace(state)
+
+
+def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkeypatch):
+    from experiment import training
+    from models import pallas_attention
+    auto, explicit, xla = {"attention": "auto"}, {"attention": "pallas"}, {"attention": "dense"}
+    assert not training.uses_per_device_step(auto, _scheme("alibi"), 8)  # interpreted here: never
+    monkeypatch.setattr(pallas_attention, "interpreted", lambda: False)  # as on a GPU
+    assert training.uses_per_device_step(auto, _scheme("alibi"), 8)
+    assert training.uses_per_device_step(auto, _scheme("rope"), 8)
+    assert training.uses_per_device_step(explicit, _scheme("alibi"), 8)
+    assert not training.uses_per_device_step(auto, _scheme("alibi"), 1)
+    assert not training.uses_per_device_step(auto, _scheme("shaw"), 8)  # auto keeps XLA's paths for it
+    assert not training.uses_per_device_step(xla, _scheme("alibi"), 8)
