@@ -150,6 +150,7 @@ print(json.dumps({{"devices": jax.device_count(), "loss": loss,
 """
 
 
+@pytest.mark.slow  # ~20 s: a subprocess with 8 simulated devices
 def test_per_device_training_step_on_eight_devices_matches_one_device():
     """Several devices run the kernel per device (shard_map over the batch axes, as training does
     where the compiled kernel cannot be partitioned): with dropout, the update equals one device's."""
