@@ -28,7 +28,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
                    warmup_init_lr=0.0, min_lr_ratio=0.1, weight_decay=0.1, b1=0.9, b2=0.98, momentum=0.9,
                    grad_clip=1.0, device_batch_tokens=0,  # 0: the whole update in one step per device
                    log_every=50, checkpoint_every=200,
-                   init_from="", init_step=0)  # start from another run's parameters (0: its newest step)
+                   init_from="", init_step=0,  # start from another run's parameters (0: its newest step)
+                   dropout_rng="threefry")  # the dropout masks' PRNG: threefry | rbg | unsafe_rbg
     c.mesh = dict(fsdp=1)  # devices that shard parameters and optimizer state (1: replicated)
     # What train.py, sweep.py and eval_extrapolate.py evaluate (their flags override it);
     # overrides: eval-time options, "posenc.rope.yarn_scale=4,model.attention=blockwise".
