@@ -31,8 +31,6 @@ from __future__ import annotations
 
 import argparse
 import re
-import statistics
-import time
 
 import jax
 import numpy as np
@@ -41,6 +39,7 @@ from flax import nnx
 from benchmarks import common, step_profile
 from benchmarks.paper_experiment import WT103_VOCAB
 from benchmarks.step_profile import _LAYOUT_OPS
+from benchmarks.vs_xtransformers import interleaved_tokens_per_s
 from configs import wikitext103
 from experiment import training
 from experiment.host_memory import keep_freed_host_memory
@@ -131,19 +130,6 @@ def profile(run, step, state, args, config, batch: int, steps: int) -> dict:
     return {"step_ms": step_ms, "temp_mb": temp_mb, "ms": {c: ms[c] for c in CATEGORIES}}
 
 
-def alternate(runners: dict, rounds: int) -> dict:
-    """Median seconds per step of each runner, timed in turns (round robin) so drift hits all alike."""
-    for run in runners.values():
-        jax.block_until_ready(run())
-    times = {name: [] for name in runners}
-    for _ in range(rounds):
-        for name, run in runners.items():
-            t0 = time.perf_counter()
-            jax.block_until_ready(run())
-            times[name].append(time.perf_counter() - t0)
-    return {name: statistics.median(t) for name, t in times.items()}
-
-
 def main():
     keep_freed_host_memory()
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -180,8 +166,9 @@ def main():
                  "dropout": ({"dropout": (config, cap), "no dropout": (no_dropout, cap)})}
         timing = []
         for pair, runners in pairs.items():
-            seconds = alternate({n: paper_runner(c, args.batch, **kw)[0] for n, (c, kw) in runners.items()},
-                                args.rounds)
+            built = {n: paper_runner(c, args.batch, **kw)[0] for n, (c, kw) in runners.items()}
+            per_s = interleaved_tokens_per_s(built, 1, args.rounds, warmup=1)  # steps per second
+            seconds = {n: 1.0 / x for n, x in per_s.items()}
             (base, base_s), (other, other_s) = seconds.items()
             timing.append({"pair": pair, "a": base, "a_ms": base_s * 1e3, "b": other, "b_ms": other_s * 1e3,
                            "a / b": base_s / other_s})

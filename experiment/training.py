@@ -122,7 +122,8 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
     without it, up to rounding: rows and their dropout keys are the same."""
     if rng_impl not in DROPOUT_RNGS:
         raise ConfigError(f"unknown train.dropout_rng {rng_impl!r}; valid: {', '.join(DROPOUT_RNGS)}")
-    gathered = None if grad_shardings is None else jax.tree.map(
+    # parameters gathered whole for the pass (per device: they enter shard_map whole, in_specs P())
+    gathered = None if grad_shardings is None or per_device_mesh is not None else jax.tree.map(
         lambda s: NamedSharding(s.mesh, P()), grad_shardings)
 
     def loss_and_grads(params, inputs_BxT, targets_BxT, rows_B, step_key):
@@ -138,7 +139,6 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
         return jax.value_and_grad(loss_fn)(params)
 
     if per_device_mesh is not None:
-        gathered = None  # the parameters enter the per-device function whole (in_specs P())
         axes = sharding.BATCH_AXES
         whole_batch = loss_and_grads
 

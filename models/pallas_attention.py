@@ -36,7 +36,7 @@ from flax import nnx
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from models.attention import adds_value_term
+from models.triangular import supports as triangular_supports
 from posenc import Scheme
 
 NEG_INF = -1e30
@@ -46,12 +46,10 @@ TRITON = pl_triton.CompilerParams(num_warps=4, num_stages=2)
 
 
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
-    """Whether the kernel can express `scheme`: a rotation, a per-query logit scale and an additive
-    bias given as `bias_fn` (or none), no value term, no bias over whole rows."""
-    if scheme.needs_full_rows or adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
-        return False
-    scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
-    if scale is not None and not (jnp.ndim(scale) == 0 or jnp.shape(scale)[-1] == 1):
+    """Whether the kernel can express `scheme`: what the triangular path can (a rotation, a
+    per-query logit scale, an additive bias; no value term, no bias over whole rows), with the
+    bias given as `bias_fn` (or none)."""
+    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS):
         return False
     if scheme.bias_fn() is not None:
         return True
