@@ -4,12 +4,13 @@ Nonoverlapping by default (every token scored once); --stride S < L_valid gives 
 (each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
 switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
 Results are merged into DIR/eval/extrapolation.json; --passkey adds passkey retrieval
-(eval/passkey.json), --attention_stats attention diagnostics (eval/attention.json).
+(eval/passkey.json), --attention attention statistics (eval/attention.json).
 """
 from absl import app, flags
 
-from experiment import evaluate
+from experiment import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
 from experiment.cli import parse_flags, run_cleanly
+from experiment.run import RunDir
 
 flags.DEFINE_string("workdir", None, "run directory with a checkpoint")
 flags.DEFINE_list("lengths", None, "evaluation lengths (default: the run's config.eval.lengths)")
@@ -19,9 +20,10 @@ flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default
 flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
                      "default: config.eval.max_tokens)")
 flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
-flags.DEFINE_boolean("attention_stats", False, "also write each layer's and head's mean attention distance and "
+flags.DEFINE_boolean("attention", False, "also write each layer's and head's mean attention distance and "
                      "entropy by query position to DIR/eval/attention.json (first --attention_windows windows)")
-flags.DEFINE_integer("attention_windows", 8, "windows per length for --attention_stats")
+flags.DEFINE_alias("attention_stats", "attention")  # the flag's name before 2026-11
+flags.DEFINE_integer("attention_windows", 8, "windows per length for --attention")
 flags.DEFINE_boolean("passkey", False, "also score passkey retrieval (exact match by length and depth) into "
                      "DIR/eval/passkey.json")
 flags.DEFINE_list("passkey_depths", ["0", "0.25", "0.5", "0.75", "1"], "where the key sits: 0 = start, 1 = just before the question")
@@ -47,16 +49,14 @@ def main(argv):
             print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
                   f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
         if FLAGS.passkey:
-            from experiment.passkey import evaluate_passkey
-            from experiment.run import RunDir
+            spec = PasskeySpec(tuple(float(d) for d in FLAGS.passkey_depths), FLAGS.passkey_per_cell,
+                               FLAGS.passkey_seed, FLAGS.passkey_digits)
             for r in evaluate_passkey(FLAGS.workdir, lengths or RunDir(FLAGS.workdir).load_config().eval.lengths,
-                                      [float(d) for d in FLAGS.passkey_depths], FLAGS.passkey_per_cell,
-                                      FLAGS.passkey_seed, FLAGS.passkey_digits, overrides=overrides):
+                                      spec, overrides=overrides):
                 print(f"passkey L={r['eval_length']:>6}  depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}")
-        if FLAGS.attention_stats:
-            from experiment.diagnostics import diagnose
-            for r in diagnose(FLAGS.workdir, lengths, FLAGS.attention_windows, split=FLAGS.split,
-                              overrides=overrides, batch_tokens=FLAGS.batch_tokens):
+        if FLAGS.attention:
+            for r in evaluate_attention(FLAGS.workdir, lengths, FLAGS.attention_windows, split=FLAGS.split,
+                                        overrides=overrides, batch_tokens=FLAGS.batch_tokens):
                 print(f"attention L={r['eval_length']}: {r['windows']} window(s) -> eval/attention.json")
     run_cleanly(go)
 

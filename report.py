@@ -9,7 +9,7 @@ from absl import app, flags
 
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
-from experiment.reporting import PAPER_MODES
+from experiment.report import PAPER_MODES
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),

@@ -10,7 +10,7 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiment.cli import check_scheme_options, parse_flags, run_cleanly
-from experiment.sweep import run_config, sweep
+from experiment.pipeline import run_config, sweep
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
 flags.DEFINE_list("schemes", None, "positional schemes to train (default: the config's posenc.name)")

@@ -12,12 +12,12 @@ from __future__ import annotations
 import argparse
 
 import jax
-import ml_collections
 import numpy as np
 from flax import nnx
 
 from benchmarks import common
-from experiment import training
+from experiment.train.optimizer import make_optimizer
+from experiment.train.step import make_train_step
 
 
 def main() -> None:
@@ -30,10 +30,7 @@ def main() -> None:
     model = common.build(args.scheme, args.length, dropout=args.dropout, attention_dropout=args.dropout,
                          activation_dropout=args.dropout)
     graphdef, params = nnx.split(model)
-    train_cfg = ml_collections.ConfigDict(dict(
-        lr=1e-3, warmup_steps=10, warmup_init_lr=0.0, steps=1000, min_lr_ratio=0.1, optimizer="adamw",
-        b1=0.9, b2=0.98, weight_decay=0.1, grad_clip=1.0))
-    tx = training.make_optimizer(train_cfg)
+    tx = make_optimizer(common.TRAIN)
     rng = np.random.default_rng(0)
     inputs = rng.integers(0, 256, (args.batch, args.length)).astype(np.int32)
     targets = rng.integers(0, 256, (args.batch, args.length)).astype(np.int32)
@@ -41,16 +38,11 @@ def main() -> None:
     rows = []
     for name, micro, per_example in (("one key per batch", 1, False), ("one key per sequence", 1, True),
                                      ("2 micro-steps", 2, True), ("4 micro-steps", 4, True)):
-        step = training.make_train_step(graphdef, tx, 1, micro_steps=micro, per_example_keys=per_example)
+        step = make_train_step(graphdef, tx, 1, micro_steps=micro, per_example_keys=per_example)
         state = {"params": jax.tree.map(lambda x: x.copy(), params)}
         state["opt"] = tx.init(state["params"])
-
-        def run():
-            state["params"], state["opt"], metrics = step(state["params"], state["opt"], inputs, targets,
-                                                          np.int32(0))
-            return metrics
-        stats = common.compiled_stats(step, state["params"], state["opt"], inputs, targets, np.int32(0))
-        seconds = common.median_seconds(run, repeats=5)
+        stats = common.compiled_stats(step, state["params"], state["opt"], inputs, targets, 0)
+        seconds = common.median_seconds(common.step_runner(step, state, inputs, targets), repeats=5)
         rows.append({"step": name, "ms": seconds * 1e3, "temp_MB": stats.get("temp_bytes", 0) / 1e6})
     for r in rows:
         r["vs_first"] = r["ms"] / rows[0]["ms"]

@@ -5,7 +5,7 @@ Models, all with float32 parameters and optimizer state and bfloat16 compute:
   * standard: d = 1024, 16 layers, 8 heads, FFN 4096 (GELU), vocabulary 32,000, tied embeddings,
     AdamW with clipping, at L = 512 (batch 16) and L = 2048 (batch 4). Ours: `model.dtype=bfloat16`,
     one row per `--ours_attention` kind (unknown kinds are skipped with a note). Theirs
-    (x-transformers, the same sizes, XT_SCHEMES of benchmarks/vs_xtransformers.py): forward and
+    (x-transformers, the same sizes, XT_SCHEMES of benchmarks/common.py): forward and
     backward under torch.autocast(bfloat16), float32 parameters, torch's fused AdamW on CUDA, eager
     and torch.compile'd (the model; the optimizer step stays eager). Schemes sinusoidal, rope, alibi,
     t5 on both; kerple_log, fire, sandwich ours only.
@@ -27,8 +27,9 @@ d x (20,000 + 2 clusters) for every token; the adaptive input's projection dim_i
 own band; tail cluster i's projection and scores d x dim_i + dim_i x (band size) only for tokens
 whose target is in band i - the work needed, not what our static-shape implementation does (it
 scores every band for every token). The band shares are those of the timed batch, whose words are
-drawn by frequency rank from Zipf's law (p ~ 1 / rank; head 80%); the tails and input projections
-add 1.4% to the 247M model's 12.7 TFLOP per step, so this assumption barely moves the MFU.
+drawn by frequency rank from Zipf's law (p ~ 1 / rank; most in the head); the tails and input
+projections add little to the 247M model's FLOPs per step (benchmarks/README.md, "Measured numbers
+behind design choices"), so this assumption barely moves the MFU.
 Theirs' MFU uses the same formula.
 MFU = model FLOPs per step / median step time / a matmul peak measured in this run (bfloat16,
 8192 x 8192 on accelerators; float32 1024 x 1024 on a CPU); `mfu_datasheet` is against the vendor's
@@ -47,6 +48,7 @@ error in its row; the others go on. Writes benchmarks/results/gpu_step_<device k
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import gc
 import importlib.metadata
 import os
@@ -55,9 +57,6 @@ import re
 import numpy as np
 
 from benchmarks import common
-from benchmarks.paper_experiment import SHRINK_MODEL, SHRINK_VOCAB, WT103_VOCAB
-from benchmarks.throughput import train_runner
-from benchmarks.vs_xtransformers import XT_SCHEMES, interleaved_tokens_per_s, xtransformers_runner
 
 STANDARD = dict(vocab_size=32_000, num_layers=16, d_model=1024, num_heads=8, mlp_dim=4096, activation="gelu",
                 tie_embeddings=True)
@@ -69,19 +68,24 @@ DROPOUTS = ("dropout", "attention_dropout", "activation_dropout")
 TARGET_RATIO, TARGET_T5_VS_ALIBI, TARGET_PAPER_MFU = 1.2, 0.85, 0.45
 
 
+@dataclasses.dataclass
+class Setting:
+    """What every row group of one run shares."""
+    args: argparse.Namespace
+    peak: float  # FLOP/s of the matmul measured in this run
+    datasheet: float | None  # TFLOP/s, the vendor's dense bf16 peak
+    kinds: list[str]  # our attention kinds that ModelConfig accepts
+    theirs_modes: list[str]  # x-transformers: eager, compiled (none without torch)
+    torch_device: str | None  # cuda, cpu, or None without torch
+
+
 def model_flops_per_step(model: dict, seq_len: int, batch: int, band_shares=None) -> float:
     """Model FLOPs of one training step of `model` (ModelConfig options, vocab_size included) on a
     batch x seq_len batch: the formula of the module docstring."""
-    from experiment.accelerator import training_flops_per_token
+    from experiment.runtime.accelerator import training_flops_per_token
     from models import ModelConfig
     cfg = ModelConfig.from_config({k: v for k, v in model.items() if k != "vocab_size"}, model["vocab_size"])
     return training_flops_per_token(cfg, seq_len, cfg.vocab_size, band_shares) * batch * seq_len
-
-
-def zipf_tokens(vocab_size: int, shape: tuple[int, ...], seed: int = 0) -> np.ndarray:
-    """Word ids (frequency ranks) drawn from Zipf's law, p(rank r) ~ 1 / (r + 1)."""
-    p = 1.0 / np.arange(1, vocab_size + 1)
-    return np.random.default_rng(seed).choice(vocab_size, size=shape, p=p / p.sum()).astype(np.int32)
 
 
 def band_shares(tokens: np.ndarray, cutoffs: tuple[int, ...]) -> list[float]:
@@ -109,16 +113,18 @@ def usable_attention_kinds(kinds: list[str], model: dict) -> tuple[list[str], li
     return good, notes
 
 
-def measure(builders: dict, tokens_per_step: int, flops_per_step: float, peak: float, datasheet: float | None,
-            base: dict, args) -> list[dict]:
+def measure(setting: Setting, builders: dict, tokens_per_step: int, flops_per_step: float,
+            base: dict) -> list[dict]:
     """Build every runner (name -> zero-argument builder), time them in turns, one row each."""
     runners, errors = {}, {}
     for name, build in builders.items():
         try:
             runners[name] = build()
         except Exception as e:  # noqa: BLE001 - recorded in the row
-            errors[name] = f"{type(e).__name__}: {e}"[:2000]
-    tps = interleaved_tokens_per_s(runners, tokens_per_step, args.repeats, warmup=args.warmup, errors=errors)
+            errors[name] = common.error_text(e)
+    args = setting.args
+    tps = common.interleaved_tokens_per_s(runners, tokens_per_step, args.repeats, warmup=args.warmup,
+                                          errors=errors)
     del runners
     rows = []
     for name in builders:
@@ -127,8 +133,9 @@ def measure(builders: dict, tokens_per_step: int, flops_per_step: float, peak: f
                "error": errors.get(name)}
         if name in tps:
             step_s = tokens_per_step / tps[name]
-            row.update(step_ms=1e3 * step_s, mfu=flops_per_step / step_s / peak,
-                       mfu_datasheet=flops_per_step / step_s / (datasheet * 1e12) if datasheet else None)
+            row.update(step_ms=1e3 * step_s, mfu=flops_per_step / step_s / setting.peak,
+                       mfu_datasheet=flops_per_step / step_s / (setting.datasheet * 1e12) if setting.datasheet
+                       else None)
             if name.startswith("ours"):
                 for mode in ("eager", "compiled"):
                     if f"theirs {mode}" in tps:
@@ -147,7 +154,7 @@ def print_rows(rows: list[dict], header: bool = True) -> None:
     if header:
         common.print_table(shown, COLUMNS)
     else:
-        print("  ".join(f"{c}={common._fmt(shown[0].get(c))}" for c in COLUMNS if shown[0].get(c) is not None))
+        print("  ".join(f"{c}={common.fmt(shown[0].get(c))}" for c in COLUMNS if shown[0].get(c) is not None))
 
 
 def targets(rows: list[dict]) -> list[dict]:
@@ -176,11 +183,7 @@ def targets(rows: list[dict]) -> list[dict]:
     return out
 
 
-def main() -> None:
-    # torch shares the accelerator with JAX in this process: JAX must not take 75% of it up front
-    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-    from experiment.host_memory import keep_freed_host_memory
-    keep_freed_host_memory()  # CPU only: before JAX (and torch) start their threads
+def parse_args() -> argparse.Namespace:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--models", default="standard,paper")
     ap.add_argument("--schemes", default=SCHEMES, help="standard model's schemes")
@@ -194,92 +197,146 @@ def main() -> None:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per runner (compilation, autotuning)")
     ap.add_argument("--peak_n", type=int, default=0, help="matmul size of the peak (default 8192; CPU 1024)")
     ap.add_argument("--shrink", action="store_true", help="tiny sizes (checks the script on a CPU)")
-    args = ap.parse_args()
+    return ap.parse_args()
 
+
+def torch_device() -> str | None:
+    """cuda or cpu for x-transformers, or None (with a note) where torch or x-transformers is missing."""
+    try:
+        import torch
+        importlib.metadata.version("x-transformers")
+    except (ImportError, importlib.metadata.PackageNotFoundError) as e:
+        print(f"note: no x-transformers rows ({e}); pip install -e '.[bench]'")
+        return None
+    if torch.cuda.is_available():
+        return "cuda"
+    common.torch_on_all_cores()
+    return "cpu"
+
+
+def matmul_peak(args) -> dict:
+    """The matmul peak measured now (bfloat16 8192^2 on accelerators, float32 1024^2 on a CPU) and the
+    data sheet's bf16 peak where known."""
+    import jax
+
+    from experiment.runtime.accelerator import peak_tflops
+    on_cpu = jax.default_backend() == "cpu"
+    dtype, n = ("float32" if on_cpu else "bfloat16"), args.peak_n or (1024 if on_cpu else 8192)
+    peak = common.matmul_peak_flops(n, repeats=10, dtype=dtype)
+    datasheet = peak_tflops()
+    print(f"{jax.devices()[0].device_kind}: {dtype} {n}^2 matmul peak measured now {peak / 1e12:.3f} TFLOP/s"
+          + (f" (data sheet bf16: {datasheet} TFLOP/s)" if datasheet else ""))
+    return {"dtype": dtype, "n": n, "tflop_per_s": peak / 1e12, "datasheet_bf16_tflop_per_s": datasheet}
+
+
+def free_memory(setting: Setting) -> None:
+    """Between row groups: drop the runners' buffers (and torch's cached CUDA blocks)."""
+    gc.collect()
+    if setting.torch_device == "cuda":
+        import torch
+        torch.cuda.empty_cache()
+
+
+def standard_rows(setting: Setting, standard: dict) -> list[dict]:
+    """The standard decoder at each length, every scheme: ours per attention kind, theirs per mode."""
+    args, rows = setting.args, []
+    for spec in (args.lengths or (LENGTHS_SHRUNK if args.shrink else LENGTHS)).split(","):
+        length, batch = (int(x) for x in spec.split(":"))
+        flops = model_flops_per_step(standard, length, batch)
+        for scheme in args.schemes.split(","):
+            builders = {f"ours {kind}": (lambda kind=kind: common.train_runner(
+                scheme, length, batch, args.dtype, model=standard, attention=kind)[0]) for kind in setting.kinds}
+            if scheme in common.XT_SCHEMES:
+                if "compiled" in setting.theirs_modes:
+                    import torch._dynamo
+                    torch._dynamo.reset()  # a fresh compile cache each model: no recompile limit hit
+                builders.update({f"theirs {mode}": (lambda mode=mode: common.xtransformers_runner(
+                    scheme, length, batch, model=standard, dtype=args.dtype, compile=mode == "compiled",
+                    device=setting.torch_device)) for mode in setting.theirs_modes})
+            base = dict(model="standard", scheme=scheme, seq_len=length, batch=batch, dropout="off")
+            rows += measure(setting, builders, batch * length, flops, base)
+            free_memory(setting)
+    return rows
+
+
+def paper_rows(setting: Setting) -> list[dict]:
+    """The paper model (--shrink: shrunk as paper_experiment's), ours only, with and without dropout."""
     import jax
 
     from configs import wikitext103
-    from experiment.accelerator import peak_tflops
-    device_kind = jax.devices()[0].device_kind
-    on_cpu = jax.default_backend() == "cpu"
-    try:
-        import torch
-        torch_device = "cuda" if torch.cuda.is_available() else "cpu"
-        if torch_device == "cpu":
-            torch.set_num_threads(os.cpu_count() or 1)
-        xt_version = importlib.metadata.version("x-transformers")
-    except ImportError as e:
-        torch = torch_device = xt_version = None
-        print(f"note: no x-transformers rows ({e}); pip install -e '.[bench]'")
-    theirs_modes = [] if torch is None or args.theirs == "none" else args.theirs.split(",")
+    args, rows = setting.args, []
+    length = PAPER_LENGTH_SHRUNK if args.shrink else PAPER_LENGTH
+    batch = PAPER_TOKENS // PAPER_LENGTH
+    vocab = common.SHRINK_VOCAB if args.shrink else common.WT103_VOCAB
+    tokens = common.zipf_ids(vocab, (batch, length))
+    for scheme in args.paper_schemes.split(","):
+        config = wikitext103.get_config(f"{scheme},{length},247m")
+        if args.shrink:
+            config.model.update(common.SHRINK_MODEL)
+        for dropout in args.paper_dropout.split(","):
+            model = dict(config.model.to_dict(), vocab_size=vocab, dtype=args.dtype)
+            if dropout == "off":
+                model.update({k: 0.0 for k in DROPOUTS})
+            shares = band_shares(tokens, model["adaptive_cutoffs"])  # targets = inputs in common.train_runner
+            flops = model_flops_per_step(model, length, batch, shares)
+            builders = {f"ours {kind}": (lambda kind=kind, model=model, config=config: common.train_runner(
+                scheme, length, batch, args.dtype, model=model, train=config.train,
+                tokens=jax.numpy.asarray(tokens), attention=kind)[0]) for kind in setting.kinds}
+            base = dict(model="paper", scheme=scheme, seq_len=length, batch=batch, dropout=dropout,
+                        band_shares=shares)
+            rows += measure(setting, builders, batch * length, flops, base)
+            free_memory(setting)
+    return rows
 
-    peak_dtype = "float32" if on_cpu else "bfloat16"
-    peak_n = args.peak_n or (1024 if on_cpu else 8192)
-    peak = common.matmul_peak_flops(peak_n, repeats=10, dtype=peak_dtype)
-    datasheet = peak_tflops()
-    print(f"{device_kind}: {peak_dtype} {peak_n}^2 matmul peak measured now {peak / 1e12:.3f} TFLOP/s"
-          + (f" (data sheet bf16: {datasheet} TFLOP/s)" if datasheet else ""))
 
-    standard = STANDARD_SHRUNK if args.shrink else STANDARD
-    kinds, notes = usable_attention_kinds(args.ours_attention.split(","), standard)
-    rows = []
-    if "standard" in args.models.split(","):
-        for spec in (args.lengths or (LENGTHS_SHRUNK if args.shrink else LENGTHS)).split(","):
-            length, batch = (int(x) for x in spec.split(":"))
-            flops = model_flops_per_step(standard, length, batch)
-            for scheme in args.schemes.split(","):
-                builders = {f"ours {kind}": (lambda kind=kind: train_runner(
-                    scheme, length, batch, args.dtype, model=standard, attention=kind)[0]) for kind in kinds}
-                if scheme in XT_SCHEMES:
-                    if "compiled" in theirs_modes:
-                        import torch._dynamo
-                        torch._dynamo.reset()  # a fresh compile cache each model: no recompile limit hit
-                    builders.update({f"theirs {mode}": (lambda mode=mode: xtransformers_runner(
-                        scheme, length, batch, model=standard, dtype=args.dtype, compile=mode == "compiled",
-                        device=torch_device)) for mode in theirs_modes})
-                base = dict(model="standard", scheme=scheme, seq_len=length, batch=batch, dropout="off")
-                rows += measure(builders, batch * length, flops, peak, datasheet, base, args)
-                gc.collect()
-                if torch is not None and torch_device == "cuda":
-                    torch.cuda.empty_cache()
-    if "paper" in args.models.split(","):
-        length = PAPER_LENGTH_SHRUNK if args.shrink else PAPER_LENGTH
-        batch = PAPER_TOKENS // PAPER_LENGTH
-        vocab = SHRINK_VOCAB if args.shrink else WT103_VOCAB
-        tokens = zipf_tokens(vocab, (batch, length))
-        for scheme in args.paper_schemes.split(","):
-            config = wikitext103.get_config(f"{scheme},{length},247m")
-            if args.shrink:
-                config.model.update(SHRINK_MODEL)
-            for dropout in args.paper_dropout.split(","):
-                model = dict(config.model.to_dict(), vocab_size=vocab, dtype=args.dtype)
-                if dropout == "off":
-                    model.update({k: 0.0 for k in DROPOUTS})
-                shares = band_shares(tokens, model["adaptive_cutoffs"])  # targets = inputs in train_runner
-                flops = model_flops_per_step(model, length, batch, shares)
-                builders = {f"ours {kind}": (lambda kind=kind, model=model, config=config: train_runner(
-                    scheme, length, batch, args.dtype, model=model, train=config.train,
-                    tokens=jax.numpy.asarray(tokens), attention=kind)[0]) for kind in kinds}
-                base = dict(model="paper", scheme=scheme, seq_len=length, batch=batch, dropout=dropout,
-                            band_shares=shares)
-                rows += measure(builders, batch * length, flops, peak, datasheet, base, args)
-                gc.collect()
-
-    print()
-    print_rows(rows)
-    goals = targets(rows)
+def print_targets(goals: list[dict]) -> None:
     print("\ntargets (issue #15):")
     for t in goals:
         value = "not measured" if t["value"] is None else f"{t['value']:.3f}"
         print(f"  {'-' if t['met'] is None else 'met' if t['met'] else 'NOT met'}: {t['target']} ({value})")
-    torch_name = (torch.cuda.get_device_name(0) if torch_device == "cuda" else "cpu") if torch else None
-    payload = {"device_kind": device_kind, "devices": jax.device_count(), "torch_device": torch_name,
-               "versions": {"jax": jax.__version__, "flax": importlib.metadata.version("flax"),
-                            "torch": torch.__version__ if torch else None, "x_transformers": xt_version},
-               "shrink": args.shrink, "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup,
-               "matmul_peak": {"dtype": peak_dtype, "n": peak_n, "tflop_per_s": peak / 1e12,
-                               "datasheet_bf16_tflop_per_s": datasheet},
-               "standard_model": standard, "notes": notes, "rows": rows, "targets": goals}
+
+
+def torch_facts(device: str | None) -> dict:
+    """For the results file: the device x-transformers ran on (the GPU's name) and the versions."""
+    import jax
+    facts = {"torch_device": device, "versions": {"jax": jax.__version__, "flax": importlib.metadata.version("flax"),
+                                                  "torch": None, "x_transformers": None}}
+    if device is not None:
+        import torch
+        facts["versions"].update(torch=torch.__version__, x_transformers=importlib.metadata.version("x-transformers"))
+        if device == "cuda":
+            facts["torch_device"] = torch.cuda.get_device_name(0)
+    return facts
+
+
+def main() -> None:
+    # torch shares the accelerator with JAX in this process: JAX must not take 75% of it up front
+    os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+    from experiment.runtime.host_memory import keep_freed_host_memory
+    keep_freed_host_memory()  # CPU only: before JAX (and torch) start their threads
+    args = parse_args()
+
+    import jax
+    device = torch_device()
+    peak = matmul_peak(args)
+    standard = STANDARD_SHRUNK if args.shrink else STANDARD
+    kinds, notes = usable_attention_kinds(args.ours_attention.split(","), standard)
+    setting = Setting(args, peak["tflop_per_s"] * 1e12, peak["datasheet_bf16_tflop_per_s"], kinds,
+                      [] if device is None or args.theirs == "none" else args.theirs.split(","), device)
+    rows = []
+    if "standard" in args.models.split(","):
+        rows += standard_rows(setting, standard)
+    if "paper" in args.models.split(","):
+        rows += paper_rows(setting)
+
+    print()
+    print_rows(rows)
+    goals = targets(rows)
+    print_targets(goals)
+    device_kind = jax.devices()[0].device_kind
+    payload = {"device_kind": device_kind, "devices": jax.device_count(), **torch_facts(device),
+               "shrink": args.shrink, "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "matmul_peak": peak, "standard_model": standard, "notes": notes,
+               "rows": rows, "targets": goals}
     path = common.write(f"gpu_step_{slug(device_kind)}", payload)
     print(f"wrote {path}")
 

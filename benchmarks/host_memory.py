@@ -1,4 +1,4 @@
-"""What keeping freed host memory mapped (experiment/host_memory.py) does to a training step of the
+"""What keeping freed host memory mapped (experiment/runtime/host_memory.py) does to a training step of the
 benchmark model (d=256, 4 layers, 8 heads, L=256, batch 8, byte vocabulary): ms per step, minor page
 faults per step, and system / user CPU ms per step, with glibc's default malloc and with the setting.
 
@@ -11,7 +11,6 @@ Writes benchmarks/results/host_memory.json.
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import os
 import resource
 import statistics
@@ -23,12 +22,11 @@ SETTINGS = {"glibc default": "1", "kept mapped": "0"}  # value of LX_SYSTEM_MALL
 
 
 def _child(scheme: str, steps: int, queue) -> None:
-    from experiment.host_memory import keep_freed_host_memory
+    from experiment.runtime.host_memory import keep_freed_host_memory
     applied = keep_freed_host_memory()
     import jax
 
-    from benchmarks.throughput import train_runner
-    run = train_runner(scheme, 256, 8)[0]
+    run = common.train_runner(scheme, 256, 8)[0]
     for _ in range(3):
         jax.block_until_ready(run())
     r0, t0 = resource.getrusage(resource.RUSAGE_SELF), time.perf_counter()
@@ -42,15 +40,8 @@ def _child(scheme: str, steps: int, queue) -> None:
 
 
 def measure(scheme: str, steps: int, system_malloc: str) -> dict:
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
     os.environ["LX_SYSTEM_MALLOC"] = system_malloc  # read by the child's keep_freed_host_memory
-    proc = ctx.Process(target=_child, args=(scheme, steps, queue))
-    proc.start()
-    proc.join()
-    if proc.exitcode != 0:
-        raise RuntimeError(f"measurement process failed (exit code {proc.exitcode})")
-    return queue.get()
+    return common.in_fresh_process(_child, scheme, steps)
 
 
 def main():

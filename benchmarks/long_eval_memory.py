@@ -16,7 +16,6 @@ under --run_budget_gb are also run, for tokens/s. Writes benchmarks/results/long
 from __future__ import annotations
 
 import argparse
-import multiprocessing
 import resource
 import time
 
@@ -26,18 +25,14 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
-from experiment.host_memory import keep_freed_host_memory
+from experiment.runtime.host_memory import keep_freed_host_memory
 
 
 def measure(scheme: str, attention: str, length: int, run_budget: float, block: int) -> dict:
     model = common.build(scheme, train_length=length, attention=attention, attention_block=block)
     graphdef, params = nnx.split(model)
     tokens = jnp.zeros((1, length), jnp.int32)
-
-    @jax.jit
-    def score(params, tokens):
-        return nnx.merge(graphdef, params).token_nll(tokens, tokens).sum()
-
+    score = common.scorer(graphdef)
     row = {"scheme": scheme, "attention": attention, "length": length}
     try:
         stats = common.compiled_stats(score, params, tokens)
@@ -64,8 +59,7 @@ def _isolated_child(scheme: str, length: int, block: int, queue) -> None:
         model = common.build(scheme, train_length=train_length, attention="blockwise", attention_block=block)
     graphdef, params = nnx.split(model)
     tokens = jnp.zeros((1, length), jnp.int32)
-    score = jax.jit(lambda params, tokens: nnx.merge(graphdef, params).token_nll(tokens, tokens).sum())
-    score = score.lower(params, tokens).compile()  # compile first: the timed call is one run
+    score = common.scorer(graphdef).lower(params, tokens).compile()  # compile first: the timed call is one run
     t0 = time.perf_counter()
     jax.block_until_ready(score(params, tokens))
     seconds = time.perf_counter() - t0
@@ -77,14 +71,43 @@ def run_isolated(scheme: str, length: int, block: int) -> dict:
     """Evaluate one sequence of `length` tokens blockwise in a fresh process: tokens/s of one run
     (compiled beforehand), and the peak resident memory of that whole process (JAX, compilation
     and run)."""
-    ctx = multiprocessing.get_context("spawn")
-    queue = ctx.Queue()
-    proc = ctx.Process(target=_isolated_child, args=(scheme, length, block, queue))
-    proc.start()
-    proc.join()
     row = {"scheme": scheme, "attention": "blockwise", "length": length, "isolated": True}
-    row.update(queue.get() if proc.exitcode == 0 else {"note": f"failed (exit code {proc.exitcode})"})
+    try:
+        row.update(common.in_fresh_process(_isolated_child, scheme, length, block))
+    except RuntimeError as e:
+        row["note"] = str(e)
     return row
+
+
+def planned_rows(args) -> list[dict]:
+    """Every (scheme, attention, length up to --max_length): planned memory, tokens/s where run."""
+    lengths = [1024 * 2 ** i for i in range(16) if 1024 * 2 ** i <= args.max_length]
+    rows = []
+    run_schemes = set(args.run_schemes.split(",")) if args.run_schemes else None
+    for scheme in args.schemes.split(","):
+        for attention in args.attention.split(","):
+            for length in lengths:
+                run = length <= args.run_up_to and (run_schemes is None or scheme in run_schemes)
+                budget = args.run_budget_gb * 2 ** 30 if run else 0
+                row = measure(scheme, attention, length, budget, args.block)
+                prev = next((r for r in reversed(rows) if r["scheme"] == scheme and r["attention"] == attention
+                             and "peak_mb" in r), None)
+                if prev and "peak_mb" in row:
+                    row["growth_per_doubling"] = row["peak_mb"] / prev["peak_mb"]
+                rows.append(row)
+                common.print_table([row], ["scheme", "attention", "length", "peak_mb", "growth_per_doubling",
+                                           "tokens_per_s", "note"])
+    return rows
+
+
+def isolated_rows(args) -> list[dict]:
+    """Each scheme at --isolated_length, blockwise, in a fresh process."""
+    rows = []
+    for scheme in (args.isolated_schemes or args.schemes).split(","):
+        rows.append(run_isolated(scheme, args.isolated_length, args.block))
+        common.print_table(rows[-1:], ["scheme", "train_length", "length", "tokens_per_s", "process_peak_rss_mb",
+                                       "note"])
+    return rows
 
 
 def main():
@@ -102,32 +125,13 @@ def main():
                     help="also run every scheme at this length, blockwise, each in a fresh process")
     ap.add_argument("--isolated_schemes", default="", help="only these schemes for --isolated_length")
     args = ap.parse_args()
-    lengths = [1024 * 2 ** i for i in range(16) if 1024 * 2 ** i <= args.max_length]
-    rows = []
-    run_schemes = set(args.run_schemes.split(",")) if args.run_schemes else None
-    for scheme in args.schemes.split(","):
-        for attention in args.attention.split(","):
-            for length in lengths:
-                run = length <= args.run_up_to and (run_schemes is None or scheme in run_schemes)
-                budget = args.run_budget_gb * 2 ** 30 if run else 0
-                row = measure(scheme, attention, length, budget, args.block)
-                prev = next((r for r in reversed(rows) if r["scheme"] == scheme and r["attention"] == attention
-                             and "peak_mb" in r), None)
-                if prev and "peak_mb" in row:
-                    row["growth_per_doubling"] = row["peak_mb"] / prev["peak_mb"]
-                rows.append(row)
-                common.print_table([row], ["scheme", "attention", "length", "peak_mb", "growth_per_doubling",
-                                           "tokens_per_s", "note"])
+    rows = planned_rows(args)
     if args.isolated_length:
-        for scheme in (args.isolated_schemes or args.schemes).split(","):
-            row = run_isolated(scheme, args.isolated_length, args.block)
-            rows.append(row)
-            common.print_table([row], ["scheme", "train_length", "length", "tokens_per_s", "process_peak_rss_mb",
-                                       "note"])
+        rows += isolated_rows(args)
     rss_mb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
     name = "long_eval_memory" + (f"_{args.tag}" if args.tag else "")
     path = common.write(name, {"model": common.BENCH_MODEL, "block": args.block, "rows": rows,
-                                             "process_peak_rss_mb": rss_mb, "args": vars(args)})
+                               "process_peak_rss_mb": rss_mb, "args": vars(args)})
     print()
     common.print_table(rows, ["scheme", "attention", "train_length", "length", "peak_mb", "growth_per_doubling",
                               "tokens_per_s", "process_peak_rss_mb", "note"])

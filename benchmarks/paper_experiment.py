@@ -24,10 +24,7 @@ import time
 
 import numpy as np
 
-WT103_VOCAB, WT103_VALID_TOKENS, PAPER_UPDATES = 267_735, 217_646, 286_000
-# --shrink: a tiny model over a 30,000-word vocabulary (also benchmarks/gpu_step.py's)
-SHRINK_VOCAB = 30_000
-SHRINK_MODEL = dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=128, adaptive_cutoffs=(2000, 10000))
+from benchmarks import common
 
 
 def synthetic_wikitext(folder: pathlib.Path, vocab: int, train_tokens: int, valid_tokens: int) -> None:
@@ -43,7 +40,7 @@ def synthetic_wikitext(folder: pathlib.Path, vocab: int, train_tokens: int, vali
     write("wiki.valid.tokens", zipf(valid_tokens - valid_tokens // 101))  # + one <eos> per line
 
 
-def main() -> None:
+def parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--scheme", default="alibi")
     parser.add_argument("--length", type=int, default=512)
@@ -53,51 +50,78 @@ def main() -> None:
     parser.add_argument("--eval_lengths", default="all", help="'all' (the paper's), 'none', or a list")
     parser.add_argument("--fsdp", type=int, default=1)
     parser.add_argument("--shrink", action="store_true", help="a tiny model (checks the script on a CPU)")
-    args = parser.parse_args()
+    return parser.parse_args()
 
-    from experiment.cli import start_runtime
-    start_runtime()  # as the entry points: CPU-only malloc, compilation cache, several processes
-    import jax
+
+def data_folder(args, root: pathlib.Path) -> pathlib.Path:
+    """--data, or a synthetic corpus of WikiText-103's sizes (--shrink: smaller) written under `root`."""
+    if args.data:
+        return pathlib.Path(args.data)
+    data = root / "data"
+    data.mkdir()
+    vocab = common.SHRINK_VOCAB if args.shrink else common.WT103_VOCAB
+    synthetic_wikitext(data, vocab, 200_000 if args.shrink else 3_000_000,
+                       20_000 if args.shrink else common.WT103_VALID_TOKENS)
+    return data
+
+
+def experiment_config(args, data: pathlib.Path):
+    """configs/wikitext103.py for --scheme, --length and --size, trained for --steps updates on `data`."""
     from configs import wikitext103
-    from experiment import evaluate, train
-    from benchmarks import common
-
-    root = pathlib.Path(tempfile.mkdtemp(prefix="paper_experiment_"))
-    data = pathlib.Path(args.data) if args.data else root / "data"
-    if not args.data:
-        data.mkdir()
-        vocab = SHRINK_VOCAB if args.shrink else WT103_VOCAB
-        synthetic_wikitext(data, vocab, 200_000 if args.shrink else 3_000_000,
-                           20_000 if args.shrink else WT103_VALID_TOKENS)
     config = wikitext103.get_config(f"{args.scheme},{args.length},{args.size}")
     config.data.update(dict(source="local", path=str(data)))
     config.train.update(dict(steps=args.steps, log_every=5, checkpoint_every=args.steps))
     config.mesh.fsdp = args.fsdp
     if args.shrink:
-        config.model.update(SHRINK_MODEL)
+        config.model.update(common.SHRINK_MODEL)
     if args.eval_lengths not in ("all", "none"):
         config.eval.lengths = tuple(int(x) for x in args.eval_lengths.split(","))
+    return config
+
+
+def timed_training(config, run_dir: pathlib.Path, args) -> dict:
+    """Train through `train()`; tokens/s and MFU (medians after the first logged interval), peak
+    memory, and the hours the paper's updates would take at that speed."""
+    import jax
+    from experiment import train
 
     t0 = time.perf_counter()
-    summary = train(config, root / "run")
+    summary = train(config, run_dir)
     train_wall = time.perf_counter() - t0
-    records = [json.loads(l) for l in (root / "run" / "metrics.jsonl").read_text().splitlines()]
+    records = [json.loads(l) for l in (run_dir / "metrics.jsonl").read_text().splitlines()]
     timed = records[1:] or records  # the first interval holds the first steps' warm-up
     tokens_per_s = statistics.median(r["tokens_per_s"] for r in timed)
     memory_key = next(k for k in records[-1] if k.startswith("peak_"))
-    result = {"scheme": args.scheme, "train_length": args.length, "size": args.size, "shrink": args.shrink,
-              "data": "synthetic" if not args.data else args.data, "devices": jax.device_count(),
-              "device_kind": jax.devices()[0].device_kind, "micro_steps": summary["micro_steps"],
-              "params": summary["params"], "tokens_per_update": config.train.batch_size * args.length,
-              "tokens_per_s": tokens_per_s, "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[0] else None,
-              memory_key: max(r[memory_key] for r in records), "train_wall_s": train_wall,
-              "hours_to_paper_updates": PAPER_UPDATES * config.train.batch_size * args.length / tokens_per_s / 3600}
+    tokens_per_update = config.train.batch_size * args.length
+    return {"scheme": args.scheme, "train_length": args.length, "size": args.size, "shrink": args.shrink,
+            "data": "synthetic" if not args.data else args.data, "devices": jax.device_count(),
+            "device_kind": jax.devices()[0].device_kind, "micro_steps": summary["micro_steps"],
+            "params": summary["params"], "tokens_per_update": tokens_per_update, "tokens_per_s": tokens_per_s,
+            "mfu": statistics.median(r["mfu"] for r in timed) if "mfu" in timed[0] else None,
+            memory_key: max(r[memory_key] for r in records), "train_wall_s": train_wall,
+            "hours_to_paper_updates": common.PAPER_UPDATES * tokens_per_update / tokens_per_s / 3600}
+
+
+def timed_evaluation(run_dir: pathlib.Path) -> dict:
+    """Evaluate through `evaluate()` at the run's lengths: wall time and tokens/s per length."""
+    from experiment import evaluate
+
+    t0 = time.perf_counter()
+    evaluated = evaluate(run_dir)
+    return {"eval_wall_s": time.perf_counter() - t0, "eval_lengths": [r["eval_length"] for r in evaluated],
+            "eval_tokens_per_s": {r["eval_length"]: r["tokens_per_s"] for r in evaluated}}
+
+
+def main() -> None:
+    args = parse_args()
+    from experiment.runtime.start import start_runtime
+    start_runtime()  # as the entry points: CPU-only malloc, compilation cache, several processes
+
+    root = pathlib.Path(tempfile.mkdtemp(prefix="paper_experiment_"))
+    config = experiment_config(args, data_folder(args, root))
+    result = timed_training(config, root / "run", args)
     if args.eval_lengths != "none":
-        t0 = time.perf_counter()
-        evaluated = evaluate(root / "run")
-        result["eval_wall_s"] = time.perf_counter() - t0
-        result["eval_lengths"] = [r["eval_length"] for r in evaluated]
-        result["eval_tokens_per_s"] = {r["eval_length"]: r["tokens_per_s"] for r in evaluated}
+        result.update(timed_evaluation(root / "run"))
     print(json.dumps({k: v for k, v in result.items() if k != "eval_tokens_per_s"}, indent=1))
     print(f"wrote {common.write('paper_experiment', result)}")
 

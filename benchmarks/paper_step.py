@@ -7,12 +7,12 @@ softmax with cutoffs (20000, 60000) and factor 4, ReLU, dropout 0.3 / attention 
     python -m benchmarks.paper_step [--layers 4] [--d_model 256] [--batch 2] [--steps 3]
         [--tail_capacity 0.25] [--no-compare]
 
-Targets are Zipf-distributed word ranks (exponent 1.1: 5.0% of tokens in [20000, 60000) and 6.0%
-beyond, the ~10% tail share issue #15 estimates for WikiText-103; 11-31 per row of 512, against
-128 slots). Categories (instructions
-of the compiled step, see benchmarks/step_profile.py for the method; the softmax and input are
-recognised by their named scopes in models/adaptive.py and by their band-sized shapes, which also
-catches the converts and transposing copies XLA adds to them):
+Targets are Zipf-distributed word ranks, exponent 1.1: about the tail share issue #15 estimates for
+WikiText-103 (~10% of tokens beyond the head), and few enough tail tokens per row for the default
+tail capacity's slots (the shares: benchmarks/README.md, "Measured numbers behind design choices").
+Categories (instructions of the compiled step, see benchmarks/step_profile.py for the method; the
+softmax and input are recognised by their named scopes in models/adaptive.py and by their band-sized
+shapes, which also catches the converts and transposing copies XLA adds to them):
   adaptive softmax head   head logits (c0 words + clusters), log-softmax, forward and backward
   adaptive softmax tails  tail cluster projections, logits, logsumexp, their gradients
   adaptive input          band lookups and projections of the adaptive input
@@ -33,16 +33,15 @@ import argparse
 import re
 
 import jax
-import numpy as np
 from flax import nnx
 
-from benchmarks import common, step_profile
-from benchmarks.paper_experiment import WT103_VOCAB
-from benchmarks.step_profile import _LAYOUT_OPS
-from benchmarks.vs_xtransformers import interleaved_tokens_per_s
+from benchmarks import common
+from benchmarks.common import WT103_VOCAB
 from configs import wikitext103
-from experiment import training
-from experiment.host_memory import keep_freed_host_memory
+from experiment.model import build_model
+from experiment.train.optimizer import make_optimizer
+from experiment.train.step import make_train_step
+from experiment.runtime.host_memory import keep_freed_host_memory
 
 CATEGORIES = ("adaptive softmax head", "adaptive softmax tails", "adaptive input", "dropout RNG", "attention",
               "dense products", "layout copies", "optimizer", "other")
@@ -50,12 +49,6 @@ _RNG = re.compile(r"threefry|_bernoulli|_uniform|random_bits|_split|fold_in|rng_
                   r"random_unwrap|random_seed")
 _CONTROL = re.compile(r"(cond|conditional|while|call)(\.\d+)?$")
 _SHAPE = re.compile(r"\w+\[([\d,]*)\]")
-
-
-def zipf_targets(shape: tuple[int, ...], vocab: int = WT103_VOCAB, exponent: float = 1.1, seed: int = 0) -> np.ndarray:
-    """Word ids (frequency ranks) drawn from a Zipf law truncated to the vocabulary."""
-    p = np.arange(1, vocab + 1, dtype=np.float64) ** -exponent
-    return np.random.default_rng(seed).choice(vocab, size=shape, p=p / p.sum()).astype(np.int32)
 
 
 def paper_config(layers: int, d_model: int, heads: int, mlp_dim: int):
@@ -72,18 +65,14 @@ def paper_runner(config, batch: int, *, tail_capacity: float | None = None, rng_
     if tail_capacity is not None:
         config = config.copy_and_resolve_references()
         config.model.adaptive_tail_capacity = tail_capacity
-    model = training.build_model(config, WT103_VOCAB)
+    model = build_model(config, WT103_VOCAB)
     graphdef, params = nnx.split(model)
-    tx = training.make_optimizer(config.train)
-    step = training.make_train_step(graphdef, tx, 2, per_example_keys=True, rng_impl=rng_impl or "threefry")
-    ids = zipf_targets((batch, seq_len + 1))
+    tx = make_optimizer(config.train)
+    step = make_train_step(graphdef, tx, 2, per_example_keys=True, rng_impl=rng_impl or "threefry")
+    ids = common.zipf_ids(WT103_VOCAB, (batch, seq_len + 1), exponent=1.1)
     inputs, targets = jax.numpy.asarray(ids[:, :-1]), jax.numpy.asarray(ids[:, 1:])
     state = {"params": params, "opt": tx.init(params)}
-
-    def run():
-        state["params"], state["opt"], metrics = step(state["params"], state["opt"], inputs, targets, 0)
-        return metrics["loss"]
-    return run, step, state, (inputs, targets)
+    return common.step_runner(step, state, inputs, targets), step, state, (inputs, targets)
 
 
 def category(name: str, shape: str, op_name: str, batch: int, heads: int, bands: tuple[int, ...]) -> str:
@@ -104,15 +93,8 @@ def category(name: str, shape: str, op_name: str, batch: int, heads: int, bands:
         return "adaptive softmax head"
     if not op_name:  # made by XLA (layout assignment, dtype converts)
         return "layout copies" if name.startswith(("copy", "bitcast", "transpose")) else "other"
-    if "jvp(" not in op_name:
-        return "optimizer"
-    if len(dims) >= 3 and (dims[1] == heads or dims[1:3] == (1, heads)) and dims[0] == batch:
-        return "attention"
-    if op_name.endswith("dot_general") or name.startswith("dot"):
-        return "dense products"
-    if op_name.rsplit("/", 1)[-1] in _LAYOUT_OPS or name.startswith(("copy_bitcast", "bitcast_copy", "transpose")):
-        return "layout copies"
-    return "other"
+    attention = len(dims) >= 3 and (dims[1] == heads or dims[1:3] == (1, heads)) and dims[0] == batch
+    return common.step_category(name, op_name, attention)
 
 
 def profile(run, step, state, args, config, batch: int, steps: int) -> dict:
@@ -122,12 +104,46 @@ def profile(run, step, state, args, config, batch: int, steps: int) -> dict:
     compiled = step.lower(state["params"], state["opt"], *args, 0).compile()
     hlo = compiled.as_text()
     temp_mb = compiled.memory_analysis().temp_size_in_bytes / 2**20  # XLA's plan: either branch of a cond
-    categories = step_profile.instruction_categories(
+    categories = common.instruction_categories(
         hlo, lambda name, shape, op: category(name, shape, op, batch, config.model.num_heads, bands))
     step_ms = common.median_seconds(run, max(steps, 3), warmup=1) * 1e3
     # leaf ops only: a cond's or while's own event spans the ops of its body
-    ms = step_profile.traced_ms(run, steps, categories, skip=lambda name: bool(_CONTROL.match(name)))
+    ms = common.traced_ms(run, steps, categories, skip=lambda name: bool(_CONTROL.match(name)))
     return {"step_ms": step_ms, "temp_mb": temp_mb, "ms": {c: ms[c] for c in CATEGORIES}}
+
+
+def profiled_rows(config, args) -> list[dict]:
+    """ms per category of every tail cluster for every token against the default, and each step's
+    unprofiled time and XLA's planned temporaries."""
+    columns = {"dense tails": dict(tail_capacity=0.0), "default": dict(tail_capacity=args.tail_capacity)}
+    results = {}
+    for name, kw in columns.items():
+        run, step, state, batch_args = paper_runner(config, args.batch, **kw)
+        results[name] = profile(run, step, state, batch_args, config, args.batch, args.steps)
+    rows = [{"category": c, **{n: r["ms"][c] for n, r in results.items()}} for c in CATEGORIES]
+    rows.append({"category": "sum (profiled)", **{n: sum(r["ms"].values()) for n, r in results.items()}})
+    rows.append({"category": "step, unprofiled", **{n: r["step_ms"] for n, r in results.items()}})
+    rows.append({"category": "temporaries, MiB", **{n: r["temp_mb"] for n, r in results.items()}})
+    return rows
+
+
+def alternating_pairs(config, args) -> list[dict]:
+    """ms per step of each pair (tails, dropout keys' PRNG, dropout), its two steps timed in turns, then freed."""
+    no_dropout = paper_config(args.layers, args.d_model, args.heads, args.mlp_dim)
+    no_dropout.model.update(dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))
+    cap = dict(tail_capacity=args.tail_capacity)
+    pairs = {"tails": ({"dense tails": (config, dict(tail_capacity=0.0)), "default": (config, cap)}),
+             "dropout keys": ({"threefry": (config, cap), "rbg": (config, dict(cap, rng_impl="rbg"))}),
+             "dropout": ({"dropout": (config, cap), "no dropout": (no_dropout, cap)})}
+    timing = []
+    for pair, runners in pairs.items():
+        built = {n: paper_runner(c, args.batch, **kw)[0] for n, (c, kw) in runners.items()}
+        per_s = common.interleaved_tokens_per_s(built, 1, args.rounds, warmup=1)  # steps per second
+        seconds = {n: 1.0 / x for n, x in per_s.items()}
+        (base, base_s), (other, other_s) = seconds.items()
+        timing.append({"pair": pair, "a": base, "a_ms": base_s * 1e3, "b": other, "b_ms": other_s * 1e3,
+                       "a / b": base_s / other_s})
+    return timing
 
 
 def main():
@@ -144,34 +160,13 @@ def main():
     ap.add_argument("--compare", action=argparse.BooleanOptionalAction, default=True)
     args = ap.parse_args()
     config = paper_config(args.layers, args.d_model, args.heads, args.mlp_dim)
-    columns = {"dense tails": dict(tail_capacity=0.0), "default": dict(tail_capacity=args.tail_capacity)}
-    results = {}
-    for name, kw in columns.items():
-        run, step, state, batch_args = paper_runner(config, args.batch, **kw)
-        results[name] = profile(run, step, state, batch_args, config, args.batch, args.steps)
-    rows = [{"category": c, **{n: r["ms"][c] for n, r in results.items()}} for c in CATEGORIES]
-    rows.append({"category": "sum (profiled)", **{n: sum(r["ms"].values()) for n, r in results.items()}})
-    rows.append({"category": "step, unprofiled", **{n: r["step_ms"] for n, r in results.items()}})
-    rows.append({"category": "temporaries, MiB", **{n: r["temp_mb"] for n, r in results.items()}})
+    rows = profiled_rows(config, args)
     print(f"paper model, {args.layers} layers, d={args.d_model}, {args.batch} x 512 tokens: ms per training step")
-    common.print_table(rows, ["category", *results])
+    common.print_table(rows, list(rows[0]))
     payload = {"model": dict(config.model), "vocab_size": WT103_VOCAB, "seq_len": config.train.seq_len,
                "batch": args.batch, "steps": args.steps, "rows": rows}
-    if args.compare:  # pairs, each timed alternately, then freed
-        no_dropout = paper_config(args.layers, args.d_model, args.heads, args.mlp_dim)
-        no_dropout.model.update(dict(dropout=0.0, attention_dropout=0.0, activation_dropout=0.0))
-        cap = dict(tail_capacity=args.tail_capacity)
-        pairs = {"tails": ({"dense tails": (config, dict(tail_capacity=0.0)), "default": (config, cap)}),
-                 "dropout keys": ({"threefry": (config, cap), "rbg": (config, dict(cap, rng_impl="rbg"))}),
-                 "dropout": ({"dropout": (config, cap), "no dropout": (no_dropout, cap)})}
-        timing = []
-        for pair, runners in pairs.items():
-            built = {n: paper_runner(c, args.batch, **kw)[0] for n, (c, kw) in runners.items()}
-            per_s = interleaved_tokens_per_s(built, 1, args.rounds, warmup=1)  # steps per second
-            seconds = {n: 1.0 / x for n, x in per_s.items()}
-            (base, base_s), (other, other_s) = seconds.items()
-            timing.append({"pair": pair, "a": base, "a_ms": base_s * 1e3, "b": other, "b_ms": other_s * 1e3,
-                           "a / b": base_s / other_s})
+    if args.compare:
+        timing = alternating_pairs(config, args)
         print("\ntimed alternately (pairs), unprofiled, ms per step:")
         common.print_table(timing, ["pair", "a", "a_ms", "b", "b_ms", "a / b"])
         payload["alternating"] = timing

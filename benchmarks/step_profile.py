@@ -22,83 +22,36 @@ from __future__ import annotations
 
 import argparse
 import collections
-import glob
-import gzip
-import json
-import os
-import re
-import tempfile
 
-import jax
 from flax import nnx
 
 from benchmarks import common
-from benchmarks.throughput import train_runner
-from benchmarks.vs_xtransformers import xtransformers_runner
-from experiment.host_memory import keep_freed_host_memory
+from experiment.runtime.host_memory import keep_freed_host_memory
 
 CATEGORIES = ("dense products", "attention", "layout copies", "optimizer", "other")
-_INSTRUCTION = re.compile(r"\s*(?:ROOT )?%([\w.\-]+) = (\S+)")
-_OP_NAME = re.compile(r'op_name="([^"]+)"')
-_LAYOUT_OPS = {"transpose", "reshape", "pad", "slice", "split", "concatenate", "copy"}
 
 
 def xla_category(name: str, shape: str, op_name: str, batch: int, heads: int) -> str:
     """The category of one instruction of the compiled step (see the module docstring)."""
-    if "jvp(" not in op_name:
-        return "optimizer"
-    if shape.startswith((f"f32[{batch},{heads},", f"bf16[{batch},{heads},")):
-        return "attention"
-    if op_name.endswith("dot_general") or name.startswith("dot"):
-        return "dense products"
-    if op_name.rsplit("/", 1)[-1] in _LAYOUT_OPS or name.startswith(("copy_bitcast", "bitcast_copy", "transpose")):
-        return "layout copies"  # (a fusion is named after its ops: copy_bitcast = a transposing copy)
-    return "other"
-
-
-def instruction_categories(hlo: str, categorize) -> dict[str, str]:
-    """Every instruction of a compiled program's HLO text -> categorize(name, shape, op_name)."""
-    categories = {}
-    for line in hlo.splitlines():
-        m = _INSTRUCTION.match(line)
-        if m:
-            op = _OP_NAME.search(line)
-            categories.setdefault(m.group(1), categorize(m.group(1), m.group(2), op.group(1) if op else ""))
-    return categories
-
-
-def traced_ms(run, steps: int, categories: dict[str, str], skip=lambda name: False) -> collections.Counter:
-    """Milliseconds per step by category, from a `jax.profiler` trace of `steps` calls of `run`:
-    complete events named after an instruction of the step (not runtime spans), except `skip`ped ones."""
-    with tempfile.TemporaryDirectory() as trace_dir:
-        jax.profiler.start_trace(trace_dir)
-        for _ in range(steps):
-            jax.block_until_ready(run())
-        jax.profiler.stop_trace()
-        (path,) = glob.glob(os.path.join(trace_dir, "plugins", "profile", "*", "*.trace.json.gz"))
-        with gzip.open(path) as f:
-            events = json.load(f)["traceEvents"]
-    ms = collections.Counter()
-    for e in events:
-        if e.get("ph") == "X" and e["name"] in categories and not skip(e["name"]):
-            ms[categories[e["name"]]] += e["dur"] / 1e3 / steps
-    return ms
+    attention = shape.startswith((f"f32[{batch},{heads},", f"bf16[{batch},{heads},"))
+    return common.step_category(name, op_name, attention)
 
 
 def ours_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
-    run, step, state, tokens, _ = train_runner(scheme, seq_len, batch)
+    run, step, state, tokens, _ = common.train_runner(scheme, seq_len, batch)
     hlo = step.lower(state["params"], state["opt"], tokens, tokens, 0).compile().as_text()
     heads = common.BENCH_MODEL["num_heads"]
-    category = instruction_categories(hlo, lambda name, shape, op: xla_category(name, shape, op, batch, heads))
+    category = common.instruction_categories(
+        hlo, lambda name, shape, op: xla_category(name, shape, op, batch, heads))
     step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
-    ms = traced_ms(run, steps, category)
+    ms = common.traced_ms(run, steps, category)
     return {"step_ms": step_ms, "ms": {c: ms[c] for c in CATEGORIES}}
 
 
 def theirs_profile(scheme: str, seq_len: int, batch: int, steps: int) -> dict:
     from torch.profiler import ProfilerActivity, profile
 
-    run = xtransformers_runner(scheme, seq_len, batch)
+    run = common.xtransformers_runner(scheme, seq_len, batch)
     step_ms = common.median_seconds(run, max(steps, 5), warmup=2) * 1e3
     with profile(activities=[ProfilerActivity.CPU], record_shapes=True) as prof:
         for _ in range(steps):
@@ -141,8 +94,7 @@ def main():
     ap.add_argument("--batch", type=int, default=8)
     ap.add_argument("--steps", type=int, default=5)
     args = ap.parse_args()
-    import torch
-    torch.set_num_threads(os.cpu_count() or 1)
+    common.torch_on_all_cores()
     sides = {"ours": ours_profile(args.scheme, args.seq_len, args.batch, args.steps),
              "x-transformers": theirs_profile(args.scheme, args.seq_len, args.batch, args.steps)}
     gflop = dense_gflop_per_step(args.scheme, args.seq_len, args.batch)

@@ -10,49 +10,16 @@ from __future__ import annotations
 
 import argparse
 
-import jax
-import ml_collections
-from flax import nnx
-
 import posenc
 from benchmarks import common
-from experiment.host_memory import keep_freed_host_memory
-from experiment.training import make_optimizer, make_train_step
-
-TRAIN = ml_collections.ConfigDict(dict(lr=1e-3, warmup_steps=10, steps=1000, min_lr_ratio=0.1, b1=0.9, b2=0.98,
-                                       weight_decay=0.1, grad_clip=1.0, optimizer="adamw"))
-
-
-def train_runner(scheme: str, seq_len: int, batch: int, dtype: str = "float32", *, model: dict | None = None,
-                 train: ml_collections.ConfigDict | None = None, tokens: jax.Array | None = None,
-                 **model_overrides):
-    """A zero-argument function running one training step (forward, backward, clipping, AdamW) of
-    the benchmark model on a fixed batch, and what it needs: (run, step, state, tokens, graphdef).
-    `model`: other model options (over the benchmark model's; `model_overrides` over both),
-    `train`: other optimizer options (default TRAIN), `tokens`: the batch (default uniform ids)."""
-    built = common.build(scheme, train_length=seq_len, **{**(model or {}), "dtype": dtype, **model_overrides})
-    graphdef, params = nnx.split(built)
-    tx = make_optimizer(train or TRAIN)
-    step = make_train_step(graphdef, tx, dropout_seed=0)
-    if tokens is None:
-        tokens = jax.random.randint(jax.random.key(0), (batch, seq_len), 0, built.cfg.vocab_size)
-    state = {"params": params, "opt": tx.init(params)}
-
-    def run():
-        state["params"], state["opt"], metrics = step(state["params"], state["opt"], tokens, tokens, 0)
-        return metrics["loss"]
-    return run, step, state, tokens, graphdef
+from experiment.runtime.host_memory import keep_freed_host_memory
 
 
 def bench_scheme(scheme: str, seq_len: int, batch: int, dtype: str, repeats: int) -> dict:
-    run_train, step, state, tokens, graphdef = train_runner(scheme, seq_len, batch, dtype)
+    run_train, step, state, tokens, graphdef = common.train_runner(scheme, seq_len, batch, dtype)
     train_stats = common.compiled_stats(step, state["params"], state["opt"], tokens, tokens, 0)
     train_s = common.median_seconds(run_train, repeats)
-
-    @jax.jit
-    def score(params, tokens):
-        return nnx.merge(graphdef, params).token_nll(tokens, tokens).sum()
-
+    score = common.scorer(graphdef)
     eval_s = common.median_seconds(lambda: score(state["params"], tokens), repeats)
     n = batch * seq_len
     return {"scheme": scheme, "train_tokens_per_s": n / train_s, "eval_tokens_per_s": n / eval_s,

@@ -32,8 +32,8 @@ experiment/data/press2022_wikitext103_valid.csv, which report.py overlays):
 """
 import ml_collections
 
-import posenc
-from experiment import paper
+from experiment.config import defaults
+from experiment.report import paper
 
 TOKENS_PER_DEVICE = 9216
 DEVICES = 8
@@ -59,24 +59,16 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     size = (size or "247m").lower()
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r} in configs/wikitext103.py:{arg}; valid: {', '.join(SIZES)}")
-    c = ml_collections.ConfigDict()
+    c = defaults(scheme)
     c.seed = 1
-    c.data = dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-103-v1", path="",
-                  text_column="text", tokenizer="word", vocab_size=0, train_split="train",
-                  passkey_fraction=0.0, passkey_digits=4)
-    c.model = dict(**SIZES[size], activation="relu",
-                   dropout=0.3, attention_dropout=0.1, activation_dropout=0.1, tie_embeddings=True,
-                   adaptive_cutoffs=(20000, 60000), adaptive_factor=4, adaptive_tail_capacity=0.25,
-                   attention="auto", attention_block=512, dtype="bfloat16")
-    c.posenc = posenc.default_config(scheme)
-    c.train = dict(seq_len=train_length, batch_size=max(1, DEVICES * TOKENS_PER_DEVICE // train_length),
-                   steps=286_000, optimizer="nag", lr=1.0, momentum=0.99, warmup_steps=16_000,
-                   warmup_init_lr=1e-7, min_lr_ratio=1e-4, weight_decay=0.0, b1=0.9, b2=0.98,
-                   grad_clip=0.1, device_batch_tokens=TOKENS_PER_DEVICE, log_every=100, checkpoint_every=2000,
-                   init_from="", init_step=0, dropout_rng="threefry")
+    c.data.update(dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-103-v1", tokenizer="word"))
+    c.model.update(dict(**SIZES[size], activation="relu", dropout=0.3, attention_dropout=0.1,
+                        activation_dropout=0.1, adaptive_cutoffs=(20000, 60000), dtype="bfloat16"))
     # 1 device: 8 micro-steps of 9,216 tokens per update; 8 devices: one each. mesh.fsdp = N shards
     # parameters and optimizer state N ways (1: replicated).
-    c.mesh = dict(fsdp=1)
-    c.eval = dict(lengths=paper_eval_lengths(train_length), length_multipliers=(1,), stride=0,
-                  split="valid", batch_tokens=16384, max_tokens=0, overrides="")
+    c.train.update(dict(seq_len=train_length, batch_size=max(1, DEVICES * TOKENS_PER_DEVICE // train_length),
+                        steps=286_000, optimizer="nag", lr=1.0, momentum=0.99, warmup_steps=16_000,
+                        warmup_init_lr=1e-7, min_lr_ratio=1e-4, weight_decay=0.0, grad_clip=0.1,
+                        device_batch_tokens=TOKENS_PER_DEVICE, log_every=100, checkpoint_every=2000))
+    c.eval.update(dict(lengths=paper_eval_lengths(train_length), length_multipliers=(1,)))
     return c

@@ -153,14 +153,6 @@ def _answer_pieces(fmt: _Format, tokenizer, answer: str) -> tuple[np.ndarray, np
     return np.concatenate([fmt.cue, tokens[:lead]]), tokens[lead:]
 
 
-def min_length(tokenizer, digits: int = DEFAULT_DIGITS) -> int:
-    """The shortest `length` that fits a key sentence and the query with no filler, whatever the key:
-    exact for byte and word tokenizers, an upper bound for BPE (its digits may merge)."""
-    fmt = _format(tokenizer)
-    space = 0 if fmt.digit_words is not None else 1  # the byte after "key" (a BPE merge at most as long)
-    return 2 * (len(fmt.cue) + space + digits) + len(fmt.end) - 1
-
-
 def _tail(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) -> np.ndarray:
     """The last n tokens of a shuffled stream of whole sentences (ends at a sentence boundary)."""
     if n <= 0:

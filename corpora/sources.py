@@ -6,6 +6,8 @@ before any training that the splits a run needs are there, without reading them.
 """
 from __future__ import annotations
 
+import dataclasses
+
 from collections.abc import Iterable
 from typing import Any
 
@@ -15,6 +17,11 @@ from corpora.local_source import check_local_splits, local_lines
 from corpora.splits import DataError, split_aliases
 
 SOURCES = ("builtin", "local", "hf")
+
+
+def _as_mapping(data_cfg: Any):
+    """The `data` block as a mapping: a dict, a ConfigDict, or the typed DataConfig (a dataclass)."""
+    return dataclasses.asdict(data_cfg) if dataclasses.is_dataclass(data_cfg) else data_cfg
 
 
 def _source(data_cfg: Any) -> str:
@@ -32,6 +39,7 @@ def _check_builtin_name(name: str) -> None:
 
 def load_lines(data_cfg: Any, split: str) -> list[str]:
     """One split of the corpus that `data_cfg` (the config's `data` block) names."""
+    data_cfg = _as_mapping(data_cfg)
     source = _source(data_cfg)
     if source == "builtin":
         _check_builtin_name(data_cfg["name"])
@@ -48,6 +56,7 @@ def check_splits(data_cfg: Any, splits: Iterable[str]) -> None:
     the folder and a non-empty file per split (the error names the missing splits, the folder and
     the file names expected); hf: a local folder's layout (save_to_disk splits or data file names),
     nothing for a hub name."""
+    data_cfg = _as_mapping(data_cfg)
     source = _source(data_cfg)
     splits = list(dict.fromkeys(splits))
     for split in splits:

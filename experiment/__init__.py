@@ -1,24 +1,20 @@
-"""The library behind the entry points: train, evaluate, report, sweep."""
-from __future__ import annotations
+"""The library behind the entry points.
 
-import contextlib
+    config.py      the typed config (sections, defaults written once, legacy runs, differences)
+    run.py         one run directory: every path, its lock (lock.py), records, origin
+    records.py     every kind of evaluation record: file, key, merging
+    checkpoints.py orbax checkpoints; model.py the model a config describes
+    train/         the training loop, step, optimizer, metrics, init_from
+    evals/         scoring a checkpoint: perplexity, passkey, attention (+ common.py)
+    report/        plots and tables of the records: perplexity, passkey, attention (+ plots.py)
+    runtime/       devices and processes: sharding, distributed, accelerator, host_memory, start
+    pipeline.py    train_and_evaluate, sweep;  cli.py what the entry points share
+"""
+from experiment.config import ConfigError
+from experiment.evals import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
+from experiment.pipeline import sweep, train_and_evaluate
+from experiment.report import write_report
+from experiment.train import is_trained, train
 
-from experiment import distributed
-from experiment.evaluation import evaluate
-from experiment.reporting import write_report
-from experiment.run import RunDir
-from experiment.training import ConfigError, is_trained, train
-
-
-def train_and_evaluate(config, workdir, *, max_steps: int | None = None) -> dict:
-    """Train (or resume) the run in `workdir`; once training is complete, evaluate it as
-    `config.eval` says (lengths the scheme cannot encode are skipped with a warning). The run
-    directory stays locked from the first step to the last record."""
-    with RunDir(workdir).locked("training") if distributed.is_writer() else contextlib.nullcontext():
-        summary = train(config, workdir, max_steps=max_steps)
-        if summary["done"]:
-            summary["eval"] = evaluate(workdir, skip_impossible=True)
-    return summary
-
-
-__all__ = ["ConfigError", "evaluate", "is_trained", "train", "train_and_evaluate", "write_report"]
+__all__ = ["ConfigError", "PasskeySpec", "evaluate", "evaluate_attention", "evaluate_passkey", "is_trained",
+           "sweep", "train", "train_and_evaluate", "write_report"]

@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import ast
-import logging
 import os
 import sys
 from typing import Callable
@@ -12,30 +11,14 @@ from absl import flags
 
 import posenc
 from corpora import DataError
-from experiment import accelerator, distributed
-from experiment.host_memory import keep_freed_host_memory
-from experiment.training import ConfigError
+from experiment.config import ConfigError
+from experiment.runtime.start import start_runtime
 
 
 flags.DEFINE_string("coordinator_address", None, "several processes as one job: HOST:PORT of process 0 "
-                    "(found automatically on TPU pods and under SLURM; experiment/distributed.py)")
+                    "(found automatically on TPU pods and under SLURM; experiment/runtime/distributed.py)")
 flags.DEFINE_integer("num_processes", None, "several processes as one job: how many")
 flags.DEFINE_integer("process_id", None, "several processes as one job: this one's index, 0 .. num_processes-1")
-
-
-def start_runtime(coordinator_address: str | None = None, num_processes: int | None = None,
-                  process_id: int | None = None) -> None:
-    """What every entry point does before its work: malloc settings on CPU, the compilation cache,
-    the multi-process runtime (when launched as several processes), logging (warnings only on the
-    processes that do not write)."""
-    keep_freed_host_memory()  # before JAX starts its threads (experiment/host_memory.py)
-    logging.basicConfig(level=logging.INFO, format="%(levelname)s %(message)s")
-    for noisy in ("absl", "orbax", "jax", "datasets", "fsspec"):
-        logging.getLogger(noisy).setLevel(logging.WARNING)
-    accelerator.enable_compilation_cache()
-    distributed.initialize(coordinator_address, num_processes, process_id)
-    if not distributed.is_writer():
-        logging.getLogger().setLevel(logging.WARNING)
 
 
 def run_cleanly(fn: Callable[[], object]) -> None:

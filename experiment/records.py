@@ -1,13 +1,22 @@
-"""What identifies an evaluation record, defined once (evaluation merges by it, sweeps check for it,
-reports draw series by it).
+"""Every kind of evaluation record, defined once: its file under WORKDIR/eval/, what identifies one
+record (evaluations merge by it, sweeps check for it, reports draw series by it) and how files merge.
 
-A record (one line of WORKDIR/eval/extrapolation.json) carries what produced it: the checkpoint
-`step`, `data` (dataset), `split`, `tokenizer` (the unit of its perplexity), `eval_length`,
-`stride`, `max_tokens` (0 = the whole split) and `overrides` (eval-time options that took effect).
+Every record carries what produced it (the header, experiment/evals/common.py): `scheme`,
+`train_length`, the checkpoint `step`, `data` (dataset), `tokenizer` (the unit), and `overrides`
+(eval-time options that took effect) where there are any. Then, per kind:
+- perplexity (eval/extrapolation.json): `split`, `eval_length`, `stride`, `max_tokens` (0 = the
+  whole split), `tokens`, `nll`, `ppl`, `tokens_per_s`, `position_nll`, and `words`, `word_ppl`
+  where the unit is not the word;
+- passkey (eval/passkey.json): `task`, `eval_length`, `depth`, `digits`, `accuracy`,
+  `token_accuracy`, `count`, `seed`, `chance`, `passkey_fraction`;
+- attention (eval/attention.json): `split`, `eval_length`, `windows`, `block`, `layers`, `heads`,
+  `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
 """
 from __future__ import annotations
 
+import dataclasses
 import json
+from typing import Callable
 
 
 def series_key(record: dict) -> tuple:
@@ -21,6 +30,36 @@ def series_key(record: dict) -> tuple:
 def record_key(record: dict) -> tuple:
     """One record per (series, eval_length): a newer evaluation replaces the older."""
     return series_key(record) + (int(record["eval_length"]),)
+
+
+def passkey_key(record: dict) -> tuple:
+    """One passkey record per (eval_length, depth, digits, overrides)."""
+    return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)),
+            json.dumps(record.get("overrides", {}), sort_keys=True))
+
+
+def attention_key(record: dict) -> tuple:
+    """One attention record per (split, eval_length, overrides)."""
+    return (record.get("split"), int(record["eval_length"]), json.dumps(record.get("overrides", {}), sort_keys=True))
+
+
+@dataclasses.dataclass(frozen=True)
+class Kind:
+    """A kind of evaluation record: its file under WORKDIR/eval/ and the key a newer record replaces by."""
+    name: str
+    file: str
+    key: Callable[[dict], tuple]
+
+
+KINDS = {kind.name: kind for kind in (Kind("perplexity", "extrapolation.json", record_key),
+                                      Kind("passkey", "passkey.json", passkey_key),
+                                      Kind("attention", "attention.json", attention_key))}
+
+
+def record_kind(name: str) -> Kind:
+    if name not in KINDS:
+        raise ValueError(f"unknown record kind {name!r}; valid: {', '.join(KINDS)}")
+    return KINDS[name]
 
 
 def series_label(key: tuple) -> str:

@@ -7,59 +7,52 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/streams/SPLIT.npy    token streams, cached once
     WORKDIR/checkpoints/         orbax (experiment/checkpoints.py)
     WORKDIR/metrics.jsonl        one line per logged training step, each step once
-    WORKDIR/eval/extrapolation.json   evaluation records (experiment/records.py says what is one)
-    WORKDIR/eval/attention.json, eval/passkey.json   attention diagnostics, passkey retrieval
+    WORKDIR/eval/extrapolation.json   perplexity records (experiment/records.py: every kind of record)
+    WORKDIR/eval/passkey.json, eval/attention.json   passkey retrieval, attention statistics
     WORKDIR/tensorboard/         the same metrics and records as TensorBoard event files
     WORKDIR/init_from.json       the run this one started from, if any
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
-The lock is an OS lock on an open file (flock), which the kernel drops when its process dies, so a
-killed run leaves no stale lock; Linux's NFS client maps flock onto NFS byte-range locks, so it also
-holds across hosts on a shared filesystem. Where a filesystem refuses locks, a lock file created
-with O_EXCL stands in (its holder's host and pid are checked to recover it after a crash).
+The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies.
 """
 from __future__ import annotations
 
 import contextlib
-import errno
-import fcntl
 import gc
 import json
 import logging
-import os
 import pathlib
 import shutil
-import socket
 import sys
-import time
 from typing import Callable
 
 import numpy as np
 
 import corpora
-from experiment import checkpoints, config_util, records
+from experiment import checkpoints, config as config_lib, lock, records
+from experiment.runtime import distributed
 
 log = logging.getLogger(__name__)
 
 
-class RunError(config_util.ConfigError):
+class RunError(config_lib.ConfigError):
     """The run directory cannot be used as asked; the message says what to do."""
 
 
-class WorkdirBusy(RunError):
-    """Another process holds the run directory's lock."""
-
-
-_HELD: dict[str, int] = {}  # lock path -> depth: this process already holds it (nested use)
-
+WorkdirBusy = lock.WorkdirBusy
 
 class RunDir:
-    """Paths and state of one run directory."""
+    """Paths and state of one run directory. `writer`: whether this process writes its files (one
+    process of a multi-process job does; experiment/runtime/distributed.py). Open it for work with
+    `opened(workdir, purpose)`, which takes the lock once and hands the object on."""
 
-    def __init__(self, workdir: str | pathlib.Path):
+    def __init__(self, workdir: str | pathlib.Path, *, writer: bool | None = None):
         self.path = pathlib.Path(workdir)
         if self.path.exists() and not self.path.is_dir():
             raise RunError(f"--workdir {self.path} is a file; give a folder (it is created if missing)")
+        self.writer = distributed.is_writer() if writer is None else writer
+        self.held = False  # this object holds the lock (`locked`)
+        self._config: config_lib.Config | None = None
 
     # --- layout ------------------------------------------------------------------------------
     @property
@@ -86,18 +79,12 @@ class RunDir:
         return self.path / "metrics.jsonl"
 
     @property
-    def results_path(self) -> pathlib.Path:
-        return self.path / "eval" / "extrapolation.json"
+    def eval_dir(self) -> pathlib.Path:
+        return self.path / "eval"
 
-    @property
-    def attention_path(self) -> pathlib.Path:
-        """Attention diagnostics records (experiment/diagnostics.py)."""
-        return self.path / "eval" / "attention.json"
-
-    @property
-    def passkey_path(self) -> pathlib.Path:
-        """Passkey retrieval records (experiment/passkey.py)."""
-        return self.path / "eval" / "passkey.json"
+    def records_path(self, kind: str) -> pathlib.Path:
+        """The file of one kind of evaluation record (experiment/records.py: perplexity, passkey, attention)."""
+        return self.eval_dir / records.record_kind(kind).file
 
     @property
     def tensorboard_dir(self) -> pathlib.Path:
@@ -106,7 +93,7 @@ class RunDir:
 
     @property
     def init_from_path(self) -> pathlib.Path:
-        """Where a run started from another's parameters records that run (experiment/init_from.py)."""
+        """Where a run started from another's parameters records that run (experiment/train/init_from.py)."""
         return self.path / "init_from.json"
 
     @property
@@ -121,34 +108,29 @@ class RunDir:
     @contextlib.contextmanager
     def locked(self, purpose: str):
         """Hold the run directory exclusively for `purpose` ('training', 'evaluation'); a second
-        process gets WorkdirBusy at once, naming the holder. Re-entrant within one process."""
+        process (or a second RunDir of this one) gets WorkdirBusy at once, naming the holder."""
         self.path.mkdir(parents=True, exist_ok=True)
-        key = str(self.lock_path.absolute())
-        if key in _HELD:
-            _HELD[key] += 1
-            try:
-                yield
-            finally:
-                _HELD[key] -= 1
-            return
-        release = _acquire(self.lock_path, purpose)
-        _HELD[key] = 1
+        release = lock.acquire(self.lock_path, purpose)
+        self.held = True
         try:
             yield
         finally:
-            del _HELD[key]
+            self.held = False
             release()
 
     # --- config ------------------------------------------------------------------------------
-    def load_config(self):
-        self.require_run()
-        return config_util.load_config(self.config_path)
+    def load_config(self) -> config_lib.Config:
+        """The run's config (read once per RunDir; the one this object saved, if it saved one)."""
+        if self._config is None:
+            self.require_run()
+            self._config = config_lib.load_config(self.config_path)
+        return self._config
 
     def check_config(self, config) -> None:
         """An existing run must have been made with `config` (up to RESUMABLE_KEYS)."""
         if not self.exists():
             return
-        diffs = config_util.config_differences(config_util.read_saved_config(self.config_path), config.to_dict())
+        diffs = config_lib.config_differences(config_lib.read_saved_config(self.config_path), config.to_dict())
         if diffs:
             raise RunError(f"{self.path} holds a run with a different config ({'; '.join(diffs)}); "
                            f"use a new --workdir, or delete this one to start over")
@@ -159,14 +141,15 @@ class RunDir:
         if self.exists():
             return
         for target in (self.tokenizer_path, self.streams_dir, self.checkpoints_dir, self.metrics_path,
-                       self.results_path.parent, self.tensorboard_dir, self.init_from_path):
+                       self.eval_dir, self.tensorboard_dir, self.init_from_path):
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
 
-    def save_config(self, config) -> None:
-        config_util.save_config(config, self.config_path)
+    def save_config(self, config: config_lib.Config) -> None:
+        config_lib.save_config(config, self.config_path)
+        self._config = config
 
     def require_run(self) -> None:
         if not self.exists():
@@ -189,7 +172,7 @@ class RunDir:
             raise RunError(f"{self.tokenizer_path} is missing; the run directory is incomplete (train again "
                            f"with the same command to rebuild it)")
         lines = train_lines() if data_cfg.tokenizer != "byte" and train_lines else None
-        tokenizer = corpora.build_tokenizer(data_cfg.tokenizer, lines, data_cfg.get("vocab_size", 0))
+        tokenizer = corpora.build_tokenizer(data_cfg.tokenizer, lines, data_cfg.vocab_size)
         if write:
             corpora.save_tokenizer(tokenizer, self.tokenizer_path)
         return tokenizer
@@ -270,8 +253,9 @@ class RunDir:
         self.metrics_path.write_text("".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
-    def read_records(self, path: pathlib.Path) -> list[dict]:
-        """The records of one results file under eval/ ([] if none)."""
+    def records(self, kind: str) -> list[dict]:
+        """The records of one kind (experiment/records.py) in eval/ ([] if none)."""
+        path = self.records_path(kind)
         if not path.exists():
             return []
         try:
@@ -279,10 +263,11 @@ class RunDir:
         except ValueError as e:
             raise RunError(f"{path} is damaged ({e}); delete it and evaluate again") from e
 
-    def add_records(self, path: pathlib.Path, new: list[dict], key=records.record_key) -> list[dict]:
-        """Merge `new` records into `path` (experiment/records.py: same key replaces; older
-        checkpoints' records are dropped with a warning); written atomically."""
-        merged, stale = records.merge(self.read_records(path), new, key)
+    def add_records(self, kind: str, new: list[dict]) -> list[dict]:
+        """Merge `new` records of one kind into its file (experiment/records.py: same key replaces;
+        older checkpoints' records are dropped with a warning); written atomically."""
+        path = self.records_path(kind)
+        merged, stale = records.merge(self.records(kind), new, records.record_kind(kind).key)
         if stale:
             log.warning("dropped %d record(s) of an older checkpoint (step %s) from %s; evaluate again to "
                         "have them for step %s", len(stale), sorted({r.get("step") for r in stale}), path,
@@ -293,12 +278,27 @@ class RunDir:
         tmp.replace(path)
         return merged
 
-    def results(self) -> list[dict]:
-        """The perplexity records (eval/extrapolation.json)."""
-        return self.read_records(self.results_path)
+    # --- origin ----------------------------------------------------------------------------------
+    def origin(self) -> dict | None:
+        """The run this one started from ({workdir, step, scheme, train_length}), if any."""
+        return json.loads(self.init_from_path.read_text()) if self.init_from_path.exists() else None
 
-    def add_results(self, new: list[dict]) -> list[dict]:
-        return self.add_records(self.results_path, new)
+    def record_origin(self, origin: dict) -> None:
+        self.init_from_path.write_text(json.dumps(origin, indent=1))
+
+
+@contextlib.contextmanager
+def opened(workdir: "str | pathlib.Path | RunDir", purpose: str):
+    """The run directory for work (`purpose`: 'training', 'evaluation'): the writing process takes
+    its lock, once, for the whole block; the other processes of a job read. A RunDir that is already
+    held is handed through, so a step that opens the run (evaluation after training) runs inside
+    the caller's hold."""
+    run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
+    if run.held or not run.writer:
+        yield run
+        return
+    with run.locked(purpose):
+        yield run
 
 
 @contextlib.contextmanager
@@ -324,76 +324,3 @@ def _quiet_abandoned_reads():
 
 def _first_line(error: BaseException | None) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""
-
-
-def _holder(purpose: str) -> str:
-    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
-                       "since": time.strftime("%Y-%m-%d %H:%M:%S")})
-
-
-def _describe(text: str) -> str:
-    try:
-        h = json.loads(text)
-        return f"{h['purpose']} (pid {h['pid']} on {h['host']}, since {h['since']})"
-    except (ValueError, KeyError, TypeError):
-        return "another process"
-
-
-def _acquire(lock_path: pathlib.Path, purpose: str):
-    """Take the lock; returns the function that releases it."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except OSError as e:
-        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
-            holder = os.pread(fd, 4096, 0).decode(errors="replace")
-            os.close(fd)
-            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(holder)}; wait for it to finish, "
-                              f"or use another --workdir") from None
-        os.close(fd)
-        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            return _acquire_by_file(lock_path, purpose)
-        raise
-    os.ftruncate(fd, 0)
-    os.pwrite(fd, _holder(purpose).encode(), 0)
-
-    def release():
-        os.ftruncate(fd, 0)
-        fcntl.flock(fd, fcntl.LOCK_UN)
-        os.close(fd)
-    return release
-
-
-def _acquire_by_file(lock_path: pathlib.Path, purpose: str):
-    """For filesystems without locks: an O_EXCL file naming its holder, recovered when that holder
-    (on this host) is no longer alive."""
-    path = lock_path.with_name(".lock.owner")
-    for _ in range(2):
-        try:
-            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
-        except FileExistsError:
-            text = path.read_text(errors="replace")
-            try:
-                holder = json.loads(text)
-                stale = holder["host"] == socket.gethostname() and not _alive(int(holder["pid"]))
-            except (ValueError, KeyError, TypeError):
-                stale = False
-            if stale:
-                path.unlink(missing_ok=True)
-                continue
-            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(text)}; wait for it to finish, "
-                              f"or delete {path} if that process is gone") from None
-        os.write(fd, _holder(purpose).encode())
-        os.close(fd)
-        return lambda: path.unlink(missing_ok=True)
-    raise WorkdirBusy(f"could not take {path}")
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True

@@ -57,7 +57,7 @@ class AdaptiveInput(nnx.Module):
 
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
                  rngs: nnx.Rngs, dtype=jnp.float32):
-        with nnx.use_eager_sharding(False):  # annotations only (experiment/sharding.py places them)
+        with nnx.use_eager_sharding(False):  # annotations only (experiment/runtime/sharding.py places them)
             self._build(vocab_size, d_model, cutoffs, factor, rngs, dtype)
 
     def _build(self, vocab_size, d_model, cutoffs, factor, rngs, dtype):
@@ -110,7 +110,7 @@ class AdaptiveSoftmax(nnx.Module):
     def __init__(self, vocab_size: int, d_model: int, cutoffs: Sequence[int] = (), factor: int = 4, *,
                  rngs: nnx.Rngs, tie_to: AdaptiveInput | None = None, dtype=jnp.float32,
                  tail_capacity: float = TAIL_CAPACITY):
-        with nnx.use_eager_sharding(False):  # annotations only (experiment/sharding.py places them)
+        with nnx.use_eager_sharding(False):  # annotations only (experiment/runtime/sharding.py places them)
             self._build(vocab_size, d_model, cutoffs, factor, rngs, tie_to, dtype)
         self.tail_capacity = float(tail_capacity)
 

@@ -2,7 +2,8 @@
 
 Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causal attention ->
 residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
-module shared by every layer unless it sets `per_layer = True` (one instance per layer).
+module shared by every layer unless it sets `per_layer = True` (one instance per layer). Which
+attention implementation a call runs is decided in models/attention/choice.py.
 """
 from __future__ import annotations
 
@@ -15,26 +16,33 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
+from models.attention.blockwise import blockwise_attention
+from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, is_long
+from models.attention.dense import Dropout, dense_attention, fused_attention
+from models.attention.pallas import pallas_attention
+from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
-from models.attention import (
-    attention_path,
-    blockwise_attention,
-    dense_attention,
-    fused_attention,
-    is_long,
-)
-from models import pallas_attention as pallas
-from models.triangular import supports as triangular_supports
-from models.triangular import triangular_attention
 
 ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
-ATTENTION = ("auto", "dense", "triangular", "blockwise", "fused", "pallas")
 
 
 @dataclasses.dataclass(frozen=True)
 class ModelConfig:
-    vocab_size: int
+    """The decoder's shape and options; `from_config(section, vocab_size)` builds and checks it
+    from a config's `model` section.
+
+    - vocabulary: `vocab_size` (0 until the tokenizer is known; `from_config` sets it).
+    - shape: `num_layers`, `d_model`, `num_heads` (head size d_model / num_heads), `mlp_dim`,
+      `activation`.
+    - regularisation: three dropout rates, where `Block` and `Attention` say.
+    - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
+      models/adaptive.py) for large word vocabularies.
+    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
+      and `attention_block`, the tile width of the long-sequence paths.
+    - numerics: `dtype`, the compute dtype; parameters stay float32.
+    """
+    vocab_size: int = 0
     num_layers: int = 4
     d_model: int = 128
     num_heads: int = 4
@@ -49,12 +57,9 @@ class ModelConfig:
     adaptive_tail_capacity: float = 0.25  # training scores a tail cluster in this fraction of each row's
                                     # positions (the tokens whose target it holds); a batch with a row
                                     # needing more scores it for every token. 0: every token always
-    attention: str = "auto"         # auto | dense | triangular | blockwise | fused | pallas; auto = pallas
-                                    # on GPU where the scheme allows it, else blockwise beyond 2 blocks
-                                    # (unless dropping out), else triangular where the scheme allows it
-                                    # (and its bias does no work per key), else dense.
-                                    # fused = jax.nn.dot_product_attention; pallas = models/pallas_attention.py
-    attention_block: int = 512      # tile size of blockwise attention (and of the MLP, evaluating long)
+    attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
+                                    # chooses, and what each is, in models/attention/choice.py
+    attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
     dtype: str = "float32"          # compute dtype; parameters stay float32
 
     @classmethod
@@ -74,8 +79,8 @@ class ModelConfig:
             raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
         if cfg.activation not in ACTIVATIONS:
             raise ValueError(f"unknown model.activation {cfg.activation!r}; valid: {sorted(ACTIVATIONS)}")
-        if cfg.attention not in ATTENTION:
-            raise ValueError(f"unknown model.attention {cfg.attention!r}; valid: {', '.join(ATTENTION)}")
+        if cfg.attention not in PATHS:
+            raise ValueError(f"unknown model.attention {cfg.attention!r}; valid: {', '.join(PATHS)}")
         if cfg.dtype not in DTYPES:
             raise ValueError(f"unknown model.dtype {cfg.dtype!r}; valid: {sorted(DTYPES)}")
         return cfg
@@ -94,6 +99,12 @@ def _split(key, n):
 
 
 class Attention(nnx.Module):
+    """Causal multi-head self-attention: one qkv projection, the positional scheme's hooks inside
+    the attention function, an output projection. Each call asks models/attention/choice.py
+    (`choose`) which implementation runs (`model.attention`, or for `auto`: the sequence length,
+    whether attention dropout is on, what the scheme allows, the backend) and calls it. Attention
+    dropout (`attention_dropout`, on the probabilities) applies only when a key is given."""
+
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.scheme = scheme
@@ -106,38 +117,31 @@ class Attention(nnx.Module):
         b, t, _ = x_BxTxD.shape
         qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
         q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
-        dropping = key is not None and self.cfg.attention_dropout > 0
-        auto = self.cfg.attention == "auto"
-        kind = attention_path(self.cfg.attention, self.cfg.attention_block, self.scheme, t, dropping=dropping,
-                              triangular=auto and triangular_supports(self.scheme, positions_BxT, positions_BxT),
-                              pallas=auto and not pallas.interpreted()
-                              and pallas.supports(self.scheme, positions_BxT, positions_BxT)
-                              and pallas.available(self.scheme, q.dtype))
+        drop = Dropout(self.cfg.attention_dropout, key)
+        kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
+        pos = positions_BxT
         if kind == "pallas":
-            out = pallas.pallas_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
-                                          self.cfg.attention_dropout, key)
+            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop)
         elif kind == "fused":
-            if dropping:
-                raise ValueError("model.attention=fused does not implement attention dropout; "
-                                 "set --config.model.attention=dense (or auto) for training with it")
-            out = fused_attention(q, k, v, positions_BxT, positions_BxT, self.scheme)
+            out = fused_attention(q, k, v, pos, pos, self.scheme)
         elif kind == "triangular":
-            out = triangular_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
-                                       self.cfg.attention_dropout, key)
+            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop)
         elif kind == "blockwise":
-            if dropping:
-                raise ValueError("model.attention=blockwise does not implement attention dropout; "
-                                 "set --config.model.attention=dense (or auto) for training with it")
-            out = blockwise_attention(q, k, v, positions_BxT, positions_BxT, self.scheme,
-                                      self.cfg.attention_block)
+            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block)
         else:
             mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-            out = dense_attention(q, k, v, positions_BxT, positions_BxT, self.scheme, mask_TxT,
-                                  self.cfg.attention_dropout, key)
+            out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop)
         return self.out(out.reshape(b, t, self.cfg.d_model))
 
 
 class Block(nnx.Module):
+    """One pre-LayerNorm decoder layer: x + drop(Attention(LN1(x))), then
+    x + drop(fc2(drop_act(act(fc1(LN2(x)))))). `dropout` applies to the attention output and the MLP
+    output before each residual addition, `activation_dropout` after the MLP's activation,
+    `attention_dropout` inside Attention; all only with a key (training). Evaluating a long
+    sequence (no key, `is_long` at `attention_block`), the MLP runs on `attention_block`
+    positions at a time (`by_chunks`), so that no B x T x mlp_dim activation exists."""
+
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
         dtype = DTYPES[cfg.dtype]
@@ -173,10 +177,17 @@ def by_chunks(fn, x_BxTxD: jax.Array, chunk: int) -> jax.Array:
 
 
 class DecoderLM(nnx.Module):
-    """`model(tokens_BxT) -> logits_BxTxV`; positions default to 0 .. T-1 for every row."""
+    """The language model: `model(tokens_BxT) -> logits_BxTxV`, `token_nll` for training and
+    evaluation, `hidden` for the final hidden states.
+
+    Built from a ModelConfig, the positional scheme's config (posenc; built here with the model's
+    dimensions and `train_length`) and an `nnx.Rngs`; `build_model` does it from a seed.
+    Positions default to 0 .. T-1 for every row (after the scheme's length check); a
+    `dropout_key` means training: dropout on, and a scheme may draw other positions
+    (`sample_positions`, e.g. randomized positions)."""
 
     def __init__(self, cfg: ModelConfig, posenc_cfg: Any, train_length: int, *, rngs: nnx.Rngs):
-        # Sharding annotations are metadata only: experiment/sharding.py places the parameters.
+        # Sharding annotations are metadata only: experiment/runtime/sharding.py places the parameters.
         with nnx.use_eager_sharding(False):
             self._build(cfg, posenc_cfg, train_length, rngs)
 
@@ -246,3 +257,8 @@ class DecoderLM(nnx.Module):
         logits = self(tokens_BxT, positions_BxT, dropout_key)
         log_z = jax.nn.logsumexp(logits, axis=-1)
         return log_z - jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+
+
+def build_model(model_cfg: ModelConfig, posenc_cfg: Any, train_length: int, seed: int) -> DecoderLM:
+    """A DecoderLM with its parameters initialised from `seed` (nnx.Rngs(seed))."""
+    return DecoderLM(model_cfg, posenc_cfg, train_length, rngs=nnx.Rngs(seed))

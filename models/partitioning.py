@@ -1,4 +1,4 @@
-"""Sharding annotations of the models' parameters (metadata only; experiment/sharding.py places them).
+"""Sharding annotations of the models' parameters (metadata only; experiment/runtime/sharding.py places them).
 
 Parameters are annotated with the one mesh axis they may be split over, `FSDP`; a mesh with
 `fsdp = 1` (or a dimension it does not divide) keeps them whole.

@@ -9,12 +9,15 @@ attention can call it per tile without a full T x T matrix ever existing outside
 from __future__ import annotations
 
 import dataclasses
+import logging
 from typing import Any, Callable, ClassVar
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 import ml_collections
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,7 +46,7 @@ def check_table_length(scheme_name: str, rows: int, length: int, detail: str = "
 @dataclasses.dataclass(frozen=True)
 class BiasFunction:
     """An additive logits bias as a function of positions, for kernels that compute it tile by tile
-    and never materialise it (models/pallas_attention.py).
+    and never materialise it (models/attention/pallas.py).
 
     `fn(shared, head, q_pos_Qx1, k_pos_1xS) -> Q x S` (float32) is the bias of one head: `shared`
     is the pytree `shared` as given, `head` the pytree `per_head` with every leaf sliced at one head
@@ -52,7 +55,7 @@ class BiasFunction:
     be elementwise arithmetic on its position arguments and depend on the leaves only (not on
     arrays it closes over; Python numbers are fine): it runs inside a GPU kernel, which cannot
     gather, reduce over keys or index into a vector, so a vector of coefficients is given as a
-    tuple of leaves, one per element (tests/test_pallas_attention.py lowers every scheme's). Where
+    tuple of leaves, one per element (tests/models/attention/test_pallas.py lowers every scheme's). Where
     `learned`, the kernel returns the leaves' gradients, through which the scheme's parameters get
     theirs; parameter-free biases set it False and skip that work. A learned lookup table (T5's
     buckets) goes in `table` with its elementwise `index` function instead of `fn` (or beside it):
@@ -133,7 +136,7 @@ class Scheme(nnx.Module):
     def bias_fn(self) -> BiasFunction | None:
         """The same bias as `bias`, as a function of positions that a fused kernel evaluates per tile
         (see BiasFunction); None where the scheme has no bias or does not provide one. It must equal
-        `bias` (tests/test_pallas_attention.py checks every scheme that provides it)."""
+        `bias` (tests/models/attention/test_pallas.py checks every scheme that provides it)."""
         return None
 
     def value_bias(self, probs_BxHxTxS, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
@@ -169,6 +172,9 @@ def register(name: str):
     def wrap(cls: type[Scheme]) -> type[Scheme]:
         if name in _REGISTRY:
             raise ValueError(f"positional scheme {name!r} is registered twice")
+        if name in LEGACY_NAMES:
+            raise ValueError(f"positional scheme name {name!r} is the old name of {LEGACY_NAMES[name]!r} "
+                             f"(LEGACY_NAMES): saved runs would resolve it to that one")
         if not dataclasses.is_dataclass(cls.Options):
             raise TypeError(f"{cls.__name__}.Options must be a frozen dataclass")
         cls.name = name
@@ -177,13 +183,55 @@ def register(name: str):
     return wrap
 
 
+# Old name -> registered name, for schemes that were renamed: a run saved under the old name (its
+# config.json has `"posenc": {"name": "recurrent", "recurrent": {...options}}`) still loads, builds
+# and evaluates. `names()` lists only registered names; `canonical_config` rewrites a saved block.
+LEGACY_NAMES: dict[str, str] = {
+    "recurrent": "floater",  # FLOATER (Liu et al. 2020) was registered as "recurrent" until it got its paper's name
+}
+_warned_legacy: set[str] = set()
+
+
+def canonical_name(name: str) -> str:
+    """The registered name of `name`: itself, or what a legacy name (LEGACY_NAMES) now is."""
+    return LEGACY_NAMES.get(name, name)
+
+
+def canonical_config(posenc_cfg: Any) -> Any:
+    """A copy of a `posenc` block (dict or ConfigDict; the same type back) with every legacy scheme
+    name replaced by the registered one: `name`, a wrapper's `base`, and the option blocks' keys.
+    Where a block has both, the legacy block's options win (only a config written before the rename
+    has one, and it holds what that run used)."""
+    is_config = isinstance(posenc_cfg, ml_collections.ConfigDict)
+    block = posenc_cfg.to_dict() if is_config else {key: posenc_cfg[key] for key in posenc_cfg.keys()}
+    out = {key: dict(value) if isinstance(value, dict) else value
+           for key, value in block.items() if key not in LEGACY_NAMES}
+    for legacy, current in LEGACY_NAMES.items():
+        if legacy in block:
+            old = block[legacy]
+            both = isinstance(old, dict) and isinstance(out.get(current), dict)
+            out[current] = {**out[current], **old} if both else (dict(old) if isinstance(old, dict) else old)
+    for value in out.values():
+        if isinstance(value, dict) and isinstance(value.get("base"), str):
+            value["base"] = canonical_name(value["base"])
+    if isinstance(out.get("name"), str):
+        out["name"] = canonical_name(out["name"])
+    return ml_collections.ConfigDict(out) if is_config else out
+
+
 def names() -> list[str]:
-    """Every registered scheme, sorted."""
+    """Every registered scheme, sorted (legacy names are not listed)."""
     return sorted(_REGISTRY)
 
 
 def get(name: str) -> type[Scheme]:
-    """The scheme class registered as `name`; unknown names raise a ValueError listing the valid ones."""
+    """The scheme class registered as `name` (or, with a one-time deprecation log, as what the legacy
+    name `name` now is); unknown names raise a ValueError listing the valid ones."""
+    if name in LEGACY_NAMES:
+        if name not in _warned_legacy:
+            _warned_legacy.add(name)
+            log.warning("positional scheme %r is now called %r; the old name still works", name, LEGACY_NAMES[name])
+        name = LEGACY_NAMES[name]
     try:
         return _REGISTRY[name]
     except KeyError:
@@ -193,19 +241,22 @@ def get(name: str) -> type[Scheme]:
 
 def default_config(name: str = "alibi") -> ml_collections.ConfigDict:
     """`posenc` config block: the chosen `name` plus one sub-block of defaults per registered scheme,
-    so that `--config.posenc.name=rope --config.posenc.rope.base=500000` works from any config."""
+    so that `--config.posenc.name=rope --config.posenc.rope.base=500000` works from any config.
+    A legacy name gives the block as a run saved under it has it: that name and its option block
+    (in place of the registered name's), so `cfg[name]` holds its defaults."""
     get(name)
     cfg = ml_collections.ConfigDict({"name": name})
     for scheme_name, cls in sorted(_REGISTRY.items()):
         fields = {f.name: getattr(cls.Options(), f.name) for f in dataclasses.fields(cls.Options)}
         if fields:
-            cfg[scheme_name] = fields
+            cfg[name if canonical_name(name) == scheme_name else scheme_name] = fields
     return cfg
 
 
 def used_schemes(posenc_cfg: Any) -> list[str]:
     """The schemes a `posenc` block runs: its `name` and, for wrappers, what they wrap (their `base`),
-    outermost first. Options of any other scheme have no effect on the run."""
+    outermost first. Options of any other scheme have no effect on the run. Names come as the block
+    spells them (a legacy name stays legacy), so `posenc_cfg[name]` is each one's option block."""
     used = [posenc_cfg["name"]]
     while getattr(get(used[-1]), "wraps_scheme", False):
         block = posenc_cfg.get(used[-1], None) or {}
@@ -224,8 +275,13 @@ def check_option_key(posenc_cfg: Any, dotted: str) -> None:
         return
     used = used_schemes(posenc_cfg)
     scheme = parts[1]
-    if scheme not in _REGISTRY:
+    if canonical_name(scheme) not in _REGISTRY:
         raise ValueError(f"{dotted}: unknown positional scheme {scheme!r}; registered schemes: {', '.join(names())}")
+    spelled = [u for u in used if u != scheme and canonical_name(u) == canonical_name(scheme)]
+    if spelled:  # old and new name of one scheme: its options are read from the block the run names
+        raise ValueError(f"{dotted}: this run names the scheme {spelled[0]!r} ({scheme!r} and {spelled[0]!r} are "
+                         f"one scheme, renamed); set posenc.{spelled[0]}.{'.'.join(parts[2:])} instead, or name "
+                         f"it {canonical_name(scheme)!r} throughout")
     if scheme not in used:
         raise ValueError(f"{dotted} has no effect: this run uses {' -> '.join(used)}, not {scheme}; "
                          f"drop the option (or set posenc.name={scheme})")

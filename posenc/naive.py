@@ -52,7 +52,7 @@ class Normalized(Scheme):
     With denominator="row", T - 1 is the largest position in that row of `positions`, the
     textbook definition: NOT length-invariant, the same position gets a different value in a longer
     window, so a prefix is encoded differently from the same tokens inside a longer sequence (the
-    prefix-consistency property of tests/test_models.py fails by construction), and it violates
+    prefix-consistency property of tests/models/test_decoder.py fails by construction), and it violates
     the interface rule that hooks depend on positions, not on the length seen. The default
     denominator="train_length" uses T = L_train instead. Training windows are always positions
     0 .. L_train - 1, so training is identical under both; they differ only at evaluation, where

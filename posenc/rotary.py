@@ -16,7 +16,7 @@ import jax.numpy as jnp
 from posenc.base import ModelDims, Scheme, register
 
 
-def rope_inverse_frequencies(rotary_dim: int, base: float = 10000.0) -> jax.Array:
+def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
     """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021)."""
     return base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
 
@@ -177,7 +177,7 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
         base = ntk_base(base, alpha, rotary_dim)[..., None]
     elif options.ntk_alpha != 1.0:
         base = ntk_base(base, options.ntk_alpha, rotary_dim)
-    inv_freq = base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+    inv_freq = rope_inverse_frequencies(rotary_dim, base)
     # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
     s = options.yarn_scale
     if options.yarn_ramp == "index":
@@ -196,12 +196,6 @@ def yarn_mscale(options: RopeOptions) -> float:
     if options.yarn_scale == 1.0 or not options.yarn_temperature:
         return 1.0
     return 0.1 * math.log(options.yarn_scale) + 1.0
-
-
-def yarn_logit_scale(options: RopeOptions) -> float | None:
-    """YaRN's 1/t = mscale^2, the factor of the rotated part of the logit, or None when off."""
-    mscale = yarn_mscale(options)
-    return None if mscale == 1.0 else mscale ** 2
 
 
 def xpos_zeta(rotary_dim: int, gamma0: float = 0.4) -> jax.Array:

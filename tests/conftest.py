@@ -1,4 +1,5 @@
-"""Shared fixtures: a tiny config of the demo and the path of the shared WikiText data."""
+"""Shared fixtures: a tiny config of the demo, the path of the shared WikiText data, and the
+tokenizers of the passkey tests (tests/corpora/test_passkey.py, tests/test_passkey.py)."""
 from __future__ import annotations
 
 import os
@@ -39,3 +40,17 @@ def wikitext103():
     if not (folder / "wiki.valid.tokens").exists():
         pytest.skip("../shared/data/wikitext is not present")
     return folder
+
+
+PASSKEY_WORDS = ["the grass is green . the sky is blue . the sun is yellow . here we go . there and back again .",
+                 "key 0 1 2 3 4 5 6 7 8 9"]
+
+
+@pytest.fixture(scope="module")
+def tokenizers():
+    """A byte, a word and a small BPE tokenizer that can all write the passkey task's sentences."""
+    import corpora
+    lines = [" ".join(PASSKEY_WORDS).replace(" .", "."), "a key 1234 and 98 of 7650 words", "the quick brown fox"] * 20
+    return {"byte": corpora.ByteTokenizer(),
+            "word": corpora.WordTokenizer.from_lines(PASSKEY_WORDS),
+            "bpe": corpora.BPETokenizer.train(lines, 300)}

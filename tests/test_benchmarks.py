@@ -32,7 +32,8 @@ def test_gpu_step_model_flops_of_a_small_decoder():
 
 
 def test_gpu_step_counts_adaptive_bands_by_the_tokens_in_them():
-    from benchmarks.gpu_step import band_shares, model_flops_per_step, zipf_tokens
+    from benchmarks.common import zipf_ids
+    from benchmarks.gpu_step import band_shares, model_flops_per_step
     model = dict(vocab_size=30_000, num_layers=2, d_model=64, num_heads=4, mlp_dim=128,
                  adaptive_cutoffs=(2000, 10000), adaptive_factor=4)
     shares = (0.5, 0.3, 0.2)  # band dims 64, 16, 4; tail sizes 8,000 and 20,000
@@ -40,14 +41,14 @@ def test_gpu_step_counts_adaptive_bands_by_the_tokens_in_them():
     tails = 0.3 * 16 * (64 + 8000) + 0.2 * 4 * (64 + 20000)
     extra = model_flops_per_step(model, 32, 2, shares) - model_flops_per_step(model, 32, 2)
     assert abs(extra - 6 * (input_side + tails) * 64) < 1e-6 * extra
-    tokens = zipf_tokens(30_000, (4, 256))
+    tokens = zipf_ids(30_000, (4, 256))
     measured = band_shares(tokens, (2000, 10000))
     assert abs(sum(measured) - 1) < 1e-9 and 0.6 < measured[0] < 0.9  # Zipf: the head holds most words
     assert band_shares([0, 1999, 2000, 9999, 10000, 29999], (2000, 10000)) == [1 / 3] * 3
 
 
 def test_gpu_step_records_a_failing_runner_and_times_the_others():
-    from benchmarks.vs_xtransformers import interleaved_tokens_per_s
+    from benchmarks.common import interleaved_tokens_per_s
 
     def fails():
         raise RuntimeError("no compiler")

@@ -1,0 +1,276 @@
+"""The experiment config, typed: one section per concern, each default written once, here.
+
+    seed                  int
+    data   DataConfig     where the text comes from and how it becomes tokens
+    model  ModelConfig    the decoder (models/decoder.py; its defaults live there)
+    posenc                the positional scheme: `name` and one options block per scheme used
+                          (typed by the registry, posenc/: each scheme's Options dataclass)
+    train  TrainConfig    the update, the optimizer and its schedule, logging and checkpoints
+    mesh   MeshConfig     how devices share the work
+    eval   EvalConfig     what `train.py`, `sweep.py` and `eval_extrapolate.py` evaluate
+
+Config files (configs/*.py) start from `defaults()` and set what differs; `typed()` turns a
+config (ml_collections.ConfigDict, dict or Config) into a `Config`, refusing unknown keys with the
+valid ones. A run saved before an option existed is read with the behaviour it was trained with
+(`LEGACY_OPTION_DEFAULTS`), and `config_differences` says what a resumed run may not change.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import pathlib
+from typing import Any
+
+import ml_collections
+
+import posenc
+from models.decoder import ModelConfig
+
+
+class ConfigError(ValueError):
+    """The config or run directory is inconsistent; the message says what to change."""
+
+
+@dataclasses.dataclass(frozen=True)
+class DataConfig:
+    source: str = "builtin"         # builtin | local | hf (corpora/sources.py)
+    name: str = "python_docs"       # builtin corpus or HF dataset name
+    path: str = ""                  # local folder (source=local, or hf saved to disk)
+    hf_config: str = ""             # HF dataset config, e.g. wikitext-103-v1
+    text_column: str = "text"
+    tokenizer: str = "byte"         # byte | word | bpe
+    vocab_size: int = 0             # bpe: the size to learn (0: the tokenizer's default)
+    train_split: str = "train"
+    passkey_fraction: float = 0.0   # share of training rows that are passkey examples
+    passkey_digits: int = 4
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    seq_len: int = 64               # L, the training length
+    batch_size: int = 32            # sequences per update, global (as papers state it)
+    steps: int = 600
+    optimizer: str = "adamw"        # adamw | nag
+    lr: float = 2e-3
+    warmup_steps: int = 100
+    warmup_init_lr: float = 0.0
+    min_lr_ratio: float = 0.1       # cosine decays to lr * min_lr_ratio
+    weight_decay: float = 0.1
+    b1: float = 0.9
+    b2: float = 0.98
+    momentum: float = 0.9           # nag
+    grad_clip: float = 1.0
+    device_batch_tokens: int = 0    # tokens one device computes at once (0: the whole update)
+    log_every: int = 50
+    checkpoint_every: int = 200
+    init_from: str = ""             # start from another run's parameters (experiment/train/init_from.py)
+    init_step: int = 0              # ... at this step (0: its newest)
+    dropout_rng: str = "threefry"   # the dropout masks' PRNG: threefry | rbg | unsafe_rbg
+
+
+@dataclasses.dataclass(frozen=True)
+class MeshConfig:
+    fsdp: int = 1                   # devices that shard parameters and optimizer state (1: replicated)
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalConfig:
+    lengths: tuple = ()                         # L_valid values; () = length_multipliers x train.seq_len
+    length_multipliers: tuple = (1, 2, 4, 8, 16)
+    stride: int = 0                             # 0: nonoverlapping; S: sliding window of stride S
+    split: str = "valid"
+    batch_tokens: int = 16384                   # tokens per evaluation batch
+    max_tokens: int = 0                         # score only the first N tokens (0: the whole split)
+    overrides: str = ""                         # eval-time options: "posenc.rope.yarn_scale=4,model.attention=blockwise"
+
+
+SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "mesh": MeshConfig, "eval": EvalConfig}
+
+
+@dataclasses.dataclass(frozen=True)
+class Config:
+    seed: int
+    data: DataConfig
+    model: ModelConfig  # vocab_size 0: known once the tokenizer is (`model_for`)
+    posenc: ml_collections.ConfigDict
+    train: TrainConfig
+    mesh: MeshConfig
+    eval: EvalConfig
+
+    def model_for(self, vocab_size: int) -> ModelConfig:
+        """The model section with the vocabulary size, checked against it."""
+        return ModelConfig.from_config(_fields(self.model), vocab_size)
+
+    def to_dict(self) -> dict:
+        out = {"seed": self.seed, "posenc": self.posenc.to_dict()}
+        out.update({name: _fields(getattr(self, name)) for name in SECTIONS})
+        return out
+
+    def replace(self, **changes) -> "Config":
+        return dataclasses.replace(self, **changes)
+
+
+def _keys(cls) -> list[dataclasses.Field]:
+    """A section's config keys (the model's vocabulary size comes from the tokenizer, not the config)."""
+    return [f for f in dataclasses.fields(cls) if not (cls is ModelConfig and f.name == "vocab_size")]
+
+
+def _fields(section) -> dict:
+    return {f.name: getattr(section, f.name) for f in _keys(type(section))}
+
+
+def _make(cls, **values):
+    """A section from its values (the model section's vocabulary size is set later: 0)."""
+    return cls(**({"vocab_size": 0, **values} if cls is ModelConfig else values))
+
+
+def defaults(scheme: str = "alibi") -> ml_collections.ConfigDict:
+    """Every key with its default, as the ConfigDict a config file returns (overridable by flags)."""
+    c = ml_collections.ConfigDict()
+    c.seed = 0
+    for name, cls in SECTIONS.items():
+        c[name] = _fields(_make(cls))
+    c.posenc = posenc.default_config(scheme)
+    return c
+
+
+def _section(cls, given: dict, where: str):
+    valid = {f.name: f for f in _keys(cls)}
+    unknown = sorted(set(given) - set(valid))
+    if unknown:
+        raise ConfigError(f"unknown config key(s) {', '.join(f'{where}.{k}' for k in unknown)}; valid keys in "
+                          f"{where}: {', '.join(sorted(valid))}")
+    values = {}
+    for key, value in given.items():
+        default = valid[key].default
+        if isinstance(default, tuple) and not isinstance(value, tuple):
+            value = tuple(value) if isinstance(value, (list, tuple)) else tuple(_as_list(value))
+        values[key] = value
+    return _make(cls, **values)
+
+
+def typed(config: Any) -> Config:
+    """A Config from a ConfigDict / dict / Config; missing keys take their defaults (runs saved by an
+    older version), unknown keys are refused."""
+    if isinstance(config, Config):
+        return config
+    raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    unknown = sorted(set(raw) - {"seed", "posenc", *SECTIONS})
+    if unknown:
+        raise ConfigError(f"unknown config section(s) {', '.join(unknown)}; valid: "
+                          f"{', '.join(sorted({'seed', 'posenc', *SECTIONS}))}")
+    if "posenc" not in raw:
+        raise ConfigError("the config has no posenc section; start from experiment.config.defaults(scheme)")
+    sections = {name: _section(cls, dict(raw.get(name) or {}), name) for name, cls in SECTIONS.items()}
+    scheme = ml_collections.ConfigDict(posenc.canonical_config(dict(raw["posenc"])))  # former names -> current
+    return Config(seed=int(raw.get("seed", 0)), posenc=scheme, **sections)
+
+
+def resolve(config: Any) -> Config:
+    """The typed config with derived values filled in (evaluation lengths from multiples of the
+    training length), checked for what would otherwise fail deep inside JAX."""
+    config = typed(config)
+    posenc.get(config.posenc.name)  # unknown scheme -> ValueError with the valid names
+    ev = config.eval
+    lengths = ev.lengths or tuple(int(m * config.train.seq_len) for m in ev.length_multipliers)
+    config = config.replace(eval=dataclasses.replace(ev, lengths=tuple(int(x) for x in _as_list(lengths))))
+    for key in ("seq_len", "batch_size", "steps", "log_every", "checkpoint_every"):
+        value = getattr(config.train, key)
+        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+            raise ValueError(f"train.{key} must be a positive integer, got {value!r}; set --config.train.{key}")
+    return config
+
+
+def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
+    """config[dotted] = raw on a ConfigDict, converted to the type of the value it replaces (bool from
+    1/true/yes, tuples from "a,b"); a missing key is a ValueError listing the valid ones at its level."""
+    *parents, leaf = dotted.split(".")
+    node = config
+    for part in parents:
+        if part not in node:
+            raise ValueError(f"{option} {dotted}: no config key {part!r}; valid: {', '.join(sorted(node.keys()))}")
+        node = node[part]
+    if leaf not in node:
+        raise ValueError(f"{option} {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
+    old = node[leaf]
+    if isinstance(old, bool):
+        value = str(raw).lower() in ("1", "true", "yes")
+    elif old is None or isinstance(raw, type(old)):
+        value = raw
+    elif isinstance(old, (tuple, list)):
+        value = tuple(type(old[0])(v) if old else v for v in _as_list(raw))
+    else:
+        value = type(old)(raw)
+    node[leaf] = value
+
+
+def _as_list(value) -> list:
+    if isinstance(value, str):
+        return [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+    if isinstance(value, (int, float)):
+        return [value]
+    return list(value)
+
+
+def save_config(config: Config, path: pathlib.Path) -> None:
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(config.to_dict(), indent=2, sort_keys=True, default=list))
+    tmp.replace(path)
+
+
+# Scheme options added after runs were saved without them, with the behaviour those runs had (the
+# new default follows the reference code; a saved run keeps what it was trained with).
+LEGACY_OPTION_DEFAULTS = {
+    "sinusoidal": {"layout": "vaswani"},
+    "kerple_log": {"per_layer": True},
+    "kerple_power": {"per_layer": True},
+    "deberta": {"p2c_index": "paper"},
+    "randomized": {"eval_positions": "consecutive"},
+}
+
+
+def read_saved_config(path: pathlib.Path) -> dict:
+    """A run's config.json as a dict, options it predates filled in with the behaviour it had."""
+    saved = json.loads(pathlib.Path(path).read_text())
+    if isinstance(saved.get("posenc"), dict):
+        saved["posenc"] = posenc.canonical_config(saved["posenc"])  # a scheme saved under a former name
+    posenc_block = saved.get("posenc")
+    if isinstance(posenc_block, dict):
+        for scheme, options in LEGACY_OPTION_DEFAULTS.items():
+            if isinstance(posenc_block.get(scheme), dict):
+                for key, value in options.items():
+                    posenc_block[scheme].setdefault(key, value)
+    return saved
+
+
+def load_config(path: pathlib.Path) -> Config:
+    return typed(read_saved_config(path))
+
+
+# Keys that may differ when an existing run is resumed; anything else must match config.json.
+RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.checkpoint_every", "eval", "model.attention",
+                  "model.attention_block", "train.device_batch_tokens", "mesh",  # these two: same update
+                  "model.adaptive_tail_capacity")  # the same loss, scored in fewer or more slots
+
+
+def config_differences(old: dict, new: dict, prefix: str = "") -> list[str]:
+    """Dotted keys whose values differ between two config dicts, ignoring RESUMABLE_KEYS, the option
+    blocks of schemes the run does not use, and keys the old config did not have yet (options added
+    by a later version of the code)."""
+    diffs = []
+    if not prefix and isinstance(old.get("posenc"), dict) and isinstance(new.get("posenc"), dict):
+        keep = {"name", new["posenc"].get("name"), old["posenc"].get("name")}
+        old = {**old, "posenc": {k: v for k, v in old["posenc"].items() if k in keep}}
+        new = {**new, "posenc": {k: v for k, v in new["posenc"].items() if k in keep}}
+    for key in sorted(set(old) | set(new)):
+        dotted = f"{prefix}{key}"
+        if key not in old:
+            continue
+        if any(dotted == k or dotted.startswith(k + ".") for k in RESUMABLE_KEYS):
+            continue
+        a, b = old.get(key), new.get(key)
+        if isinstance(a, dict) and isinstance(b, dict):
+            diffs += config_differences(a, b, dotted + ".")
+        elif (list(a) if isinstance(a, (list, tuple)) else a) != (list(b) if isinstance(b, (list, tuple)) else b):
+            diffs.append(f"{dotted}: {a!r} -> {b!r}")
+    return diffs

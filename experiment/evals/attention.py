@@ -1,0 +1,94 @@
+"""Attention statistics of a trained run: per layer and head, the mean distance attended to and the
+attention entropy by query position (models/attention/statistics.py), at chosen evaluation lengths.
+
+Records (kind `attention`, WORKDIR/eval/attention.json; experiment/records.py): one per (split,
+eval_length, overrides), merged with what the file already holds. Values are averaged over the first `max_windows`
+nonoverlapping windows of the split (the first windows `evaluate` scores), then over query
+positions in at most 64 bins of geometrically growing width, as the per-position loss is.
+Single host: the windows run on this process's devices.
+"""
+from __future__ import annotations
+
+import logging
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+import corpora
+from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
+from experiment.evals.common import window_positions
+from experiment.run import RunDir
+from models.attention.statistics import attention_statistics
+
+log = logging.getLogger(__name__)
+
+
+def first_windows(stream: np.ndarray, length: int, max_windows: int, eos_id: int) -> np.ndarray:
+    """The first `max_windows` nonoverlapping windows of `stream` as model inputs (windows x length,
+    the inputs `corpora.eval_batches` gives, whole windows only)."""
+    inputs, _, weights = next(corpora.eval_batches(stream, length, length, max_windows, eos_id))
+    inputs = inputs[weights.all(axis=1)]
+    if not len(inputs):
+        raise ValueError(f"the stream has {len(stream):,} tokens, fewer than one window of {length}; "
+                         f"choose shorter lengths")
+    return inputs
+
+
+def evaluate_attention(workdir: str | pathlib.Path | RunDir, lengths: list[int] | None = None, max_windows: int = 8,
+                       block: int | None = None, *, split: str | None = None,
+                       overrides: dict[str, str] | None = None, batch_tokens: int | None = None) -> list[dict]:
+    """Attention statistics of the run's newest checkpoint at each length, written to
+    WORKDIR/eval/attention.json; returns the new records.
+
+    Every argument left None comes from the run's config, as in `evaluate` (lengths, split and
+    overrides from config.eval, `block` = model.attention_block, `batch_tokens` = eval.batch_tokens:
+    windows per forward pass). A length the scheme cannot encode raises its LengthError.
+
+    A record: {scheme, train_length, eval_length, step, split, windows, block, layers, heads,
+    positions: [[first, last], ...] (the bins of query positions, 0-based, inclusive),
+    mean_distance, entropy: layers x heads x bins (tokens; nats), data, tokenizer, overrides?}."""
+    if max_windows < 1:
+        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
+    with opened_for_scoring(workdir, "evaluation") as (run, config):
+        spec = eval_spec(config, lengths, split=split, overrides=overrides)
+        block = int(block or config.model.attention_block)
+        if block < 1:
+            raise ValueError(f"block must be >= 1, got {block}")
+        scoring = load_checkpoint(run, config, spec.lengths, spec.overrides, what="attention statistics")
+        stream, _ = run.stream(scoring.config.data, spec.split, scoring.tokenizer, write=False)
+        rows = int(batch_tokens or scoring.config.eval.batch_tokens)
+        new = [_statistics(scoring, spec, length, first_windows(stream, length, max_windows, scoring.tokenizer.eos_id),
+                           (block, rows)) for length in scoring.lengths]
+        scoring.write("attention", new)
+    return new
+
+
+def _statistics(scoring: Scoring, spec: EvalSpec, length: int, inputs: np.ndarray, sizes: tuple[int, int]) -> dict:
+    """The record of one length from its windows `inputs`. `sizes`: (key block, tokens per pass)."""
+    block, batch_tokens = sizes
+    model, t0, n = scoring.model(), time.perf_counter(), len(inputs)
+    rows = max(1, min(n, batch_tokens // length))
+    total = None
+    for lo in range(0, n, rows):  # every forward pass one shape: the last is padded, weight 0
+        index = np.arange(lo, lo + rows)
+        weights = (index < n).astype(np.float32)
+        index = np.minimum(index, n - 1)
+        positions = window_positions(model.scheme, scoring.config, jnp.asarray(index, jnp.int32), length)
+        stats = jax.device_get(attention_statistics(model, jnp.asarray(inputs[index]), positions, block,
+                                                    weights_B=weights))
+        part = {k: np.asarray(v, np.float64) * weights.sum() for k, v in stats.items()}
+        total = part if total is None else {k: total[k] + part[k] for k in total}
+    stats = {k: v / n for k, v in total.items()}
+    layers, heads, _ = stats["mean_distance"].shape
+    ones = np.ones(length)
+    record = {**scoring.header(), "eval_length": int(length), "split": spec.split, "windows": int(n),
+              "block": block, "layers": int(layers), "heads": int(heads),
+              "positions": [[a, b] for a, b, _ in binned(ones, ones)],
+              **{name: [[[v for _, _, v in binned(values, ones)] for values in layer] for layer in stats[name]]
+                 for name in ("mean_distance", "entropy")}}
+    log.info("%s L=%d: attention statistics of %d window(s) in %.1f s", scoring.config.posenc.name, length, n,
+             time.perf_counter() - t0)
+    return record

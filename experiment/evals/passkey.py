@@ -1,0 +1,134 @@
+"""Passkey retrieval accuracy at many lengths and depths (corpora/passkey.py builds the task).
+
+An example counts as correct iff the model's argmax at every answer position is the answer token,
+teacher forced: the same as greedy decoding producing the answer after the final cue. Each
+(eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
+
+Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/records.py): one per (eval_length,
+depth, digits, overrides), merged with what the file holds, each length as it finishes.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import pathlib
+from typing import Callable, Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+
+from corpora import passkey as task
+from experiment.evals.common import Scoring, apply_overrides, load_checkpoint, opened_for_scoring, window_positions
+from experiment.run import RunDir
+from experiment.runtime import sharding
+
+log = logging.getLogger(__name__)
+
+DEPTHS = (0.0, 0.25, 0.5, 0.75, 1.0)
+
+
+@dataclasses.dataclass(frozen=True)
+class Scores:
+    """Per example: `exact` (every answer token right) and `token_accuracy` (the fraction right)."""
+    exact: np.ndarray
+    token_accuracy: np.ndarray
+
+
+def score_examples(fn: Callable[[np.ndarray, np.ndarray], np.ndarray], batch: task.PasskeyBatch,
+                   batch_size: int | None = None) -> Scores:
+    """Score a passkey batch with `fn(inputs_BxL, rows_B)`, which returns logits B x L x V (or the
+    argmax ids, B x L) for those inputs; `rows_B` are the examples' indices in `batch` (a fake model
+    in a test can look its targets up; the real one draws per-example positions from them).
+    Calls `fn` on `batch_size` rows at a time (default: all), the last call padded with copies of
+    the last example so that every call has one shape (one compilation)."""
+    n = len(batch)
+    if n == 0:
+        return Scores(np.zeros(0, bool), np.zeros(0))
+    size = batch_size or n
+    predicted = np.zeros(batch.targets.shape, np.int64)
+    for lo in range(0, n, size):
+        rows = np.minimum(np.arange(lo, lo + size), n - 1)
+        out = np.asarray(fn(batch.inputs[rows], rows.astype(np.int32)))
+        ids = out.argmax(-1) if out.ndim == 3 else out
+        keep = min(size, n - lo)
+        predicted[lo:lo + keep] = ids[:keep]
+    right = (predicted == batch.targets) & batch.answer_mask
+    per_example = batch.answer_mask.sum(axis=1)
+    return Scores(exact=right.sum(axis=1) == per_example, token_accuracy=right.sum(axis=1) / per_example)
+
+
+def cell_records(batch: task.PasskeyBatch, scores: Scores, length: int, **fields) -> list[dict]:
+    """One record per depth of a batch of one length."""
+    out = []
+    for depth in sorted(set(batch.depths.tolist())):
+        sel = batch.depths == depth
+        out.append({"task": "passkey", "eval_length": int(length), "depth": float(depth),
+                    "accuracy": float(scores.exact[sel].mean()),
+                    "token_accuracy": float(scores.token_accuracy[sel].mean()),
+                    "count": int(sel.sum()), **fields})
+    return out
+
+
+@dataclasses.dataclass(frozen=True)
+class PasskeySpec:
+    """What to ask: examples per (length, depth) cell, the examples' seed and the key's digits."""
+    depths: tuple[float, ...] = DEPTHS
+    per_cell: int = 20
+    seed: int = 1234
+    digits: int | None = None  # None: the run's data.passkey_digits
+
+
+def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int], spec: PasskeySpec = PasskeySpec(),
+                     *, batch_tokens: int | None = None, skip_impossible: bool = False,
+                     overrides: dict[str, str] | None = None) -> list[dict]:
+    """Passkey accuracy of the run's newest checkpoint at each (length, depth); records written to
+    WORKDIR/eval/passkey.json and returned. A length the scheme cannot encode raises its
+    LengthError, or is skipped with a warning when `skip_impossible`; a length too short for the
+    task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
+    lengths, depths = [int(length) for length in lengths], [float(d) for d in spec.depths]
+    if not lengths or spec.per_cell < 1 or not depths:
+        raise ValueError(f"need lengths, depths and per_cell >= 1, got {lengths}, {depths}, {spec.per_cell}")
+    overrides = dict(overrides or {})
+    with opened_for_scoring(workdir, "evaluation") as (run, config):
+        checked = apply_overrides(config, overrides)
+        digits = int(checked.data.passkey_digits if spec.digits is None else spec.digits)
+        tokenizer = run.tokenizer(checked.data, write=False)
+        for length in lengths:  # a too-short length is refused before the checkpoint is read
+            task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
+        scoring = load_checkpoint(run, config, lengths, overrides, skip_impossible=skip_impossible, what="passkey")
+        spec = dataclasses.replace(spec, depths=tuple(depths), digits=digits)
+        return _evaluate_passkey(scoring, spec, batch_tokens or scoring.config.eval.batch_tokens)
+
+
+def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) -> list[dict]:
+    config, graphdef = scoring.config, scoring.graphdef
+    batches = {length: task.passkey_batch(scoring.tokenizer, length, list(spec.depths), spec.per_cell, spec.seed,
+                                          spec.digits) for length in scoring.lengths}
+
+    @functools.partial(jax.jit, out_shardings=NamedSharding(scoring.mesh, P()))  # every host gets every row
+    def predict(params, inputs, rows):
+        model = nnx.merge(graphdef, params)
+        positions = window_positions(model.scheme, config, rows, inputs.shape[1])  # randomized: per example
+        return jnp.argmax(model(inputs, positions), axis=-1).astype(jnp.int32)
+
+    batch_sharding = sharding.batch_sharding(scoring.mesh)
+    fields = {**scoring.header(), "digits": spec.digits, "seed": spec.seed, "chance": 10.0 ** -spec.digits,
+              "passkey_fraction": float(config.data.passkey_fraction)}
+    results = []
+    for length, batch in batches.items():
+        size = scoring.rows_per_batch(length, batch_tokens, at_most=len(batch))
+
+        def fn(inputs, rows):
+            arrays = sharding.global_batch(batch_sharding, inputs.shape, lambda lo, hi: (inputs[lo:hi], rows[lo:hi]))
+            return jax.device_get(predict(scoring.params, *arrays))
+
+        cells = cell_records(batch, score_examples(fn, batch, size), length, **fields)
+        log.info("passkey %s L=%d: accuracy %s", config.posenc.name, length,
+                 ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells))
+        results.extend(cells)
+        scoring.write("passkey", cells)  # each length kept as it finishes
+    return results

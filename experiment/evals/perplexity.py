@@ -1,0 +1,114 @@
+"""Perplexity at many evaluation lengths (the protocol of Press et al. 2022, see corpora.batching).
+
+The windows of a batch are split over every device of the job; each length compiles one program
+(the last batch is padded to the same shape), and the entry points cache compiled programs on disk
+(experiment/runtime/accelerator.py), so evaluating the same shapes again compiles nothing.
+
+Records (kind `perplexity`, WORKDIR/eval/extrapolation.json; experiment/records.py) are merged
+with what the file already holds, each length as it finishes.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import logging
+import math
+import pathlib
+import time
+
+import jax
+import numpy as np
+from flax import nnx
+from jax.sharding import NamedSharding, PartitionSpec as P
+from tqdm.auto import tqdm
+
+import corpora
+from experiment import records
+from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
+from experiment.evals.common import window_positions
+from experiment.run import RunDir
+from experiment.runtime import sharding
+from experiment.tensorboard import EventWriter
+
+log = logging.getLogger(__name__)
+
+
+def evaluate(workdir: str | pathlib.Path | RunDir, lengths: list[int] | None = None, stride: int | None = None,
+             split: str | None = None, batch_tokens: int | None = None, *,
+             skip_impossible: bool = False, max_tokens: int | None = None,
+             overrides: dict[str, str] | None = None) -> list[dict]:
+    """Evaluate the run's newest checkpoint at each length; every argument left None comes from the
+    run's config.eval (`eval_spec`). stride 0 = nonoverlapping.
+
+    `max_tokens` > 0 scores only the first max_tokens tokens of the split (quick looks and
+    CPU-sized sliding windows; the record says so), 0 the whole split.
+    `overrides` ({"posenc.rope.yarn_scale": "4"}) switch eval-time knobs on without retraining;
+    the records carry them. An override for a scheme the run does not use is refused.
+
+    A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
+    `skip_impossible` (sweeps that include a learned table)."""
+    with opened_for_scoring(workdir, "evaluation") as (run, config):
+        spec = eval_spec(config, lengths, stride, split, max_tokens, overrides)
+        scoring = load_checkpoint(run, config, spec.lengths, spec.overrides, skip_impossible=skip_impossible)
+        return _evaluate(scoring, spec, batch_tokens or scoring.config.eval.batch_tokens)
+
+
+def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]:
+    run, config = scoring.run, scoring.config
+    stream, words = run.stream(config.data, spec.split, scoring.tokenizer, write=run.writer)
+    if spec.max_tokens and spec.max_tokens < len(stream):
+        stream = stream[:spec.max_tokens]
+        words = corpora.count_words_in_text(scoring.tokenizer.decode(stream))
+    graphdef = scoring.graphdef
+
+    @functools.partial(jax.jit, out_shardings=NamedSharding(scoring.mesh, P()))  # sums, on every device
+    def score(params, inputs, targets, weights, windows):
+        model = nnx.merge(graphdef, params)
+        positions = window_positions(model.scheme, config, windows, inputs.shape[1])
+        nll = model.token_nll(inputs, targets, positions) * weights
+        return nll.sum(), nll.sum(axis=0), weights.sum(axis=0)
+
+    results = []
+    with EventWriter(run.tensorboard_dir) if run.writer else contextlib.nullcontext() as board:
+        for length in scoring.lengths:
+            record = _score_length(scoring, spec, length, (stream, words), score, batch_tokens)
+            results.append(record)
+            scoring.write("perplexity", [record])  # each length kept as it finishes
+            if board is not None:
+                board.scalar(records.tensorboard_tag(record), record["ppl"], record["step"])
+    return results
+
+
+def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, score, batch_tokens: int) -> dict:
+    """One evaluation length's record. `text`: (token stream, its word count)."""
+    stream, words = text
+    config, tokenizer = scoring.config, scoring.tokenizer
+    batch_sharding = sharding.batch_sharding(scoring.mesh)
+    s = spec.stride or length
+    batch = scoring.rows_per_batch(length, batch_tokens)
+    windows = corpora.EvalWindows(len(stream), length, s)
+    total, count = 0.0, 0.0
+    pos_nll, pos_count = np.zeros(length), np.zeros(length)
+    t0 = time.perf_counter()
+    for index, (inputs, targets, weights) in enumerate(tqdm(
+            corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
+            total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
+            unit="batch", dynamic_ncols=True, disable=None if scoring.run.writer else True, leave=False)):
+        window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
+        arrays = sharding.global_batch(
+            batch_sharding, inputs.shape,
+            lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
+        nll_sum, nll_pos, w_pos = jax.device_get(score(scoring.params, *arrays))
+        total += float(nll_sum)
+        pos_nll += nll_pos
+        pos_count += w_pos
+        count += float(w_pos.sum())
+    elapsed = time.perf_counter() - t0
+    nll = total / count
+    record = {**scoring.header(), "eval_length": length, "stride": s, "split": spec.split, "tokens": int(count),
+              "nll": nll, "ppl": math.exp(nll), "tokens_per_s": count / elapsed,
+              "max_tokens": int(spec.max_tokens), "position_nll": binned(pos_nll, pos_count)}
+    if tokenizer.kind != "word":
+        record.update(words=words, word_ppl=math.exp(total / words))
+    log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
+    return record

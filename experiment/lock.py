@@ -1,0 +1,94 @@
+"""The run directory's lock: an OS lock on an open file (flock), which the kernel drops when its
+process dies, so a killed run leaves no stale lock; Linux's NFS client maps flock onto NFS
+byte-range locks, so it also holds across hosts on a shared filesystem. Where a filesystem refuses
+locks, a lock file created with O_EXCL stands in (its holder's host and pid are checked to recover
+it after a crash)."""
+from __future__ import annotations
+
+import errno
+import fcntl
+import json
+import os
+import pathlib
+import socket
+import time
+from typing import Callable
+
+from experiment.config import ConfigError
+
+
+class WorkdirBusy(ConfigError):
+    """Another process holds the run directory's lock; the message names it."""
+
+
+def _holder(purpose: str) -> str:
+    return json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "purpose": purpose,
+                       "since": time.strftime("%Y-%m-%d %H:%M:%S")})
+
+
+def _describe(text: str) -> str:
+    try:
+        h = json.loads(text)
+        return f"{h['purpose']} (pid {h['pid']} on {h['host']}, since {h['since']})"
+    except (ValueError, KeyError, TypeError):
+        return "another process"
+
+
+def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:
+    """Take the lock; returns the function that releases it."""
+    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError as e:
+        if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
+            holder = os.pread(fd, 4096, 0).decode(errors="replace")
+            os.close(fd)
+            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(holder)}; wait for it to finish, "
+                              f"or use another --workdir") from None
+        os.close(fd)
+        if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
+            return _acquire_by_file(lock_path, purpose)
+        raise
+    os.ftruncate(fd, 0)
+    os.pwrite(fd, _holder(purpose).encode(), 0)
+
+    def release():
+        os.ftruncate(fd, 0)
+        fcntl.flock(fd, fcntl.LOCK_UN)
+        os.close(fd)
+    return release
+
+
+def _acquire_by_file(lock_path: pathlib.Path, purpose: str):
+    """For filesystems without locks: an O_EXCL file naming its holder, recovered when that holder
+    (on this host) is no longer alive."""
+    path = lock_path.with_name(".lock.owner")
+    for _ in range(2):
+        try:
+            fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
+        except FileExistsError:
+            text = path.read_text(errors="replace")
+            try:
+                holder = json.loads(text)
+                stale = holder["host"] == socket.gethostname() and not _alive(int(holder["pid"]))
+            except (ValueError, KeyError, TypeError):
+                stale = False
+            if stale:
+                path.unlink(missing_ok=True)
+                continue
+            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(text)}; wait for it to finish, "
+                              f"or delete {path} if that process is gone") from None
+        os.write(fd, _holder(purpose).encode())
+        os.close(fd)
+        return lambda: path.unlink(missing_ok=True)
+    raise WorkdirBusy(f"could not take {path}")
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True

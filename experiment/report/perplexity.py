@@ -1,0 +1,180 @@
+"""Perplexity-vs-length plots and tables from one or more run directories: one plot panel and separate
+tables per unit of perplexity (byte, BPE token, word), and the published curves of Press et al. (2022)
+beside ours only where dataset, split, unit and training length match theirs."""
+from __future__ import annotations
+
+import pathlib
+from collections import defaultdict
+
+from experiment import records
+from experiment.report import paper, plots
+from experiment.report.runs import describe, label_runs, title, unit_names
+from experiment.run import RunDir
+
+PAPER_MODES = ("auto", "always", "never")
+
+
+def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
+    """The runs (experiment/report/runs.py: describe, label) with their perplexity `records`;
+    a run without any is refused, naming the command that makes them."""
+    runs = []
+    for workdir in map(pathlib.Path, workdirs):
+        run = RunDir(workdir)
+        if not run.records_path("perplexity").exists():
+            raise FileNotFoundError(f"{workdir} has no evaluation results; run "
+                                    f"python eval_extrapolate.py --workdir {workdir} first")
+        info = describe(run)
+        recs = info["run"].records("perplexity")
+        for r in recs:
+            r.setdefault("tokenizer", info["tokenizer"])
+        runs.append({**info, "records": recs})
+    return label_runs(runs)
+
+
+def series(run: dict) -> dict[tuple, list[dict]]:
+    """{(unit, records.series_key): the run's records of that curve, sorted by eval_length}."""
+    out = defaultdict(list)
+    for r in run["records"]:
+        out[(r["tokenizer"], records.series_key(r))].append(r)
+    return {k: sorted(v, key=lambda r: r["eval_length"]) for k, v in out.items()}
+
+
+def checkpoint_note(points: list[dict]) -> str:
+    """'step 1000', 'mixed checkpoints: steps 2, 4', or '' where records carry no step."""
+    steps = sorted({int(r["step"]) for r in points if "step" in r})
+    if len(steps) > 1:
+        return f"mixed checkpoints: steps {', '.join(map(str, steps))}"
+    return f"step {steps[0]}" if steps else ""
+
+
+def paper_curve(run: dict, unit: str, key: tuple, mode: str) -> list[tuple[int, float]]:
+    """The paper's curve for one series of a run (nonoverlapping, or its stride-1 sliding window for
+    any stride); 'auto' only for word-level WikiText-103 validation runs, as the paper's."""
+    split, kind = key[0], key[1]
+    if mode == "never" or (mode == "auto" and not (run["wikitext103"] and split == "valid" and unit == "word")):
+        return []
+    return paper.curve(run["scheme"], run["train_length"], sliding=kind != "nonoverlapping")
+
+
+def _by_unit(runs: list[dict]) -> dict[str, list[tuple[int, dict, tuple, list[dict]]]]:
+    """{unit: [(run index, run, series key, points)]}, units and series in a stable order
+    (unit, split, then series label: nonoverlapping before strides)."""
+    out = defaultdict(list)
+    for i, run in enumerate(runs):
+        for (unit, key), points in sorted(series(run).items(),
+                                          key=lambda kv: (kv[0][0], kv[0][1][0], records.series_label(kv[0][1]))):
+            out[unit].append((i, run, key, points))
+    return dict(sorted(out.items()))
+
+
+
+
+def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
+    """Perplexity against evaluation length, log-log, one panel per unit; the paper's curves dashed."""
+    groups = _by_unit(runs)
+    fig, axes = plots.panels(list(groups))
+    for unit, entries in groups.items():
+        ax, (name, token), drawn_paper = axes[unit], unit_names(unit), set()
+        for i, run, key, points in entries:
+            color, note = plots.color(i), checkpoint_note(points)
+            kind = records.series_label(key)
+            ax.plot([r["eval_length"] for r in points], [r["ppl"] for r in points],
+                    "-" if key[1] == "nonoverlapping" else ":", marker="o", ms=3, color=color,
+                    label=run["label"] + ("" if kind == "nonoverlapping" else f", {kind}")
+                    + ("" if key[0] == "valid" else f", {key[0]}")
+                    + (f" ({note})" if note.startswith("mixed") else ""))
+            ref = paper_curve(run, unit, key, paper_mode)
+            ref_key = (run["scheme"], run["train_length"], key[1] == "nonoverlapping")
+            if ref and ref_key not in drawn_paper:
+                drawn_paper.add(ref_key)
+                ax.plot([x for x, _ in ref], [y for _, y in ref], "--", color=color, alpha=0.6, lw=1,
+                        label=f"{paper.CITATION}: {run['scheme']} (L={run['train_length']}), "
+                              f"WikiText-103 valid, word-level" + ("" if ref_key[2] else ", stride 1"))
+        panel_runs = [run for _, run, _, _ in entries]
+        plots.length_axes(ax, [run["train_length"] for run in panel_runs])
+        plots.format_ppl_axis(ax)
+        ax.set_xlabel(f"evaluation length L_valid ({token}s)")
+        ax.set_ylabel(f"perplexity per {token} (log scale)")
+        ax.set_title(title(f"{name}-level perplexity vs. evaluation length", panel_runs), fontsize=10)
+        plots.legend_beside(ax)
+    return fig
+
+
+
+
+def positions_figure(runs: list[dict]):
+    """Mean loss against position inside the window, one panel per unit, at each run's longest
+    nonoverlapping length without eval-time overrides: where a scheme stops extrapolating, and the
+    high loss of the first tokens (early token curse)."""
+    groups = defaultdict(list)
+    for i, run in enumerate(runs):
+        candidates = [r for r in run["records"] if r["stride"] == r["eval_length"] and r.get("position_nll")
+                      and not r.get("overrides")]
+        for unit in sorted({r["tokenizer"] for r in candidates}):
+            groups[unit].append((i, run, max((r for r in candidates if r["tokenizer"] == unit),
+                                             key=lambda r: r["eval_length"])))
+    fig, axes = plots.panels(sorted(groups))
+    for unit, entries in sorted(groups.items()):
+        ax, (name, token) = axes[unit], unit_names(unit)
+        for i, run, r in entries:
+            xs = [((a + 1) * (b + 1)) ** 0.5 for a, b, _ in r["position_nll"]]
+            ax.plot(xs, [v for _, _, v in r["position_nll"]], color=plots.color(i),
+                    label=f"{run['label']}, L_valid={r['eval_length']}")
+        panel_runs = [run for _, run, _ in entries]
+        plots.length_axes(ax, [run["train_length"] for run in panel_runs])
+        ax.set_xlabel(f"position inside the evaluation window ({token} index + 1)")
+        ax.set_ylabel(f"mean loss (nats per {token})")
+        ax.set_title(title(f"{name}-level loss by position inside the window", panel_runs, "nonoverlapping"),
+                     fontsize=10)
+        plots.legend_beside(ax)
+    return fig
+
+
+def table(runs: list[dict], paper_mode: str = "auto") -> str:
+    """Markdown: one table per (unit, split, series); rows = L_valid, columns = runs (Table 2 style)
+    with their checkpoint step, word-level perplexity beside it for byte / BPE runs on WikiText, and
+    the paper's number where it has one."""
+    tables = defaultdict(list)
+    for unit, entries in _by_unit(runs).items():
+        for _, run, key, points in entries:
+            tables[(unit, key)].append((run, points))
+    blocks = []
+    for (unit, key), columns in tables.items():
+        header, getters = ["L_valid"], []
+        for run, points in columns:
+            pts = {r["eval_length"]: r for r in points}
+            note = checkpoint_note(points)
+            header.append(f"{run['label']} ({unit} ppl{', ' + note if note else ''})")
+            getters.append(lambda l, pts=pts: pts[l]["ppl"] if l in pts else None)
+            if run["wikitext"] and any("word_ppl" in r for r in points):
+                header.append(f"{run['label']} (word ppl)")
+                getters.append(lambda l, pts=pts: pts[l].get("word_ppl") if l in pts else None)
+            ref = dict(paper_curve(run, unit, key, paper_mode))
+            if ref:
+                header.append(f"{paper.CITATION} (word ppl)")
+                getters.append(ref.get)
+        heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _ in columns],
+                       f"{key[0]}, {records.series_label(key)}", labels_in="column headers")
+        lines = [f"### {heading}", "", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+        for length in sorted({r["eval_length"] for _, points in columns for r in points}):
+            cells = [str(length)] + [("" if (v := get(length)) is None else f"{v:.2f}") for get in getters]
+            lines.append("| " + " | ".join(cells) + " |")
+        tokens = sorted({r["tokens"] for _, points in columns for r in points})
+        lines += ["", f"{unit_names(unit)[1].capitalize()}s scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
+        if any(paper_curve(run, unit, key, paper_mode) for run, _ in columns):
+            lines.append(f"{paper.CITATION}: WikiText-103 valid, 247M-parameter word-level model"
+                         + ("" if key[1] == "nonoverlapping" else ", stride 1") + ".")
+        blocks.append("\n".join(lines) + "\n")
+    return "\n".join(blocks)
+
+
+def write(runs: list[dict], out: pathlib.Path, paper_mode: str = "auto") -> dict:
+    """OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md of `load_runs`' runs."""
+    plots.save(perplexity_figure(runs, paper_mode), out / "ppl_vs_length.png")
+    plots.save(positions_figure(runs), out / "loss_by_position.png")
+    (out / "ppl_vs_length.md").write_text(
+        "# Perplexity vs. evaluation length\n\n"
+        + "Runs: " + ", ".join(f"`{r['workdir']}` ({r['dataset']}, {r['tokenizer']})" for r in runs)
+        + "\n\n" + table(runs, paper_mode))
+    return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
+            "positions_png": str(out / "loss_by_position.png")}

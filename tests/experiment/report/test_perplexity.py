@@ -1,0 +1,165 @@
+"""The report: panels and tables per unit, paper overlay only where it matches, checkpoint steps,
+readable axes, per-position plot."""
+import json
+import pathlib
+
+import pytest
+
+from experiment import config as config_lib, write_report
+from experiment.run import RunDir
+from experiment.report import paper, perplexity as reporting, plots
+from tests.conftest import tiny_config
+
+
+def fake_run(root: pathlib.Path, scheme: str, train_length: int, corpus_path: str, ppl_by_length: dict,
+             tokenizer: str = "word", split: str = "valid", steps: list | None = None, name: str = "",
+             data: dict | None = None) -> pathlib.Path:
+    """A run folder as train.py + eval_extrapolate.py leave it, with given results (report input only);
+    steps: the checkpoint step of each record (default 1000 for all), data: config.data overrides."""
+    config = tiny_config(scheme)
+    config.train.seq_len = train_length
+    config.data.update({"source": "local", "path": corpus_path, "tokenizer": tokenizer, **(data or {})})
+    run = RunDir(root / (name or f"{scheme}_{train_length}"))
+    run.path.mkdir(parents=True)
+    run.save_config(config_lib.typed(config))
+    records = [{"scheme": scheme, "train_length": train_length, "eval_length": l, "stride": l,
+                "split": split, "tokens": 217646, "nll": 0.0, "ppl": p, "tokenizer": tokenizer,
+                "step": step, "max_tokens": 0, "data": corpus_path,
+                "position_nll": [[0, l // 2 - 1, 3.0], [l // 2, l - 1, 2.9]]}
+               for (l, p), step in zip(ppl_by_length.items(), steps or [1000] * len(ppl_by_length))]
+    path = run.records_path("perplexity")  # written whole: records of several checkpoints may be wanted
+    path.parent.mkdir()
+    path.write_text(json.dumps(records))
+    return run.path
+
+
+def tables(markdown: str) -> list[str]:
+    return markdown.split("### ")[1:]
+
+
+def legend_texts(ax) -> list[str]:
+    return [t.get_text() for t in ax.get_legend().get_texts()]
+
+
+def test_paper_numbers_are_shipped_and_match_the_reference():
+    assert dict(paper.curve("alibi", 512, sliding=False))[512] == 19.73
+    assert dict(paper.curve("rope", 512, sliding=False))[15512] == 79.25
+    assert dict(paper.curve("sinusoidal", 512, sliding=True))[1024] == 204.42
+    assert 15512 not in dict(paper.curve("t5", 512, sliding=False))  # OOM in the paper
+    assert paper.curve("nope", 512, sliding=False) == []
+
+
+def test_report_overlays_the_paper_only_where_it_matches(tmp_path):
+    wiki = fake_run(tmp_path, "alibi", 512, "/data/wikitext-103", {512: 20.5, 1012: 19.9})
+    demo = fake_run(tmp_path, "rope", 64, "/data/mycorpus", {64: 5.0, 128: 6.0})
+    paths = write_report([wiki, demo], tmp_path / "report")
+    text = pathlib.Path(paths["md"]).read_text()
+    assert "| 512 | 20.50 | 19.73 |" in text and "| 1012 | 19.90 | 18.73 |" in text
+    assert text.count("Press et al. 2022 (word ppl) |") == 1  # only the WikiText alibi run has one
+    for key in ("png", "positions_png"):
+        assert pathlib.Path(paths[key]).stat().st_size > 10_000
+    never = pathlib.Path(write_report([wiki], tmp_path / "r2", paper_mode="never")["md"]).read_text()
+    assert "19.73" not in never
+    forced = pathlib.Path(write_report([demo], tmp_path / "r3", paper_mode="always")["md"]).read_text()
+    assert "Press et al. 2022" not in forced  # the paper has no rope row at L=64
+    with pytest.raises(ValueError, match="paper mode"):
+        write_report([wiki], tmp_path / "r4", paper_mode="sometimes")
+
+
+def test_report_uses_word_level_perplexity_for_subword_runs(tmp_path):
+    run = fake_run(tmp_path, "alibi", 512, "/data/wikitext-103-raw", {512: 3.0}, tokenizer="byte")
+    records = json.loads((run / "eval" / "extrapolation.json").read_text())
+    records[0].update(words=217646, word_ppl=25.0)
+    (run / "eval" / "extrapolation.json").write_text(json.dumps(records))
+    text = pathlib.Path(write_report([run], tmp_path / "report")["md"]).read_text()
+    # word-level perplexity beside the byte-level one; no paper column: its L_valid counts words
+    assert "(word ppl)" in text and "| 512 | 3.00 | 25.00 |" in text and "Press" not in text
+    forced = pathlib.Path(write_report([run], tmp_path / "r2", paper_mode="always")["md"]).read_text()
+    assert "| 512 | 3.00 | 25.00 | 19.73 |" in forced
+
+
+def test_each_unit_gets_its_own_panel_and_tables(tmp_path):
+    byte = fake_run(tmp_path, "alibi", 512, "/data/wikitext-103", {512: 3.0, 1024: 3.1}, tokenizer="byte",
+                    name="byte")
+    word = fake_run(tmp_path, "alibi", 512, "/data/wikitext-103", {512: 20.5, 1024: 19.9}, name="word")
+    runs = reporting.load_runs([byte, word])
+    fig = reporting.perplexity_figure(runs)
+    titles = [ax.get_title() for ax in fig.axes]
+    assert len(titles) == 2 and titles[0].startswith("byte-level perplexity") \
+        and titles[1].startswith("word-level perplexity")
+    assert all("on wikitext-103" in t for t in titles)  # one dataset: named in the title
+    assert [len(legend_texts(ax)) for ax in fig.axes] == [1, 2]  # the paper's alibi curve: word panel only
+    assert len(reporting.positions_figure(runs).axes) == 2
+    blocks = tables(reporting.table(runs))
+    assert len(blocks) == 2 and blocks[0].startswith("byte-level") and blocks[1].startswith("word-level")
+    assert "(byte ppl" in blocks[0] and "(word ppl" not in blocks[0] and "(byte ppl" not in blocks[1]
+
+
+def test_runs_on_different_datasets_are_labelled_with_them(tmp_path):
+    wiki = fake_run(tmp_path, "alibi", 512, "/data/wikitext-103", {512: 20.5})
+    other = fake_run(tmp_path, "rope", 512, "/data/mycorpus", {512: 30.0})
+    runs = reporting.load_runs([wiki, other])
+    assert [r["label"] for r in runs] == ["alibi (L=512, wikitext-103)", "rope (L=512, mycorpus)"]
+    (ax,) = reporting.perplexity_figure(runs).axes
+    assert "datasets differ" in ax.get_title()
+    assert any("mycorpus" in t for t in legend_texts(ax)) and any("wikitext-103" in t for t in legend_texts(ax))
+    assert "datasets differ" in reporting.table(runs)
+
+
+@pytest.mark.parametrize("corpus, split, tokenizer, data, expected", [
+    ("/data/wikitext-2", "test", "word", None, False),  # another dataset and split
+    ("/data/wikitext-2", "valid", "word", None, False),
+    ("/data/wikitext-103", "test", "word", None, False),  # the paper's numbers are validation
+    ("/data/wikitext-103", "valid", "bpe", None, False),  # BPE lengths are not the paper's words
+    ("/data/wikitext-103", "valid", "word", None, True),
+    ("", "valid", "word", dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-2-raw-v1"), False),
+    ("", "valid", "word", dict(source="hf", name="Salesforce/wikitext", hf_config="wikitext-103-v1"), True),
+])
+def test_paper_overlay_needs_dataset_split_unit_and_length_to_match(tmp_path, corpus, split, tokenizer,
+                                                                    data, expected):
+    run = fake_run(tmp_path, "alibi", 512, corpus, {512: 20.5, 1012: 19.9}, tokenizer=tokenizer,
+                   split=split, data=data)
+    runs = reporting.load_runs([run])
+    assert ("Press et al. 2022" in reporting.table(runs)) == expected
+    (ax,) = reporting.perplexity_figure(runs).axes
+    assert any(t.startswith("Press et al. 2022") for t in legend_texts(ax)) == expected
+    assert "| 512 | 20.50 | 19.73 |" in reporting.table(runs, paper_mode="always")  # forced: shown anyway
+
+
+def test_mixed_checkpoints_are_marked_and_the_step_shown(tmp_path):
+    mixed = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0, 128: 6.0}, steps=[2, 4])
+    single = fake_run(tmp_path, "rope", 64, "/data/mycorpus", {64: 5.0, 128: 6.0})
+    runs = reporting.load_runs([mixed, single])
+    (ax,) = reporting.perplexity_figure(runs).axes
+    assert legend_texts(ax) == ["alibi (L=64) (mixed checkpoints: steps 2, 4)", "rope (L=64)"]
+    text = reporting.table(runs)
+    assert "alibi (L=64) (word ppl, mixed checkpoints: steps 2, 4)" in text
+    assert "rope (L=64) (word ppl, step 1000)" in text
+
+
+def _tick_texts(axis, which="both") -> set[str]:
+    return {t.get_text() for t in axis.get_ticklabels(which=which)} - {""}
+
+
+def test_axes_have_plain_tick_labels():
+    fig, _ = plots.panels(["word"])
+    ax = fig.axes[0]
+    ax.plot([64, 128, 256, 512, 1024], [7.8, 9.0, 11.0, 15.0, 20.0])
+    plots.format_length_axis(ax)
+    plots.format_ppl_axis(ax)
+    fig.canvas.draw()
+    assert {"64", "128", "256", "512", "1024"} <= _tick_texts(ax.xaxis, "major")
+    assert {"8", "10", "12", "20"} <= _tick_texts(ax.yaxis)
+    ax.set_ylim(5, 5000)  # several decades: powers of ten and a few between, still plain numbers
+    plots.format_ppl_axis(ax)
+    fig.canvas.draw()
+    assert {"10", "100", "1000"} <= _tick_texts(ax.yaxis)
+    assert not any("$" in t or "^" in t or "e+" in t
+                   for t in _tick_texts(ax.yaxis) | _tick_texts(ax.xaxis))
+
+
+def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
+    run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
+    (tmp_path / "taken").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"^--out .*taken is a file; give a folder$"):
+        write_report([run], tmp_path / "taken")

@@ -1,0 +1,99 @@
+"""Which attention path runs (models/attention/choice.py): `auto`'s choices through the decoder,
+the explicit paths that refuse attention dropout, the tile width evaluation plans with, and when
+training on several devices runs per device."""
+import jax
+import ml_collections
+import numpy as np
+import pytest
+from flax import nnx
+
+import posenc
+from models import DecoderLM, ModelConfig
+from models.attention import choice, pallas
+
+CFG = dict(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64)
+T = 70
+
+
+def tokens(seed=1, t=T, b=3):
+    return jax.random.randint(jax.random.key(seed), (b, t), 0, CFG["vocab_size"])
+
+
+def model(name, train_length=80, **options):
+    return DecoderLM(ModelConfig(**{**CFG, **options}), posenc.default_config(name),
+                     train_length=train_length, rngs=nnx.Rngs(0))
+
+
+def _scheme(name: str):
+    dims = posenc.ModelDims(d_model=16, num_heads=2, head_dim=8, num_layers=1, train_length=16)
+    return posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0))
+
+
+def test_attention_path_order():
+    alibi, deberta = posenc.get("alibi"), posenc.get("deberta")
+    assert choice.attention_path("dense", 8, alibi, 100, pallas=True) == "dense"  # an explicit path wins
+    assert choice.attention_path("auto", 8, alibi, 100, pallas=True, triangular=True) == "pallas"
+    assert choice.attention_path("auto", 8, alibi, 17, triangular=True) == "blockwise"  # beyond 2 blocks
+    assert choice.attention_path("auto", 8, alibi, 16, triangular=True) == "triangular"
+    assert choice.attention_path("auto", 8, alibi, 17, dropping=True, triangular=True) == "triangular"
+    assert choice.attention_path("auto", 8, alibi, 17, dropping=True) == "dense"
+    assert choice.attention_path("auto", 8, deberta, 16, triangular=True) == "dense"  # per-key bias work
+
+
+def test_auto_picks_triangular_where_possible_and_dense_elsewhere():
+    x = tokens()
+    for name in ("alibi", "shaw"):
+        dense = model(name, attention="dense")
+        auto = model(name, attention="auto")
+        np.testing.assert_allclose(auto(x), dense(x), atol=1e-5, rtol=1e-5)
+
+
+def test_auto_trains_schemes_whose_bias_works_per_key_with_dense(monkeypatch):
+    """DeBERTa's bias projects every key against all relative embeddings, which row tiles would
+    repeat for each key prefix; `auto` keeps it on dense (and so does a wrapper around it)."""
+    import models.decoder as decoder
+    calls = []
+    real = decoder.triangular_attention
+    monkeypatch.setattr(decoder, "triangular_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    x = tokens()
+    logn_deberta = posenc.default_config("logn")
+    logn_deberta.logn.base = "deberta"
+    for label, cfg, expected in (("alibi", posenc.default_config("alibi"), True),
+                                 ("deberta", posenc.default_config("deberta"), False),
+                                 ("logn(deberta)", logn_deberta, False)):
+        calls.clear()
+        DecoderLM(ModelConfig(**CFG, attention="auto"), cfg, train_length=80, rngs=nnx.Rngs(0))(x)
+        assert bool(calls) is expected, label
+
+
+@pytest.mark.parametrize("path", ["blockwise", "fused"])
+def test_paths_without_attention_dropout_refuse_it_in_training(path):
+    m = model("alibi", train_length=16, attention=path, attention_dropout=0.1)
+    x = tokens(0, t=12, b=2)
+    m(x)  # evaluation: fine
+    with pytest.raises(ValueError, match="attention=dense"):
+        m(x, dropout_key=jax.random.key(0))
+
+
+def test_tile_width_for_evaluation():
+    alibi = posenc.get("alibi")
+    section = ml_collections.ConfigDict({"attention": "auto", "attention_block": 8})
+    assert choice.tile_width(section, alibi, 100) == 8  # long: blockwise tiles
+    assert choice.tile_width(section, alibi, 16) is None  # short: full rows
+    assert choice.tile_width(ModelConfig(attention_block=8), alibi, 100) == 8
+    assert choice.tile_width({"attention": "pallas"}, alibi, 16) == pallas.BLOCK
+    assert choice.tile_width({"attention": "dense"}, alibi, 10_000) is None
+    assert choice.tile_width({}, alibi, 1025) == 512 and choice.tile_width({}, alibi, 1024) is None  # defaults
+
+
+def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkeypatch):
+    auto, explicit, xla = {"attention": "auto"}, {"attention": "pallas"}, {"attention": "dense"}
+    assert not choice.runs_per_device(auto, _scheme("alibi"), 8)  # interpreted here: never
+    monkeypatch.setattr(pallas, "interpreted", lambda: False)  # as on a GPU
+    assert choice.runs_per_device(auto, _scheme("alibi"), 8)
+    assert choice.runs_per_device(auto, _scheme("rope"), 8)
+    assert choice.runs_per_device(explicit, _scheme("alibi"), 8)
+    assert choice.runs_per_device(ModelConfig(), _scheme("alibi"), 8)  # a ModelConfig too
+    assert not choice.runs_per_device(auto, _scheme("alibi"), 1)
+    assert not choice.runs_per_device(auto, _scheme("shaw"), 8)  # auto keeps XLA's paths for it
+    assert not choice.runs_per_device(xla, _scheme("alibi"), 8)

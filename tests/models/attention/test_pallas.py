@@ -1,0 +1,214 @@
+"""The Pallas attention kernel (models/attention/pallas.py), run in Pallas' interpreter on CPU:
+equal to dense attention, forward and gradients (inputs and the bias's learned parameters), for
+every scheme that provides `bias_fn`, for rotations without a bias, and with dropout."""
+import json
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from flax import nnx
+
+import posenc
+from models.attention.dense import Dropout, dense_attention
+from models.attention.pallas import Launch, keep_mask, pallas_attention, probe, supports
+
+B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
+# small option values keep the interpreter's compile time down; the formulas are the same
+SMALL = {"t5": {"num_buckets": 8, "max_distance": 8},  # tiles wholly beyond max_distance take one value "fire": {"hidden": 4, "threshold_init": 8.0},
+         "sandwich": {"dim": 8}}
+
+
+def _scheme(name: str, train_length: int = 16):
+    cfg = posenc.default_config(name)
+    for key, value in SMALL.get(name, {}).items():
+        cfg[name][key] = value
+    dims = posenc.ModelDims(d_model=H * K, num_heads=H, head_dim=K, num_layers=1, train_length=train_length)
+    return posenc.build(cfg, dims, rngs=nnx.Rngs(0))
+
+
+def _inputs(seed: int = 0):
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.standard_normal((B, T, H, K)), jnp.float32) for _ in range(3))
+    # rows at different offsets, with a gap: positions feed only the bias, the order is the index's
+    pos = jnp.asarray(np.stack([np.arange(T), 5 + np.arange(T) + (np.arange(T) >= 9) * 3]), jnp.int32)
+    return q, k, v, pos
+
+
+BIAS_SCHEMES = [n for n in posenc.names() if _scheme(n).bias_fn() is not None]
+
+
+def test_every_additive_bias_scheme_provides_its_bias_as_a_function():
+    assert {"alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"} <= set(BIAS_SCHEMES)
+
+
+@pytest.mark.parametrize("name", BIAS_SCHEMES)
+def test_bias_function_equals_the_tile_bias(name):
+    scheme = _scheme(name)
+    _, _, _, pos = _inputs()
+    probe = jnp.zeros((B, T, H, K), jnp.float32)
+    np.testing.assert_allclose(scheme.bias_fn().dense(pos, pos),
+                               np.broadcast_to(scheme.bias(probe, probe, pos, pos), (B, H, T, T)),
+                               rtol=1e-5, atol=1e-5)
+
+
+def _loss(attend, graphdef, state, q, k, v, pos):
+    out = attend(q, k, v, pos, pos, nnx.merge(graphdef, state))
+    return (out * jnp.sin(jnp.arange(out.size, dtype=jnp.float32).reshape(out.shape))).sum()
+
+
+def _dense(q, k, v, q_pos, k_pos, scheme):
+    return dense_attention(q, k, v, q_pos, k_pos, scheme, jnp.tril(jnp.ones((T, T), bool)))
+
+
+def _kernel(q, k, v, q_pos, k_pos, scheme):
+    return pallas_attention(q, k, v, q_pos, k_pos, scheme, launch=Launch(block=BLOCK, interpret=True))
+
+
+@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn"])
+def test_kernel_equals_dense_attention_forward_and_gradients(name):
+    scheme = _scheme(name)
+    q, k, v, pos = _inputs()
+    graphdef, state = nnx.split(scheme)
+    outs, grads = {}, {}
+    for label, attend in (("dense", _dense), ("kernel", _kernel)):
+        outs[label], grads[label] = jax.jit(jax.value_and_grad(
+            lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(state, q, k, v, pos)
+    np.testing.assert_allclose(outs["kernel"], outs["dense"], rtol=1e-5, atol=1e-5)
+    flat_dense, flat_kernel = jax.tree.leaves(grads["dense"]), jax.tree.leaves(grads["kernel"])
+    assert len(flat_dense) == len(flat_kernel) >= 3
+    for want, got in zip(flat_dense, flat_kernel):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(jnp.abs(want).max())))
+    if jax.tree.leaves(state):  # the learned parameters of the bias get (non-zero) gradients
+        assert any(float(jnp.abs(g).max()) > 1e-4 for g in jax.tree.leaves(grads["kernel"][0]))
+
+
+def test_kernel_dropout_is_the_dense_softmax_under_the_kernels_own_mask():
+    scheme, rate = _scheme("kerple_log"), 0.3
+    q, k, v, pos = _inputs(1)
+    key = jax.random.key(7)
+    seed = jax.random.bits(key, (1,), jnp.uint32)[0]
+    b, h = np.meshgrid(np.arange(B), np.arange(H), indexing="ij")
+    keep = jax.vmap(lambda b, h: keep_mask(seed, b, h, H, jnp.arange(T)[:, None], jnp.arange(T)[None, :], rate))(
+        jnp.asarray(b.ravel()), jnp.asarray(h.ravel())).reshape(B, H, T, T)
+    assert abs(float(keep.mean()) - (1 - rate)) < 0.05
+
+    def reference(q, k, v, q_pos, k_pos, scheme):
+        s = jnp.einsum("bthk,bshk->bhts", q, k) * K ** -0.5 + scheme.bias(q, k, q_pos, k_pos)
+        p = jax.nn.softmax(jnp.where(jnp.tril(jnp.ones((T, T), bool)), s, -1e30), axis=-1)
+        return jnp.einsum("bhts,bshk->bthk", jnp.where(keep, p / (1 - rate), 0.0), v)
+
+    def kernel(q, k, v, q_pos, k_pos, scheme):
+        return pallas_attention(q, k, v, q_pos, k_pos, scheme, Dropout(rate, key),
+                                Launch(block=BLOCK, interpret=True))
+
+    graphdef, state = nnx.split(scheme)
+    results = [jax.jit(jax.value_and_grad(lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(
+        state, q, k, v, pos) for attend in (reference, kernel)]
+    for want, got in zip(*(jax.tree.leaves(r) for r in results)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(jnp.abs(want).max())))
+
+
+def test_schemes_the_kernel_cannot_express_are_refused():
+    _, _, _, pos = _inputs()
+    for name in ("shaw", "cope", "deberta"):  # a bias from the content, a value term, whole rows
+        assert not supports(_scheme(name), pos, pos)
+    q, k, v, pos = _inputs()
+    with pytest.raises(ValueError, match="model.attention=pallas cannot express"):
+        pallas_attention(q, k, v, pos, pos, _scheme("shaw"), launch=Launch(interpret=True))
+
+
+def _one_update(attention: str, attention_dropout: float, *, batch: int = 4, mesh=None):
+    """Parameters and loss after one training update of a tiny t5 model through the training step
+    (2 micro-steps; with dropout, per-row keys, as training draws them). With a `mesh`, the step
+    runs per device over it (`per_device_mesh`)."""
+    from experiment import config as config_lib
+    from experiment.runtime import sharding
+    from experiment.train import init_state, optimizer, step as train_step
+    from tests.conftest import tiny_config
+    config = tiny_config("t5")
+    config.model.update(dict(num_layers=1, attention=attention, attention_dropout=attention_dropout))
+    config.train.update(dict(batch_size=batch, seq_len=24))
+    config = config_lib.resolve(config)
+    tx = optimizer.make_optimizer(config.train)
+    graphdef, params, opt_state, shards, scheme = init_state(
+        config, 64, tx, mesh or sharding.make_mesh(1, jax.devices()[:1]))
+    step = train_step.make_train_step(graphdef, tx, 7, micro_steps=2, grad_shardings=shards,
+                                      per_example_keys=train_step.is_stochastic(config.model, scheme),
+                                      per_device_mesh=mesh)
+    tokens = np.random.default_rng(0).integers(0, 64, (batch, 25))
+    params, _, metrics = step(params, opt_state, tokens[:, :-1], tokens[:, 1:], np.int32(0))
+    return params, float(metrics["loss"])
+
+
+PER_DEVICE_SCRIPT = """
+import json, sys
+sys.path.insert(0, {repo!r})
+import jax, numpy as np
+from experiment.runtime import sharding
+from tests.models.attention.test_pallas import _one_update
+params, loss = _one_update("pallas", 0.3, batch=16, mesh=sharding.make_mesh(2))  # data 4 x fsdp 2
+print(json.dumps({{"devices": jax.device_count(), "loss": loss,
+                  "params": [np.asarray(x).tolist() for x in jax.tree.leaves(params)]}}))
+"""
+
+
+@pytest.mark.slow  # ~20 s: a subprocess with 8 simulated devices
+def test_per_device_training_step_on_eight_devices_matches_one_device():
+    """Several devices run the kernel per device (shard_map over the batch axes, as training does
+    where the compiled kernel cannot be partitioned): with dropout, the update equals one device's."""
+    from tests.conftest import REPO, run_entry
+    result = run_entry("-c", PER_DEVICE_SCRIPT.format(repo=str(REPO)), timeout=600,
+                       env={"XLA_FLAGS": "--xla_force_host_platform_device_count=8", "JAX_PLATFORMS": "cpu"})
+    assert result.returncode == 0, result.stderr[-3000:]
+    out = json.loads(result.stdout.strip().splitlines()[-1])
+    assert out["devices"] == 8
+    params, loss = _one_update("pallas", 0.3, batch=16)
+    assert out["loss"] == pytest.approx(loss, rel=1e-5)
+    for got, want in zip(out["params"], jax.tree.leaves(params)):
+        np.testing.assert_allclose(np.asarray(got), np.asarray(want), rtol=1e-4, atol=1e-6)
+
+
+def test_training_step_with_pallas_attention_equals_dense():
+    (dense, dense_loss), (kernel, kernel_loss) = (_one_update(kind, 0.0) for kind in ("dense", "pallas"))
+    assert kernel_loss == pytest.approx(dense_loss, rel=1e-5)
+    for want, got in zip(jax.tree.leaves(dense), jax.tree.leaves(kernel)):
+        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-6)
+    # with attention dropout: per-row keys (a vmap over rows of the kernel), other masks, similar loss
+    _, dropped_loss = _one_update("pallas", 0.3)
+    assert np.isfinite(dropped_loss) and dropped_loss != kernel_loss
+    assert dropped_loss == pytest.approx(kernel_loss, rel=0.05)
+
+
+@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "nope"])
+def test_kernel_lowers_to_triton_for_a_gpu(name):
+    """Pallas' Triton lowering runs without a GPU: the forward and backward kernels of every scheme
+    (the paper model's head size, bfloat16, dropout, a vmap over rows as training's per-row keys
+    make it) are lowered for CUDA. What it cannot check here is Triton's own compilation to PTX."""
+    b, t, h, d = 2, 320, 8, 64  # 5 blocks: the whole-sequence blocks need not be a power of 2
+    dims = posenc.ModelDims(d_model=h * d, num_heads=h, head_dim=d, num_layers=1, train_length=512)
+    graphdef, state = nnx.split(posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0)))
+    pos = jnp.arange(t, dtype=jnp.int32)[None]
+
+    def row(state, q, k, v, key):
+        return pallas_attention(q[None], k[None], v[None], pos, pos, nnx.merge(graphdef, state), Dropout(0.1, key),
+                                Launch(interpret=False))[0].astype(jnp.float32).sum()
+
+    def loss(state, q, k, v, keys):
+        return jax.vmap(row, in_axes=(None, 0, 0, 0, 0))(state, q, k, v, keys).sum()
+    x = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)
+    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
+        state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("xla.gpu.triton") == 3  # forward, dQ, dK / dV
+
+
+def test_auto_probe_traces_from_shapes_inside_a_model_trace():
+    """`auto` probes the kernel while the model is being traced (the scheme's parameters are
+    tracers): the probe traces from shapes alone, and its kernels lower for CUDA there."""
+    graphdef, state = nnx.split(_scheme("t5"))
+
+    def traced(state):
+        lowered = probe(nnx.merge(graphdef, state), jnp.bfloat16).lower(lowering_platforms=("cuda",))
+        assert lowered.as_text().count("xla.gpu.triton") == 3
+        return jax.tree.leaves(state)[0].sum()
+    jax.jit(traced).trace(state)

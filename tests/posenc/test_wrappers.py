@@ -1,0 +1,145 @@
+"""The wrappers: logn (log-n scaling of the query) and randomized (random position subsets)."""
+import math
+
+import jax
+import numpy as np
+import pytest
+from flax import nnx
+
+import posenc
+from models import DecoderLM
+from tests.posenc.helpers import CFG, DIMS, build_with as build, positions
+
+
+def test_logn_scales_the_query_by_one_within_training_length_and_log_ratio_beyond():
+    scheme = build("logn", logn__base="alibi")
+    pos = positions(1, 64)
+    q = jax.random.normal(jax.random.key(0), (1, 64, 2, 8))
+    k = jax.random.normal(jax.random.key(1), (1, 64, 2, 8))
+    q_scaled, k_same = scheme.rotate(q, k, pos, pos)
+    n = np.arange(1, 65)
+    expected = np.where(n <= 16, 1.0, np.log(n) / np.log(16))
+    np.testing.assert_allclose(np.asarray(q_scaled), np.asarray(q) * expected[None, :, None, None], rtol=1e-6)
+    np.testing.assert_array_equal(k_same, k)
+    assert scheme.logit_scale(pos, pos) is None  # alibi has none of its own
+
+
+def logn_factor(m: int, train_length: int = 16) -> float:
+    return max(1.0, math.log(m + 1) / math.log(train_length))
+
+
+def test_logn_with_alibi_scales_q_dot_k_and_not_the_bias():
+    """The whole logit beyond L_train, written out: s(m) q.k / sqrt(K) - slope_h (m - n)."""
+    from models.attention import tile_logits
+    scheme, t = build("logn", logn__base="alibi"), 40
+    pos = positions(1, t)
+    q = jax.random.normal(jax.random.key(2), (1, t, 2, 8))
+    k = jax.random.normal(jax.random.key(3), (1, t, 2, 8))
+    got = np.asarray(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme))[0]
+    slopes = np.asarray(posenc.alibi_slopes(2))
+    qn, kn = np.asarray(q)[0], np.asarray(k)[0]
+    for m in (5, 20, 39):
+        for n in (0, m // 2, m):
+            for h in range(2):
+                expected = logn_factor(m) * qn[m, h] @ kn[n, h] / math.sqrt(8) - slopes[h] * (m - n)
+                assert got[h, m, n] == pytest.approx(expected, rel=1e-5, abs=1e-5)
+
+
+def test_logn_with_rerope_scales_the_rectified_score():
+    """As bojone/rerope: beyond L_train the logit is s(m) <R(min(m - n, w) theta) q_m, k_n> / sqrt(K)."""
+    from models.attention import tile_logits
+    w, t, d = 4, 40, 8
+    scheme = build("logn", rope__rerope_window=w)
+    pos = positions(1, t)
+    q = jax.random.normal(jax.random.key(4), (1, t, 2, d))
+    k = jax.random.normal(jax.random.key(5), (1, t, 2, d))
+    got = np.asarray(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme))[0]
+    theta = np.array([10000.0 ** (-2 * i / d) for i in range(d // 2)])
+    qn, kn = np.asarray(q, np.float64)[0], np.asarray(k, np.float64)[0]
+
+    def rotated(x, angle_positions):  # "rotate half" pairs (i, i + d/2)
+        a = angle_positions * theta
+        x1, x2 = x[: d // 2], x[d // 2:]
+        return np.concatenate([x1 * np.cos(a) - x2 * np.sin(a), x2 * np.cos(a) + x1 * np.sin(a)])
+    for m in (10, 25, 39):
+        for n in (0, m - 2, m - w - 1, m):
+            for h in range(2):
+                expected = logn_factor(m) * rotated(qn[m, h], min(m - n, w)) @ kn[n, h] / math.sqrt(d)
+                assert got[h, m, n] == pytest.approx(expected, rel=1e-4, abs=1e-4)
+
+
+def test_logn_delegates_to_its_inner_scheme():
+    wrapped, alibi = build("logn", logn__base="alibi"), build("alibi")
+    pos = positions(2, 20)
+    np.testing.assert_array_equal(wrapped.bias(None, None, pos, pos), alibi.bias(None, None, pos, pos))
+    # Options of the base reach the inner scheme; within L_train logn(rope) is rope exactly.
+    within = positions(2, 16)
+    yarn = build("logn", rope__yarn_scale=4.0)
+    assert yarn.inner.options.yarn_scale == 4.0
+    q = jax.random.normal(jax.random.key(0), (2, 16, 2, 8))
+    for a, b in zip(yarn.rotate(q, q, within, within),
+                    build("rope", rope__yarn_scale=4.0).rotate(q, q, within, within)):
+        np.testing.assert_array_equal(a, b)
+    deberta = build("logn", logn__base="deberta")  # the inner scheme's own logit scale passes through
+    np.testing.assert_array_equal(deberta.logit_scale(pos, pos), build("deberta").logit_scale(pos, pos))
+
+
+def test_wrappers_take_on_what_their_inner_scheme_needs():
+    wrapped = build("logn", logn__base="cope")
+    assert wrapped.per_layer and wrapped.needs_full_rows and wrapped.carries_bias
+    assert not build("logn").needs_full_rows and not build("logn").carries_bias
+    with pytest.raises(ValueError, match="wraps itself"):
+        build("logn", logn__base="logn")
+    with pytest.raises(ValueError, match="unknown positional scheme"):
+        build("randomized", randomized__base="ropee")
+
+
+def test_randomized_training_positions_are_sorted_random_subsets():
+    scheme = build("randomized", randomized__max_length=40)
+    pos = positions(4, 12)
+    a = np.asarray(scheme.sample_positions(pos, jax.random.key(0)))
+    b = np.asarray(scheme.sample_positions(pos, jax.random.key(1)))
+    for sample in (a, b):
+        assert sample.shape == (4, 12)
+        assert (np.diff(sample, axis=-1) > 0).all()
+        assert sample.min() >= 0 and sample.max() < 40
+    assert not np.array_equal(a, b) and not np.array_equal(a[0], a[1])
+    assert build("randomized").max_length == 16 * DIMS.train_length
+    with pytest.raises(posenc.LengthError, match="randomized.max_length=41"):
+        scheme.sample_positions(positions(1, 41), jax.random.key(0))
+
+
+def test_randomized_evaluation_samples_positions_like_training():
+    scheme = build("randomized", randomized__max_length=40)
+    pos = positions(1, 12)
+    sampled = np.asarray(scheme.sample_positions(pos, jax.random.key(3), training=False))
+    assert (np.diff(sampled) > 0).all() and sampled.max() < 40 and not np.array_equal(sampled, pos)
+    np.testing.assert_array_equal(sampled, scheme.sample_positions(pos, jax.random.key(3), training=False))
+    consecutive = build("randomized", randomized__max_length=40, randomized__eval_positions="consecutive")
+    np.testing.assert_array_equal(consecutive.sample_positions(pos, jax.random.key(3), training=False), pos)
+    assert not np.array_equal(consecutive.sample_positions(pos, jax.random.key(3)), pos)  # training samples
+
+
+def test_randomized_check_length_asks_the_inner_scheme_for_the_whole_range():
+    with pytest.raises(posenc.LengthError, match="randomized.eval_positions=consecutive"):
+        build("randomized").check_length(10_000)  # sampled evaluation positions: at most max_length
+    build("randomized", randomized__eval_positions="consecutive").check_length(10_000)  # rope: any length
+    scheme = build("randomized", randomized__base="learned", randomized__max_length=64)
+    with pytest.raises(posenc.LengthError, match="learned.max_length=64"):
+        scheme.check_length(16)
+    build("randomized", randomized__base="learned", randomized__max_length=64,
+          learned__max_length=64).check_length(16)
+
+
+def test_randomized_model_evaluates_on_plain_positions_and_trains_causally():
+    model = DecoderLM(CFG, posenc.default_config("randomized"), train_length=16, rngs=nnx.Rngs(0))
+    plain = DecoderLM(CFG, posenc.default_config("rope"), train_length=16, rngs=nnx.Rngs(0))
+    x = jax.random.randint(jax.random.key(0), (2, 12), 0, CFG.vocab_size)
+    np.testing.assert_allclose(model(x), model(x, positions(2, 12)), atol=1e-6)
+    key = jax.random.key(5)
+    trained = model(x, dropout_key=key)
+    assert not np.allclose(trained, model(x), atol=1e-4)  # training positions differ from 0..T-1
+    assert not np.allclose(trained, model(x, dropout_key=jax.random.key(6)), atol=1e-4)
+    assert np.allclose(plain(x, dropout_key=key), plain(x), atol=1e-6)  # others: no sampling
+    changed = x.at[:, 8:].set((x[:, 8:] + 7) % CFG.vocab_size)
+    np.testing.assert_allclose(model(changed, dropout_key=key)[:, :8], trained[:, :8], atol=1e-5)
