@@ -4,10 +4,15 @@ Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causa
 residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
 module shared by every layer unless it sets `per_layer = True` (one instance per layer). Which
 attention implementation a call runs is decided in models/attention/choice.py.
+
+ModelConfig's block options also give the Llama family's block (RMSNorm, SwiGLU, grouped-query
+attention, no biases, unscaled embeddings) and GPT-NeoX's (parallel residual); models/hf.py loads
+Hugging Face checkpoints into them.
 """
 from __future__ import annotations
 
 import dataclasses
+import functools
 from typing import Any
 
 import jax
@@ -23,7 +28,11 @@ from models.attention.pallas import pallas_attention
 from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
 
-ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "silu": jax.nn.silu}
+# "gelu" is the tanh approximation (HF's gelu_new / gelu_pytorch_tanh), "gelu_exact" the erf form (HF's gelu)
+ACTIVATIONS = {"relu": jax.nn.relu, "gelu": jax.nn.gelu, "gelu_exact": functools.partial(jax.nn.gelu, approximate=False),
+               "silu": jax.nn.silu}
+NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
+MLPS = ("plain", "gated")
 DTYPES = {"float32": jnp.float32, "bfloat16": jnp.bfloat16}
 
 
@@ -40,7 +49,17 @@ class ModelConfig:
       models/adaptive.py) for large word vocabularies.
     - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
       and `attention_block`, the tile width of the long-sequence paths.
-    - numerics: `dtype`, the compute dtype; parameters stay float32.
+    - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
+      in bfloat16).
+    - the block (defaults: this project's block, as fairseq's; models/hf.py sets them for Llama,
+      Mistral, Qwen2 and GPT-NeoX, and any run may train with them from scratch):
+      `norm` (layernorm | layernorm_nobias | rmsnorm) with `norm_eps`; `mlp` ("plain":
+      fc2(act(fc1 x)); "gated": fc2(act(gate x) * fc1 x), SwiGLU with activation silu);
+      `num_kv_heads` (grouped-query attention: k and v have this many heads, each serving
+      num_heads / num_kv_heads query heads; 0 = num_heads) and `head_dim` (0 = d_model / num_heads);
+      biases of the q/k/v projection (`qkv_bias`), the attention output (`out_bias`) and the MLP
+      (`mlp_bias`); `scale_embeddings` (x sqrt(d_model) as fairseq; Hugging Face models do not);
+      `parallel_residual` (GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x) instead of two residual steps).
     """
     vocab_size: int = 0
     num_layers: int = 4
@@ -61,6 +80,26 @@ class ModelConfig:
                                     # chooses, and what each is, in models/attention/choice.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
     dtype: str = "float32"          # compute dtype; parameters stay float32
+    norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
+    norm_eps: float = 1e-6          # epsilon of every norm
+    mlp: str = "plain"              # plain | gated (gate, up = fc1, down = fc2)
+    num_kv_heads: int = 0           # key/value heads (grouped-query attention); 0 = num_heads
+    head_dim: int = 0               # features per head; 0 = d_model / num_heads
+    qkv_bias: bool = True           # bias of the q, k, v projections
+    out_bias: bool = True           # bias of the attention output projection
+    mlp_bias: bool = True           # biases of the MLP's projections
+    scale_embeddings: bool = True   # embeddings x sqrt(d_model)
+    parallel_residual: bool = False # x + attn(ln1 x) + mlp(ln2 x)
+
+    @property
+    def head_size(self) -> int:
+        """Features per head: `head_dim`, or d_model / num_heads."""
+        return self.head_dim or self.d_model // self.num_heads
+
+    @property
+    def kv_heads(self) -> int:
+        """Key/value heads: `num_kv_heads`, or num_heads."""
+        return self.num_kv_heads or self.num_heads
 
     @classmethod
     def from_config(cls, model_cfg: Any, vocab_size: int) -> "ModelConfig":
@@ -75,15 +114,20 @@ class ModelConfig:
         if cfg.adaptive_cutoffs and cfg.adaptive_cutoffs[-1] >= vocab_size:
             raise ValueError(f"model.adaptive_cutoffs={cfg.adaptive_cutoffs} must lie below the vocabulary "
                              f"size {vocab_size}; lower them or use a larger vocabulary")
-        if cfg.d_model % cfg.num_heads:
-            raise ValueError(f"model.d_model={cfg.d_model} is not divisible by model.num_heads={cfg.num_heads}")
-        if cfg.activation not in ACTIVATIONS:
-            raise ValueError(f"unknown model.activation {cfg.activation!r}; valid: {sorted(ACTIVATIONS)}")
-        if cfg.attention not in PATHS:
-            raise ValueError(f"unknown model.attention {cfg.attention!r}; valid: {', '.join(PATHS)}")
-        if cfg.dtype not in DTYPES:
-            raise ValueError(f"unknown model.dtype {cfg.dtype!r}; valid: {sorted(DTYPES)}")
+        cfg.check_block()
         return cfg
+
+    def check_block(self) -> None:
+        """Refuse block options that have no meaning (ValueError naming the option)."""
+        if self.d_model % self.num_heads and not self.head_dim:
+            raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
+                             f"set model.head_dim")
+        if self.num_heads % self.kv_heads:
+            raise ValueError(f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.kv_heads}")
+        for name, valid in (("activation", ACTIVATIONS), ("attention", PATHS), ("dtype", DTYPES),
+                            ("norm", NORMS), ("mlp", MLPS)):
+            if getattr(self, name) not in valid:
+                raise ValueError(f"unknown model.{name} {getattr(self, name)!r}; valid: {', '.join(valid)}")
 
 
 def dropout(x: jax.Array, rate: float, key: jax.Array | None) -> jax.Array:
@@ -98,8 +142,24 @@ def _split(key, n):
     return [None] * n if key is None else list(jax.random.split(key, n))
 
 
+def norm_layer(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
+    """The norm `cfg.norm` names: LayerNorm (with or without bias) or RMSNorm, epsilon `norm_eps`."""
+    if cfg.norm == "rmsnorm":
+        return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=DTYPES[cfg.dtype], rngs=rngs)
+    return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, use_bias=cfg.norm == "layernorm",
+                         dtype=DTYPES[cfg.dtype], rngs=rngs)
+
+
+def linear(cfg: ModelConfig, d_in: int, d_out: int, use_bias: bool, rngs: nnx.Rngs) -> nnx.Linear:
+    """A projection of the decoder: compute dtype of `cfg`, input rows annotated for FSDP."""
+    return nnx.Linear(d_in, d_out, use_bias=use_bias, dtype=DTYPES[cfg.dtype], kernel_init=rows_sharded(),
+                      rngs=rngs)
+
+
 class Attention(nnx.Module):
-    """Causal multi-head self-attention: one qkv projection, the positional scheme's hooks inside
+    """Causal multi-head self-attention: one qkv projection (the q features of every head, then
+    k's, then v's; with grouped-query attention k and v have `kv_heads` heads, repeated to serve
+    their groups of query heads, as Hugging Face's repeat_kv), the positional scheme's hooks inside
     the attention function, an output projection. Each call asks models/attention/choice.py
     (`choose`) which implementation runs (`model.attention`, or for `auto`: the sequence length,
     whether attention dropout is on, what the scheme allows, the backend) and calls it. Attention
@@ -108,15 +168,24 @@ class Attention(nnx.Module):
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
         self.scheme = scheme
-        self.head_dim = cfg.d_model // cfg.num_heads
-        dtype = DTYPES[cfg.dtype]
-        self.qkv = nnx.Linear(cfg.d_model, 3 * cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
-        self.out = nnx.Linear(cfg.d_model, cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
+        self.head_dim = cfg.head_size
+        width = (cfg.num_heads + 2 * cfg.kv_heads) * self.head_dim
+        self.qkv = linear(cfg, cfg.d_model, width, cfg.qkv_bias, rngs)
+        self.out = linear(cfg, cfg.num_heads * self.head_dim, cfg.d_model, cfg.out_bias, rngs)
+
+    def project(self, x_BxTxD):
+        """q, k, v, each B x T x num_heads x head_dim (k and v repeated under grouped-query attention)."""
+        b, t, _ = x_BxTxD.shape
+        h, kv = self.cfg.num_heads, self.cfg.kv_heads
+        qkv = self.qkv(x_BxTxD).reshape(b, t, h + 2 * kv, self.head_dim)
+        q, k, v = qkv[:, :, :h], qkv[:, :, h:h + kv], qkv[:, :, h + kv:]
+        if kv != h:
+            k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
+        return q, k, v
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         b, t, _ = x_BxTxD.shape
-        qkv = self.qkv(x_BxTxD).reshape(b, t, 3, self.cfg.num_heads, self.head_dim)
-        q, k, v = qkv[:, :, 0], qkv[:, :, 1], qkv[:, :, 2]
+        q, k, v = self.project(x_BxTxD)
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
         pos = positions_BxT
@@ -131,12 +200,14 @@ class Attention(nnx.Module):
         else:
             mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
             out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop)
-        return self.out(out.reshape(b, t, self.cfg.d_model))
+        return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
 
 
 class Block(nnx.Module):
     """One pre-LayerNorm decoder layer: x + drop(Attention(LN1(x))), then
-    x + drop(fc2(drop_act(act(fc1(LN2(x)))))). `dropout` applies to the attention output and the MLP
+    x + drop(fc2(drop_act(act(fc1(LN2(x)))))); with `mlp="gated"` the MLP is
+    fc2(drop_act(act(gate(y)) * fc1(y))), and with `parallel_residual` both branches read x:
+    x + drop(Attention(LN1(x))) + drop(MLP(LN2(x))). `dropout` applies to the attention output and the MLP
     output before each residual addition, `activation_dropout` after the MLP's activation,
     `attention_dropout` inside Attention; all only with a key (training). Evaluating a long
     sequence (no key, `is_long` at `attention_block`), the MLP runs on `attention_block`
@@ -144,26 +215,32 @@ class Block(nnx.Module):
 
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
-        dtype = DTYPES[cfg.dtype]
-        self.ln1 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+        self.ln1 = norm_layer(cfg, rngs)
         self.attn = Attention(cfg, scheme, rngs=rngs)
-        self.ln2 = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
-        self.fc1 = nnx.Linear(cfg.d_model, cfg.mlp_dim, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
-        self.fc2 = nnx.Linear(cfg.mlp_dim, cfg.d_model, dtype=dtype, kernel_init=rows_sharded(), rngs=rngs)
+        self.ln2 = norm_layer(cfg, rngs)
+        self.fc1 = linear(cfg, cfg.d_model, cfg.mlp_dim, cfg.mlp_bias, rngs)
+        self.fc2 = linear(cfg, cfg.mlp_dim, cfg.d_model, cfg.mlp_bias, rngs)
+        if cfg.mlp == "gated":
+            self.gate = linear(cfg, cfg.d_model, cfg.mlp_dim, cfg.mlp_bias, rngs)
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         k_attn, k_res1, k_act, k_res2 = _split(key, 4)
-        x_BxTxD = x_BxTxD + dropout(self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn),
-                                    self.cfg.dropout, k_res1)
+        attended = dropout(self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn), self.cfg.dropout, k_res1)
+        if not self.cfg.parallel_residual:
+            x_BxTxD = x_BxTxD + attended
+        activation = ACTIVATIONS[self.cfg.activation]
 
         def mlp(x):
-            h = dropout(ACTIVATIONS[self.cfg.activation](self.fc1(self.ln2(x))), self.cfg.activation_dropout, k_act)
-            return dropout(self.fc2(h), self.cfg.dropout, k_res2)
+            y = self.ln2(x)
+            h = activation(self.gate(y)) * self.fc1(y) if self.cfg.mlp == "gated" else activation(self.fc1(y))
+            return dropout(self.fc2(dropout(h, self.cfg.activation_dropout, k_act)), self.cfg.dropout, k_res2)
 
         chunk = self.cfg.attention_block
         if key is None and is_long(x_BxTxD.shape[1], chunk):  # long evaluation: B x chunk x mlp_dim at a time
-            return x_BxTxD + by_chunks(mlp, x_BxTxD, chunk)
-        return x_BxTxD + mlp(x_BxTxD)
+            out = x_BxTxD + by_chunks(mlp, x_BxTxD, chunk)
+        else:
+            out = x_BxTxD + mlp(x_BxTxD)
+        return out + attended if self.cfg.parallel_residual else out
 
 
 def by_chunks(fn, x_BxTxD: jax.Array, chunk: int) -> jax.Array:
@@ -195,7 +272,7 @@ class DecoderLM(nnx.Module):
         self.cfg = cfg
         dtype = DTYPES[cfg.dtype]
         dims = posenc.ModelDims(d_model=cfg.d_model, num_heads=cfg.num_heads,
-                                head_dim=cfg.d_model // cfg.num_heads, num_layers=cfg.num_layers,
+                                head_dim=cfg.head_size, num_layers=cfg.num_layers,
                                 train_length=train_length)
         self.scheme = posenc.build(posenc_cfg, dims, rngs=rngs)
         # Per-layer schemes get one instance per block (the first block's is also `self.scheme`, for
@@ -215,10 +292,15 @@ class DecoderLM(nnx.Module):
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
                                    embedding_init=columns_sharded(nnx.initializers.normal(stddev=cfg.d_model ** -0.5)))
         self.blocks = nnx.List([Block(cfg, scheme, rngs=rngs) for scheme in layer_schemes])
-        self.ln_f = nnx.LayerNorm(cfg.d_model, dtype=dtype, rngs=rngs)
+        self.ln_f = norm_layer(cfg, rngs)
         if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
                                       kernel_init=rows_sharded(), rngs=rngs)
+
+    def embed_tokens(self, tokens_BxT: jax.Array) -> jax.Array:
+        """The token embeddings, B x T x D, times sqrt(d_model) where `scale_embeddings`."""
+        x = self.embed(tokens_BxT)
+        return x * self.cfg.d_model ** 0.5 if self.cfg.scale_embeddings else x
 
     def hidden(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
                dropout_key: jax.Array | None = None) -> jax.Array:
@@ -232,7 +314,7 @@ class DecoderLM(nnx.Module):
             positions_BxT = self.scheme.sample_positions(positions_BxT,
                                                          jax.random.fold_in(dropout_key, 2**31 - 1))
         keys = _split(dropout_key, self.cfg.num_layers + 1)
-        x = self.embed(tokens_BxT) * self.cfg.d_model ** 0.5
+        x = self.embed_tokens(tokens_BxT)
         x = dropout(self.scheme.embed(x, positions_BxT), self.cfg.dropout, keys[0])
         for block, key in zip(self.blocks, keys[1:]):
             x = block(x, positions_BxT, key)

@@ -2,23 +2,20 @@
 
 `rope` also carries the RoPE extensions that change no parameter, so that a model trained with plain
 RoPE can be evaluated with any of them (`--config.posenc.rope.<option>=...`): position
-interpolation, NTK-aware and dynamic NTK base scaling, YaRN, ReRoPE and xPos. `xpos` is registered
-as well: the same class with xPos switched on by default, as Sun et al. train it.
+interpolation, NTK-aware and dynamic NTK base scaling, YaRN, Llama 3 scaling, LongRoPE, ReRoPE,
+Self-Extend and xPos. `xpos` is registered as well: the same class with xPos switched on by default,
+as Sun et al. train it.
 """
 from __future__ import annotations
 
 import dataclasses
-import math
 
 import jax
 import jax.numpy as jnp
 
 from posenc.base import ModelDims, Scheme, register
-
-
-def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
-    """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021)."""
-    return base ** (-jnp.arange(0, rotary_dim, 2, dtype=jnp.float32) / rotary_dim)
+from posenc.rope_scaling import (RopeOptions, longrope_on, rope_mscale, rotary_dim_of, scaled_inverse_frequencies,
+                                 validate_rope_options)
 
 
 def apply_rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, inv_freq: jax.Array,
@@ -53,149 +50,6 @@ def _materialized(x_BxTxN: jax.Array) -> jax.Array:
     7-8% faster on 2 CPU cores (benchmarks/README.md)."""
     eye = jnp.eye(x_BxTxN.shape[-1], dtype=x_BxTxN.dtype)
     return jnp.einsum("btr,rs->bts", x_BxTxN, eye, precision=jax.lax.Precision.HIGHEST)
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeOptions:
-    base: float = 10000.0
-    fraction: float = 1.0         # share of each head's features that are rotated (partial rotary)
-    # Evaluation-time extensions (no parameters); the defaults below are plain RoPE.
-    pi_factor: float = 1.0        # position interpolation: positions x pi_factor (= L_train / L_target)
-    ntk_alpha: float = 1.0        # NTK-aware scaling: base' = base * alpha^(d / (d - 2))
-    dynamic_ntk: bool = False     # alpha = max(1, f (largest key position + 1) / L_train - (f - 1)), per row
-    dynamic_ntk_factor: float = 1.0  # f, HF's rope_scaling "factor" for "dynamic" (published: 2 or more)
-    yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
-    yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
-    yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
-    yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
-    yarn_ramp: str = "index"      # "index": the authors' code (linear in the feature index between
-                                  # whole correction dimensions); "turns": the paper's equation (linear in r)
-    original_length: int = 0      # L_train that YaRN and dynamic NTK scale from (HF's
-                                  # original_max_position_embeddings); 0 = this run's training length.
-                                  # A run extended from a shorter one (train.init_from) sets the base's.
-    rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
-    xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
-    xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
-    xpos_scale_base: float = 512.0  # gamma
-
-
-YARN_RAMPS = ("index", "turns")
-
-
-def validate_rope_options(options: RopeOptions) -> None:
-    """Refuse values that have no meaning (ValueError naming the option)."""
-    if not 0.0 <= options.fraction <= 1.0:
-        raise ValueError(f"rope.fraction must lie in [0, 1], got {options.fraction}")
-    if options.pi_factor <= 0:
-        raise ValueError(f"rope.pi_factor must be positive (L_train / L_target), got {options.pi_factor}")
-    if options.original_length < 0:
-        raise ValueError(f"rope.original_length must be >= 0 (0 = the training length), got {options.original_length}")
-    if options.ntk_alpha <= 0:
-        raise ValueError(f"rope.ntk_alpha must be positive, got {options.ntk_alpha}")
-    if options.dynamic_ntk_factor < 1.0:
-        raise ValueError(f"rope.dynamic_ntk_factor must be >= 1, got {options.dynamic_ntk_factor}")
-    if options.dynamic_ntk and options.ntk_alpha != 1.0:
-        raise ValueError("rope.dynamic_ntk computes alpha from the positions; leave rope.ntk_alpha=1")
-    if options.yarn_scale < 1.0:
-        raise ValueError(f"rope.yarn_scale is L_target / L_train >= 1, got {options.yarn_scale}")
-    if not 0 < options.yarn_beta_slow < options.yarn_beta_fast:
-        raise ValueError(f"YaRN needs 0 < rope.yarn_beta_slow < rope.yarn_beta_fast, got "
-                         f"{options.yarn_beta_slow} and {options.yarn_beta_fast}")
-    if options.yarn_ramp not in YARN_RAMPS:
-        raise ValueError(f"unknown rope.yarn_ramp {options.yarn_ramp!r}; valid: {', '.join(YARN_RAMPS)}")
-    if options.rerope_window < 0:
-        raise ValueError(f"rope.rerope_window must be >= 0 (0 = off), got {options.rerope_window}")
-    if options.rerope_window and options.xpos:
-        raise ValueError("rope.rerope_window cannot be combined with rope.xpos (the xPos decay "
-                         "would not be clamped with the relative position)")
-    if options.rerope_window and options.dynamic_ntk:
-        raise ValueError("rope.rerope_window cannot be combined with rope.dynamic_ntk (the bias of a "
-                         "tile cannot know the alpha of the whole window)")
-    if options.xpos_scale_base <= 0 or options.xpos_gamma0 <= 0:
-        raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
-
-
-def rotary_dim_of(options: RopeOptions, head_dim: int) -> int:
-    """How many features of each head are rotated: floor(head_dim * fraction) rounded down to even."""
-    return int(head_dim * options.fraction) // 2 * 2
-
-
-def ntk_base(base: float | jax.Array, alpha: float | jax.Array, rotary_dim: int):
-    """NTK-aware base (bloc97 2023): base * alpha^(d / (d - 2)), d = rotary_dim."""
-    if rotary_dim <= 2:
-        raise ValueError(f"NTK scaling needs more than 2 rotated features, got {rotary_dim}")
-    return base * alpha ** (rotary_dim / (rotary_dim - 2))
-
-
-def yarn_ramp(inv_freq: jax.Array, train_length: int, beta_slow: float, beta_fast: float) -> jax.Array:
-    """gamma(r) of the YaRN paper's equation (Peng et al. 2023), r = L_train / lambda = L_train *
-    theta / (2 pi) turns: 0 below beta_slow (interpolate), 1 above beta_fast (keep), linear in r."""
-    turns = train_length * inv_freq / (2 * math.pi)
-    return jnp.clip((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
-
-
-def yarn_correction_index(turns: float, rotary_dim: int, base: float, train_length: int) -> float:
-    """The (fractional) feature-pair index i at which theta_i = base^(-2i/d) makes `turns` turns
-    over L_train: L_train theta_i / (2 pi) = turns, i.e. i = d ln(L_train / (2 pi turns)) / (2 ln base)."""
-    return rotary_dim * math.log(train_length / (2 * math.pi * turns)) / (2 * math.log(base))
-
-
-def yarn_index_ramp(rotary_dim: int, base: float, train_length: int, beta_slow: float,
-                    beta_fast: float) -> jax.Array:
-    """gamma_i of the authors' code (jquesnelle/yarn; HF transformers' _compute_yarn_parameters):
-    1 (keep) up to the pair index where theta makes beta_fast turns, rounded down, 0 (interpolate)
-    from the index where it makes beta_slow turns, rounded up, linear in the index between them.
-    The ends are clipped to [0, d - 1] (d, not d/2, as the reference does)."""
-    low = max(math.floor(yarn_correction_index(beta_fast, rotary_dim, base, train_length)), 0)
-    high = min(math.ceil(yarn_correction_index(beta_slow, rotary_dim, base, train_length)), rotary_dim - 1)
-    if high == low:
-        high += 0.001  # the reference's guard against a zero-width ramp
-    i = jnp.arange(rotary_dim // 2, dtype=jnp.float32)
-    return 1.0 - jnp.clip((i - low) / (high - low), 0.0, 1.0)
-
-
-def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_length: int,
-                               length: jax.Array | int | None = None) -> jax.Array:
-    """The inverse frequencies RoPE uses under `options`, R/2 (or B x R/2 for a per-row `length`).
-
-    In this order (the papers use one at a time; combinations compose):
-      base' = base * alpha^(d/(d-2)), alpha = ntk_alpha, or max(1, f length / L_train - (f - 1))
-              with dynamic_ntk (`length` = largest key position + 1, required then; f =
-              dynamic_ntk_factor);
-      theta_i = base'^(-2i/d);
-      YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
-              theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
-              from `yarn_index_ramp` (yarn_ramp="index", the default) or `yarn_ramp` ("turns");
-      PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor).
-    """
-    base = options.base
-    if options.dynamic_ntk:
-        if length is None:
-            raise ValueError("dynamic NTK needs `length` (largest key position + 1)")
-        f = options.dynamic_ntk_factor
-        alpha = jnp.maximum(1.0, f * jnp.asarray(length, jnp.float32) / train_length - (f - 1.0))
-        base = ntk_base(base, alpha, rotary_dim)[..., None]
-    elif options.ntk_alpha != 1.0:
-        base = ntk_base(base, options.ntk_alpha, rotary_dim)
-    inv_freq = rope_inverse_frequencies(rotary_dim, base)
-    # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
-    s = options.yarn_scale
-    if options.yarn_ramp == "index":
-        gamma = yarn_index_ramp(rotary_dim, options.base, train_length, options.yarn_beta_slow,
-                                options.yarn_beta_fast)
-    else:
-        gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
-    inv_freq = inv_freq / s + gamma * inv_freq * (1.0 - 1.0 / s)
-    return inv_freq * options.pi_factor
-
-
-def yarn_mscale(options: RopeOptions) -> float:
-    """YaRN's attention factor sqrt(1/t) = 0.1 ln(s) + 1 (1 when off). Like the authors' code, it
-    multiplies cos and sin, so the rotated features of q and k: the rotated part of every logit is
-    scaled by 1/t, and with partial rotary the unrotated part is not."""
-    if options.yarn_scale == 1.0 or not options.yarn_temperature:
-        return 1.0
-    return 0.1 * math.log(options.yarn_scale) + 1.0
 
 
 def xpos_zeta(rotary_dim: int, gamma0: float = 0.4) -> jax.Array:
@@ -254,7 +108,50 @@ class Rope(Scheme):
       (q', k' rotated at m and n), i.e. it replaces the RoPE logit by <R(w) q_m, k_n> / sqrt(K),
       the logit at relative position w. Keys after the query (masked in a decoder) are left alone.
       Costs two extra q k^T products per layer, as Su's own two-pass implementation. Not combinable
-      with xpos (its decay would not be clamped) nor with dynamic_ntk (a tile cannot know alpha).
+      with xpos (its decay would not be clamped) nor with dynamic_ntk or LongRoPE (a tile cannot
+      know its row's alpha or factors).
+    - llama3_factor (f), llama3_low_freq_factor (a), llama3_high_freq_factor (b): Llama 3.1's
+      scaling (Meta, "The Llama 3 Herd of Models", 2024; meta-llama/llama-models `apply_scaling`,
+      HF transformers' `_compute_llama3_parameters`, whose factor / low_freq_factor /
+      high_freq_factor / original_max_position_embeddings these are, the last as original_length):
+      lambda_i = 2 pi / theta_i; theta_i / f where lambda_i > L_train / a, theta_i where
+      lambda_i < L_train / b, and (1 - s) theta_i / f + s theta_i between them, s = (L_train /
+      lambda_i - a) / (b - a). The same float32 operations in the same order as HF's, so that from
+      the same theta_i the result is the same bit for bit. f = 1 (the default) is off.
+    - longrope_short_factor, longrope_long_factor, longrope_factor, longrope_attention_factor:
+      LongRoPE (Ding et al. 2024, "LongRoPE: Extending LLM Context Window Beyond 2 Million Tokens";
+      Phi-3's rotary embedding; HF transformers' `_compute_longrope_parameters` and
+      `longrope_frequency_update`): theta_i <- theta_i / lambda_i with one searched factor per
+      feature pair (R/2 of them, R = rotated features): the long factors where the sequence is
+      longer than L_train (original_length), the short ones otherwise. HF decides that once per
+      batch from its largest position + 1; here it is decided per row, from the row's largest key
+      position + 1 > L_train, as dynamic NTK decides its alpha (so, like it, a prefix is encoded
+      differently inside a window longer than L_train, and `rotate` must see every key of the
+      window at once). cos and sin are multiplied by longrope_attention_factor, or where that is 0
+      by HF's default sqrt(1 + ln f / ln L_train) for f = longrope_factor > 1 (else 1), in short and
+      long rows alike; the HF loader sets f (HF's factor, or max_position_embeddings /
+      original_max_position_embeddings where a Phi-3 config has none). Empty lists (the default)
+      are off; lists from config.json are accepted. One of yarn_scale, llama3_factor and LongRoPE
+      at a time (each is a whole HF rope type); NTK and PI compose with each.
+    - self_extend_window (W), self_extend_group (G): Self-Extend (Jin et al. 2024, "LLM Maybe
+      LongLM: Self-Extend LLM Context Window Without Tuning", ICML; datamllab/LongLM's
+      `self_extend_patch/Llama.py`): a query at m and a key at n with m - n < W keep their RoPE
+      logit (the neighbour window); for m - n >= W the logit is that of q at position
+      m // G + W - W // G and k at n // G (the grouped attention), so relative positions beyond W
+      grow G times slower and continue from W. The boundary (neighbours while m - n < W) is the
+      authors' mask; the shift W - W // G is their decoding code's and their first patch's (their
+      4.38 prefill code writes W - W / G, the same whenever G divides W, as in every published
+      setting). Realised as ReRoPE is, through `bias`: for m - n >= W it adds the grouped logit
+      minus the plain one, from the rotated q and k turned on by (m // G + W - W // G - m) and
+      (n // G - n); so it works per tile (dense, triangular, blockwise) on explicit positions,
+      and the Pallas kernel, which takes a bias only as `bias_fn`, refuses it. The positions are
+      those given (the authors use sequence indices for the mask: the same for 0 .. T-1).
+      Combines with fraction, pi_factor, ntk_alpha, YaRN and Llama 3 (the grouped positions use the
+      scaled frequencies, as the patch does with the model's rotary embedding); not with
+      rerope_window (both replace the far logits), xpos (its decay would stay at the true
+      distance), dynamic_ntk or LongRoPE (a tile cannot know its row's alpha or factors). The
+      authors' optional query scaling max(1, log(m + 1) / log(scale_base)) is not part of it; the
+      `logn` wrapper around `rope` is that with scale_base = L_train.
     - xpos, xpos_gamma0, xpos_scale_base: xPos (Sun et al. 2022, "A Length-Extrapolatable
       Transformer"): after the rotation q_m <- q_m * zeta^(m/gamma), k_n <- k_n * zeta^(-n/gamma)
       per feature pair, zeta_i = (2i/d + gamma0)/(1 + gamma0), gamma = xpos_scale_base, so that
@@ -264,23 +161,30 @@ class Rope(Scheme):
     """
     family = "relative"
     citation = "Su et al. 2021"
-    extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE at evaluation
+    extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE / Self-Extend at evaluation
     Options = RopeOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs):
+        # Factor lists arrive as lists from config.json: tuples, so that the options stay hashable.
+        options = dataclasses.replace(options, **{
+            name: tuple(getattr(options, name)) for name in ("longrope_short_factor", "longrope_long_factor")})
         super().__init__(options, dims, rngs=rngs)
-        validate_rope_options(options)
         self.rotary_dim = rotary_dim_of(options, dims.head_dim)
+        validate_rope_options(options, self.rotary_dim)
         uses_ntk = options.dynamic_ntk or options.ntk_alpha != 1.0
         if uses_ntk and 0 < self.rotary_dim <= 2:
             raise ValueError(f"NTK scaling needs more than 2 rotated features per head, got "
                              f"{self.rotary_dim}; raise rope.fraction")
 
+    @property
+    def original_length(self) -> int:
+        return self.options.original_length or self.dims.train_length
+
     def _inv_freq(self, k_pos_BxS: jax.Array) -> jax.Array:
-        """R/2, or B x 1 x R/2 with dynamic NTK (one alpha per row)."""
-        length_B = jnp.max(k_pos_BxS, axis=-1) + 1 if self.options.dynamic_ntk else None
-        inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim,
-                                              self.options.original_length or self.dims.train_length, length_B)
+        """R/2, or B x 1 x R/2 with dynamic NTK or LongRoPE (one alpha, one factor set per row)."""
+        per_row = self.options.dynamic_ntk or longrope_on(self.options)
+        length_B = jnp.max(k_pos_BxS, axis=-1) + 1 if per_row else None
+        inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim, self.original_length, length_B)
         return inv_freq[:, None, :] if inv_freq.ndim == 2 else inv_freq
 
     def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
@@ -295,26 +199,41 @@ class Rope(Scheme):
             center_B = (lo + hi).astype(jnp.float32) / 2
             q_scale = xpos_scales(q_pos_BxT, center_B, zeta, self.options.xpos_scale_base, 1.0)
             k_scale = xpos_scales(k_pos_BxS, center_B, zeta, self.options.xpos_scale_base, -1.0)
-        mscale = yarn_mscale(self.options)
+        mscale = rope_mscale(self.options, self.original_length)
         return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq, q_scale, mscale),
                 apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale, mscale))
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
-        """ReRoPE's correction (see the class docstring); None when rerope_window is 0."""
-        window = self.options.rerope_window
-        if window == 0 or self.rotary_dim == 0:
+        """ReRoPE's or Self-Extend's correction (see the class docstring); None when both are off."""
+        if self.rotary_dim == 0:
             return None
+        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
+        if self.options.rerope_window:
+            window = self.options.rerope_window
+            # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k. YaRN's
+            # factor, applied by `rotate`, is in both products already.
+            return jnp.where(distance_Bx1xTxS > window,
+                             self._moved_logits_change(q_BxTxHxK, k_BxSxHxK, window - q_pos_BxT, -k_pos_BxS,
+                                                       k_pos_BxS), 0.0)
+        if self.options.self_extend_window:
+            window, group = self.options.self_extend_window, self.options.self_extend_group
+            # Grouped positions m // G + W - W // G and n // G: rotate q and k on from m and n.
+            q_shift = q_pos_BxT // group + (window - window // group) - q_pos_BxT
+            k_shift = k_pos_BxS // group - k_pos_BxS
+            return jnp.where(distance_Bx1xTxS >= window,
+                             self._moved_logits_change(q_BxTxHxK, k_BxSxHxK, q_shift, k_shift, k_pos_BxS), 0.0)
+        return None
+
+    def _moved_logits_change(self, q_BxTxHxK, k_BxSxHxK, q_shift_BxT, k_shift_BxS, k_pos_BxS):
+        """(<R(a) q', R(b) k'> - <q', k'>) / sqrt(K), B x H x T x S, for rotated q', k' and per-query,
+        per-key extra angles a, b (in positions): the logit at moved positions minus the one given."""
         inv_freq = self._inv_freq(k_pos_BxS)
-        # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k. YaRN's
-        # factor, applied by `rotate`, is in both products already.
-        q_far = apply_rotary(q_BxTxHxK, window - q_pos_BxT, inv_freq)
-        k_far = apply_rotary(k_BxSxHxK, -k_pos_BxS, inv_freq)
+        q_far = apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq)
+        k_far = apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq)
         near_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
                                   preferred_element_type=jnp.float32)
         far_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_far, k_far, preferred_element_type=jnp.float32)
-        scale = q_BxTxHxK.shape[-1] ** -0.5
-        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
-        return jnp.where(distance_Bx1xTxS > window, (far_BxHxTxS - near_BxHxTxS) * scale, 0.0)
+        return (far_BxHxTxS - near_BxHxTxS) * q_BxTxHxK.shape[-1] ** -0.5
 
 
 @dataclasses.dataclass(frozen=True)

@@ -113,9 +113,8 @@ def layer_statistics(attn_module, x_BxTxD: jax.Array, positions_BxT: jax.Array,
     """(mean distance, entropy), each float32 B x H x T, of one decoder layer's `Attention` given
     its input (after ln1): q and k from the module's own qkv projection, as `Attention.__call__`
     computes them, and its scheme."""
-    b, t, _ = x_BxTxD.shape
-    qkv = attn_module.qkv(x_BxTxD).reshape(b, t, 3, attn_module.cfg.num_heads, attn_module.head_dim)
-    return qk_statistics(qkv[:, :, 0], qkv[:, :, 1], positions_BxT, positions_BxT, attn_module.scheme, block)
+    q, k, _ = attn_module.project(x_BxTxD)
+    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))
@@ -130,8 +129,7 @@ def _layer_step(graphdef, state, x_BxTxD, positions_BxT, block, weights_B):
 @functools.partial(jax.jit, static_argnums=0)
 def _embed_step(graphdef, state, tokens_BxT, positions_BxT):
     model = nnx.merge(graphdef, state)
-    x = model.embed(tokens_BxT) * model.cfg.d_model ** 0.5
-    return model.scheme.embed(x, positions_BxT)
+    return model.scheme.embed(model.embed_tokens(tokens_BxT), positions_BxT)
 
 
 def attention_statistics(model, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
@@ -139,7 +137,7 @@ def attention_statistics(model, tokens_BxT: jax.Array, positions_BxT: jax.Array 
     """{"mean_distance": L x H x T, "entropy": L x H x T} (float32), averaged over the batch
     (weighted by `weights_B` where given: padding rows 0), for `model` (a DecoderLM) on `tokens_BxT`.
 
-    The forward pass is the decoder's evaluation pass (no dropout): embedding times sqrt(d),
+    The forward pass is the decoder's evaluation pass (no dropout): `embed_tokens`,
     `scheme.embed`, then each Block called as the decoder calls it, so the residual stream is the
     model's own; each layer's statistics come from its Attention on ln1 of that stream. Positions
     default to 0 .. T-1 (after the scheme's length check), as in `DecoderLM.hidden`. Each block is

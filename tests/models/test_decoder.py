@@ -1,5 +1,7 @@
 """Properties every scheme must give the decoder (causality, prefix consistency, tile-wise bias), its
 dropout, its config and how it is built."""
+import dataclasses
+
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -96,3 +98,54 @@ def test_build_model_initialises_from_the_seed():
     for a, b in zip(jax.tree.leaves(nnx.state(built)), jax.tree.leaves(nnx.state(direct))):
         np.testing.assert_array_equal(a, b)
     np.testing.assert_array_equal(built(tokens()), direct(tokens()))
+
+
+def test_default_block_is_unchanged():
+    """The default config's parameter tree and numbers, as before the Llama / GPT-NeoX block options
+    (logits of seed 0 computed by the decoder as it was)."""
+    model = make_model("alibi")
+    shapes = {".".join(map(str, k)): v.get_value().shape for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
+    layer = {"attn.qkv.kernel": (32, 96), "attn.qkv.bias": (96,), "attn.out.kernel": (32, 32), "attn.out.bias": (32,),
+             "fc1.kernel": (32, 64), "fc1.bias": (64,), "fc2.kernel": (64, 32), "fc2.bias": (32,),
+             "ln1.scale": (32,), "ln1.bias": (32,), "ln2.scale": (32,), "ln2.bias": (32,)}
+    expected = {"embed.embedding": (37, 32), "ln_f.scale": (32,), "ln_f.bias": (32,),
+                **{f"blocks.{i}.{name}": shape for i in range(2) for name, shape in layer.items()}}
+    assert shapes == expected
+    out = np.asarray(model(jax.random.randint(jax.random.key(0), (2, 12), 0, 37)))
+    np.testing.assert_allclose(out[1, -1, :6], [1.4642181, 0.01480271, -0.04519559, -0.10634472, 0.05489928,
+                                                1.415127], atol=1e-5)
+    np.testing.assert_allclose(out.sum(), 208.13742065429688, rtol=1e-5)
+
+
+LLAMA_BLOCK = dict(norm="rmsnorm", norm_eps=1e-5, mlp="gated", activation="silu", num_kv_heads=2, qkv_bias=False,
+                   out_bias=False, mlp_bias=False, scale_embeddings=False, tie_embeddings=False)
+
+
+@pytest.mark.parametrize("block", [LLAMA_BLOCK, dict(LLAMA_BLOCK, qkv_bias=True, tie_embeddings=True, head_dim=16),
+                                   dict(norm="layernorm", norm_eps=1e-5, activation="gelu_exact",
+                                        parallel_residual=True, scale_embeddings=False)],
+                         ids=["llama", "qwen2_head16", "gpt_neox"])
+def test_hf_blocks_are_causal_and_every_attention_path_agrees(block):
+    """The Llama-family and GPT-NeoX options build, train-free, a causal model whose attention paths
+    (grouped-query k/v repeated for each) give the same logits."""
+    cfg = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=48, attention_block=4, **block)
+    rope = posenc.default_config("rope")
+    rope.rope.fraction = 0.5
+    model = DecoderLM(cfg, rope, train_length=16, rngs=nnx.Rngs(0))
+    x = tokens()
+    base = model(x)
+    changed = x.at[:, 6:].set((x[:, 6:] + 7) % 37)
+    np.testing.assert_allclose(model(changed)[:, :6], base[:, :6], atol=1e-5)
+    for path in ("dense", "triangular", "blockwise", "fused", "pallas"):
+        other = DecoderLM(dataclasses.replace(cfg, attention=path), rope, train_length=16, rngs=nnx.Rngs(0))
+        np.testing.assert_allclose(other(x), base, atol=2e-5, err_msg=path)
+
+
+def test_hf_block_options_are_checked():
+    with pytest.raises(ValueError, match="num_kv_heads"):
+        ModelConfig.from_config({"d_model": 32, "num_heads": 4, "num_kv_heads": 3}, 10)
+    with pytest.raises(ValueError, match="model.norm"):
+        ModelConfig.from_config({"norm": "batchnorm"}, 10)
+    with pytest.raises(ValueError, match="model.mlp"):
+        ModelConfig.from_config({"mlp": "swiglu"}, 10)
+    assert ModelConfig.from_config({"d_model": 30, "num_heads": 4, "head_dim": 8}, 10).head_size == 8

@@ -10,7 +10,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM, ModelConfig
-from posenc.rotary import RopeOptions, ntk_base
+from posenc.rope_scaling import RopeOptions, ntk_base
 
 CFG = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
 TRAIN_LENGTH = 16

@@ -1,0 +1,299 @@
+"""RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
+base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
+each, as their authors' code and HF transformers compute them), and the options of ReRoPE,
+Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
+    """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021), computed as
+    1 / base^(2i / rotary_dim) in float32 as HF transformers does (to within an ulp for a traced
+    base): the angles of late positions then agree, which Hugging Face checkpoints' logits need
+    (tests/models/test_hf.py)."""
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
+    if isinstance(base, (int, float)):  # known before tracing: computed on the host, as torch does
+        return jnp.asarray(np.float32(1.0) / np.float32(base) ** exponents)
+    # A traced base (dynamic NTK): the barrier keeps XLA from rewriting 1 / b^x as b^-x under jit,
+    # so that compiled and eager frequencies agree.
+    return 1.0 / jax.lax.optimization_barrier(base ** jnp.asarray(exponents))
+
+
+@dataclasses.dataclass(frozen=True)
+class RopeOptions:
+    base: float = 10000.0
+    fraction: float = 1.0         # share of each head's features that are rotated (partial rotary)
+    # Evaluation-time extensions (no parameters); the defaults below are plain RoPE.
+    pi_factor: float = 1.0        # position interpolation: positions x pi_factor (= L_train / L_target)
+    ntk_alpha: float = 1.0        # NTK-aware scaling: base' = base * alpha^(d / (d - 2))
+    dynamic_ntk: bool = False     # alpha = max(1, f (largest key position + 1) / L_train - (f - 1)), per row
+    dynamic_ntk_factor: float = 1.0  # f, HF's rope_scaling "factor" for "dynamic" (published: 2 or more)
+    yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
+    yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
+    yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
+    yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
+    yarn_ramp: str = "index"      # "index": the authors' code (linear in the feature index between
+                                  # whole correction dimensions); "turns": the paper's equation (linear in r)
+    original_length: int = 0      # L_train that YaRN, dynamic NTK, Llama 3 and LongRoPE scale from (HF's
+                                  # original_max_position_embeddings); 0 = this run's training length.
+                                  # A run extended from a shorter one (train.init_from) sets the base's.
+    llama3_factor: float = 1.0    # Llama 3.1 scaling (HF "llama3"): low frequencies / factor (1 = off)
+    llama3_low_freq_factor: float = 1.0   # wavelengths > L_train / this are divided by llama3_factor
+    llama3_high_freq_factor: float = 4.0  # wavelengths < L_train / this are kept; smooth in between
+    longrope_short_factor: tuple = ()  # LongRoPE (HF "longrope"): theta_i / short_factor_i in rows whose
+                                       # largest key position + 1 <= L_train, one factor per pair (() = off)
+    longrope_long_factor: tuple = ()   # theta_i / long_factor_i in rows beyond L_train
+    longrope_factor: float = 1.0       # HF's "factor" (L_target / L_train): sets the default attention factor
+    longrope_attention_factor: float = 0.0  # cos and sin x this; 0 = sqrt(1 + ln f / ln L_train) if f > 1, else 1
+    rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
+    self_extend_window: int = 0   # Self-Extend: W, exact relative positions while m - n < W (0 = off)
+    self_extend_group: int = 1    # G: beyond W, q at m // G + W - W // G and k at n // G
+    xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
+    xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
+    xpos_scale_base: float = 512.0  # gamma
+
+
+YARN_RAMPS = ("index", "turns")
+
+
+def longrope_on(options: RopeOptions) -> bool:
+    return bool(options.longrope_short_factor or options.longrope_long_factor)
+
+
+def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -> None:
+    """Refuse values that have no meaning (ValueError naming the option). With `rotary_dim` (R), also
+    the lengths of LongRoPE's factor lists (R/2 each)."""
+    if not 0.0 <= options.fraction <= 1.0:
+        raise ValueError(f"rope.fraction must lie in [0, 1], got {options.fraction}")
+    if options.pi_factor <= 0:
+        raise ValueError(f"rope.pi_factor must be positive (L_train / L_target), got {options.pi_factor}")
+    if options.original_length < 0:
+        raise ValueError(f"rope.original_length must be >= 0 (0 = the training length), got {options.original_length}")
+    if options.ntk_alpha <= 0:
+        raise ValueError(f"rope.ntk_alpha must be positive, got {options.ntk_alpha}")
+    if options.dynamic_ntk_factor < 1.0:
+        raise ValueError(f"rope.dynamic_ntk_factor must be >= 1, got {options.dynamic_ntk_factor}")
+    if options.dynamic_ntk and options.ntk_alpha != 1.0:
+        raise ValueError("rope.dynamic_ntk computes alpha from the positions; leave rope.ntk_alpha=1")
+    if options.yarn_scale < 1.0:
+        raise ValueError(f"rope.yarn_scale is L_target / L_train >= 1, got {options.yarn_scale}")
+    if not 0 < options.yarn_beta_slow < options.yarn_beta_fast:
+        raise ValueError(f"YaRN needs 0 < rope.yarn_beta_slow < rope.yarn_beta_fast, got "
+                         f"{options.yarn_beta_slow} and {options.yarn_beta_fast}")
+    if options.yarn_ramp not in YARN_RAMPS:
+        raise ValueError(f"unknown rope.yarn_ramp {options.yarn_ramp!r}; valid: {', '.join(YARN_RAMPS)}")
+    if options.rerope_window < 0:
+        raise ValueError(f"rope.rerope_window must be >= 0 (0 = off), got {options.rerope_window}")
+    if options.rerope_window and options.xpos:
+        raise ValueError("rope.rerope_window cannot be combined with rope.xpos (the xPos decay "
+                         "would not be clamped with the relative position)")
+    if options.rerope_window and options.dynamic_ntk:
+        raise ValueError("rope.rerope_window cannot be combined with rope.dynamic_ntk (the bias of a "
+                         "tile cannot know the alpha of the whole window)")
+    if options.xpos_scale_base <= 0 or options.xpos_gamma0 <= 0:
+        raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
+    _validate_llama3_longrope(options, rotary_dim)
+    _validate_self_extend(options)
+
+
+def _validate_llama3_longrope(options: RopeOptions, rotary_dim: int | None) -> None:
+    if options.llama3_factor < 1.0:
+        raise ValueError(f"rope.llama3_factor is L_target / L_train >= 1 (1 = off), got {options.llama3_factor}")
+    if not 0 < options.llama3_low_freq_factor < options.llama3_high_freq_factor:
+        raise ValueError(f"Llama 3 scaling needs 0 < rope.llama3_low_freq_factor < rope.llama3_high_freq_factor, "
+                         f"got {options.llama3_low_freq_factor} and {options.llama3_high_freq_factor}")
+    longrope = longrope_on(options)
+    recipes = [name for name, on in (("rope.yarn_scale", options.yarn_scale != 1.0),
+                                     ("rope.llama3_factor", options.llama3_factor != 1.0),
+                                     ("rope.longrope_short_factor/long_factor", longrope)) if on]
+    if len(recipes) > 1:
+        raise ValueError(f"{' and '.join(recipes)} are each a whole frequency recipe (HF's rope types yarn, "
+                         f"llama3, longrope); set one of them")
+    if options.longrope_factor <= 0:
+        raise ValueError(f"rope.longrope_factor must be positive (L_target / L_train), got {options.longrope_factor}")
+    if options.longrope_attention_factor < 0:
+        raise ValueError(f"rope.longrope_attention_factor must be >= 0 (0 = HF's default), got "
+                         f"{options.longrope_attention_factor}")
+    if not longrope:
+        return
+    for name in ("longrope_short_factor", "longrope_long_factor"):
+        factors = getattr(options, name)
+        if not factors:
+            raise ValueError(f"LongRoPE needs both factor lists: rope.{name} is empty")
+        if any(not isinstance(f, (int, float)) or isinstance(f, bool) or not f > 0 for f in factors):
+            raise ValueError(f"rope.{name} must hold positive numbers, got {tuple(factors)}")
+        if rotary_dim is not None and len(factors) != rotary_dim // 2:
+            raise ValueError(f"rope.{name} needs one factor per rotated feature pair: {rotary_dim // 2} "
+                             f"(R/2, R = {rotary_dim} rotated features), got {len(factors)}")
+    if options.rerope_window:
+        raise ValueError("rope.rerope_window cannot be combined with LongRoPE (rope.longrope_short_factor/"
+                         "long_factor): the bias of a tile cannot know which factors its row uses")
+
+
+def _validate_self_extend(options: RopeOptions) -> None:
+    if options.self_extend_window < 0:
+        raise ValueError(f"rope.self_extend_window must be >= 0 (0 = off), got {options.self_extend_window}")
+    if options.self_extend_group < 1:
+        raise ValueError(f"rope.self_extend_group must be >= 1, got {options.self_extend_group}")
+    if not options.self_extend_window:
+        return
+    clashes = [("rope.rerope_window", options.rerope_window != 0, "both replace the far logits"),
+               ("rope.xpos", options.xpos, "its decay would stay at the true distance"),
+               ("rope.dynamic_ntk", options.dynamic_ntk, "the bias of a tile cannot know alpha"),
+               ("LongRoPE (rope.longrope_short_factor/long_factor)", longrope_on(options),
+                "the bias of a tile cannot know which factors its row uses")]
+    for name, on, why in clashes:
+        if on:
+            raise ValueError(f"rope.self_extend_window cannot be combined with {name} ({why})")
+
+
+def rotary_dim_of(options: RopeOptions, head_dim: int) -> int:
+    """How many features of each head are rotated: floor(head_dim * fraction) rounded down to even."""
+    return int(head_dim * options.fraction) // 2 * 2
+
+
+def ntk_base(base: float | jax.Array, alpha: float | jax.Array, rotary_dim: int):
+    """NTK-aware base (bloc97 2023): base * alpha^(d / (d - 2)), d = rotary_dim."""
+    if rotary_dim <= 2:
+        raise ValueError(f"NTK scaling needs more than 2 rotated features, got {rotary_dim}")
+    return base * alpha ** (rotary_dim / (rotary_dim - 2))
+
+
+def yarn_ramp(inv_freq: jax.Array, train_length: int, beta_slow: float, beta_fast: float) -> jax.Array:
+    """gamma(r) of the YaRN paper's equation (Peng et al. 2023), r = L_train / lambda = L_train *
+    theta / (2 pi) turns: 0 below beta_slow (interpolate), 1 above beta_fast (keep), linear in r."""
+    turns = train_length * inv_freq / (2 * math.pi)
+    return jnp.clip((turns - beta_slow) / (beta_fast - beta_slow), 0.0, 1.0)
+
+
+def yarn_correction_index(turns: float, rotary_dim: int, base: float, train_length: int) -> float:
+    """The (fractional) feature-pair index i at which theta_i = base^(-2i/d) makes `turns` turns
+    over L_train: L_train theta_i / (2 pi) = turns, i.e. i = d ln(L_train / (2 pi turns)) / (2 ln base)."""
+    return rotary_dim * math.log(train_length / (2 * math.pi * turns)) / (2 * math.log(base))
+
+
+def yarn_index_ramp(rotary_dim: int, base: float, train_length: int, beta_slow: float,
+                    beta_fast: float) -> jax.Array:
+    """gamma_i of the authors' code (jquesnelle/yarn; HF transformers' _compute_yarn_parameters):
+    1 (keep) up to the pair index where theta makes beta_fast turns, rounded down, 0 (interpolate)
+    from the index where it makes beta_slow turns, rounded up, linear in the index between them.
+    The ends are clipped to [0, d - 1] (d, not d/2, as the reference does)."""
+    low = max(math.floor(yarn_correction_index(beta_fast, rotary_dim, base, train_length)), 0)
+    high = min(math.ceil(yarn_correction_index(beta_slow, rotary_dim, base, train_length)), rotary_dim - 1)
+    if high == low:
+        high += 0.001  # the reference's guard against a zero-width ramp
+    i = jnp.arange(rotary_dim // 2, dtype=jnp.float32)
+    return 1.0 - jnp.clip((i - low) / (high - low), 0.0, 1.0)
+
+
+def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_length: int,
+                               length: jax.Array | int | None = None) -> jax.Array:
+    """The inverse frequencies RoPE uses under `options`, R/2 (or B x R/2 for a per-row `length`).
+
+    In this order (the papers use one at a time; combinations compose):
+      base' = base * alpha^(d/(d-2)), alpha = ntk_alpha, or max(1, f length / L_train - (f - 1))
+              with dynamic_ntk (`length` = largest key position + 1, required then; f =
+              dynamic_ntk_factor);
+      theta_i = base'^(-2i/d);
+      LongRoPE: theta_i <- theta_i / f_i, f = longrope_long_factor where `length` > L_train, else
+              longrope_short_factor (per row; without `length`, the short factors, as HF at init);
+      Llama 3 (llama3_factor != 1): `llama3_inverse_frequencies`;
+      YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
+              theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
+              from `yarn_index_ramp` (yarn_ramp="index", the default) or `yarn_ramp` ("turns");
+      PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor).
+    """
+    base = options.base
+    if options.dynamic_ntk:
+        if length is None:
+            raise ValueError("dynamic NTK needs `length` (largest key position + 1)")
+        f = options.dynamic_ntk_factor
+        alpha = jnp.maximum(1.0, f * jnp.asarray(length, jnp.float32) / train_length - (f - 1.0))
+        base = ntk_base(base, alpha, rotary_dim)[..., None]
+    elif options.ntk_alpha != 1.0:
+        base = ntk_base(base, options.ntk_alpha, rotary_dim)
+    inv_freq = rope_inverse_frequencies(rotary_dim, base)
+    if longrope_on(options):
+        inv_freq = inv_freq / longrope_factors(options, train_length, length)
+    if options.llama3_factor != 1.0:  # (factor 1 would still round the band between the wavelengths)
+        inv_freq = llama3_inverse_frequencies(inv_freq, options.llama3_factor, options.llama3_low_freq_factor,
+                                              options.llama3_high_freq_factor, train_length)
+    # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
+    s = options.yarn_scale
+    if options.yarn_ramp == "index":
+        gamma = yarn_index_ramp(rotary_dim, options.base, train_length, options.yarn_beta_slow,
+                                options.yarn_beta_fast)
+    else:
+        gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
+    inv_freq = inv_freq / s + gamma * inv_freq * (1.0 - 1.0 / s)
+    return inv_freq * options.pi_factor
+
+
+def llama3_inverse_frequencies(inv_freq: jax.Array, factor: float, low_freq_factor: float,
+                               high_freq_factor: float, original_length: int) -> jax.Array:
+    """Llama 3.1's frequency scaling (Meta's llama-models `apply_scaling`; HF transformers'
+    `_compute_llama3_parameters`), in the reference's float32 operations and order: with wavelength
+    lambda_i = 2 pi / theta_i, theta_i / factor where lambda_i > L / low_freq_factor, theta_i where
+    lambda_i < L / high_freq_factor, and between them (1 - s) theta_i / factor + s theta_i with
+    s = (L / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor), L = original_length."""
+    low_freq_wavelen = original_length / low_freq_factor
+    high_freq_wavelen = original_length / high_freq_factor
+    # (behind a barrier, or XLA rewrites L / (2 pi / theta) as L theta / (2 pi), rounded otherwise)
+    wavelen = jax.lax.optimization_barrier(2 * math.pi / inv_freq)
+    scaled = jnp.where(wavelen > low_freq_wavelen, _divided(inv_freq, factor), inv_freq)
+    smooth = _divided(original_length / wavelen - low_freq_factor, high_freq_factor - low_freq_factor)
+    smoothed = _divided((1 - smooth) * scaled, factor) + smooth * scaled
+    medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
+    return jnp.where(medium, smoothed, scaled)
+
+
+def _divided(x: jax.Array, divisor: float) -> jax.Array:
+    """x / divisor, correctly rounded as torch divides: XLA turns a division by a broadcast scalar
+    into a product with its reciprocal (1 ulp off for a divisor such as 3), unless the divisor is
+    an array it cannot see through (an optimization barrier). Costs nothing at R/2 elements."""
+    return x / jax.lax.optimization_barrier(jnp.full(jnp.shape(x), divisor, jnp.float32))
+
+
+def longrope_factors(options: RopeOptions, train_length: int, length: jax.Array | int | None = None) -> jax.Array:
+    """LongRoPE's rescale factors, R/2 (or B x R/2 for a per-row `length`): the long ones where
+    `length` (largest key position + 1) > L_train, else the short ones (HF transformers'
+    `longrope_frequency_update`, which decides once per batch from the largest position)."""
+    short = jnp.asarray(options.longrope_short_factor, jnp.float32)
+    long = jnp.asarray(options.longrope_long_factor, jnp.float32)
+    if length is None:
+        return short
+    beyond = jnp.asarray(length) > train_length
+    return jnp.where(beyond[..., None], long, short) if jnp.ndim(beyond) else jnp.where(beyond, long, short)
+
+
+def longrope_mscale(options: RopeOptions, train_length: int) -> float:
+    """LongRoPE's attention factor (1 when off): `longrope_attention_factor`, or where that is 0 HF's
+    default (`_compute_longrope_parameters`; Phi-3's LongRoPE rotary embedding): sqrt(1 + ln f /
+    ln L_train) for f = longrope_factor > 1, else 1. It multiplies cos and sin in every row, short
+    or long, as in the reference."""
+    if not longrope_on(options):
+        return 1.0
+    if options.longrope_attention_factor:
+        return float(options.longrope_attention_factor)
+    factor = options.longrope_factor
+    return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(train_length))
+
+
+def rope_mscale(options: RopeOptions, train_length: int) -> float:
+    """What cos and sin are multiplied by: YaRN's and LongRoPE's attention factors (at most one is on)."""
+    return yarn_mscale(options) * longrope_mscale(options, train_length)
+
+
+def yarn_mscale(options: RopeOptions) -> float:
+    """YaRN's attention factor sqrt(1/t) = 0.1 ln(s) + 1 (1 when off). Like the authors' code, it
+    multiplies cos and sin, so the rotated features of q and k: the rotated part of every logit is
+    scaled by 1/t, and with partial rotary the unrotated part is not."""
+    if options.yarn_scale == 1.0 or not options.yarn_temperature:
+        return 1.0
+    return 0.1 * math.log(options.yarn_scale) + 1.0
