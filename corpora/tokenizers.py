@@ -1,7 +1,9 @@
-"""Tokenizers: byte-level, word-level (vocabulary from the train split, as fairseq builds it) and
-byte-level BPE trained locally on the train split with HF `tokenizers`.
+"""Tokenizers: byte-level, word-level (vocabulary from the train split, as fairseq builds it),
+byte-level BPE trained locally on the train split with HF `tokenizers`, and a pretrained
+checkpoint's own tokenizer.json (`pretrained`, made by import_hf.py).
 
-Both turn a list of lines into one flat stream with an end-of-line token after every line.
+All turn a list of lines into one flat stream with an end-of-line token after every line (the
+pretrained kind: the checkpoint's end-of-sequence token).
 """
 from __future__ import annotations
 
@@ -12,7 +14,7 @@ from typing import Iterable
 
 import numpy as np
 
-TOKENIZERS = ("byte", "word", "bpe")
+TOKENIZERS = ("byte", "word", "bpe", "pretrained")
 
 
 class ByteTokenizer:
@@ -117,6 +119,44 @@ class BPETokenizer:
         return {"kind": "bpe", "tokenizer": self.tokenizer.to_str()}
 
 
+class PretrainedTokenizer:
+    """A pretrained checkpoint's tokenizer.json (a `tokenizers.Tokenizer`), as import_hf.py takes it.
+
+    `vocab_size` is the MODEL's vocabulary (its embedding rows, often padded beyond the tokenizer's
+    own size), `eos_id` the checkpoint's end-of-sequence token. `encode_lines` encodes each line
+    without the tokenizer's special tokens (no BOS per line) and appends `eos_id` after each, as the
+    other kinds append their end-of-line token; `decode` turns `eos_id` back into a newline, so that
+    word counts of decoded text (word-level perplexity) match `count_words` of the lines."""
+    kind = "pretrained"
+    EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
+
+    def __init__(self, tokenizer, vocab_size: int, eos_id: int):
+        self.tokenizer, self.vocab_size, self.eos_id = tokenizer, int(vocab_size), int(eos_id)
+        if not 0 <= self.eos_id < self.vocab_size:
+            raise ValueError(f"end-of-sequence id {self.eos_id} is outside the model's vocabulary of {self.vocab_size}")
+
+    def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        ids: list[int] = []
+        for enc in self.tokenizer.encode_batch(list(lines), add_special_tokens=False):
+            ids.extend(enc.ids)
+            ids.append(self.eos_id)
+        return np.asarray(ids, dtype=np.int32)
+
+    def decode(self, ids) -> str:
+        pieces, current = [], []
+        for i in ids:
+            if int(i) == self.eos_id:
+                pieces.append(self.tokenizer.decode(current) + "\n")
+                current = []
+            else:
+                current.append(int(i))
+        return "".join(pieces) + (self.tokenizer.decode(current) if current else "")
+
+    def to_json(self) -> dict:
+        return {"kind": "pretrained", "tokenizer": self.tokenizer.to_str(), "vocab_size": self.vocab_size,
+                "eos_id": self.eos_id}
+
+
 def build_tokenizer(kind: str, train_lines: list[str] | None = None, vocab_size: int = 0):
     """`vocab_size`: word: keep the most frequent (0 = all); bpe: the merges' target size (0 = 8192)."""
     if kind == "byte":
@@ -127,6 +167,9 @@ def build_tokenizer(kind: str, train_lines: list[str] | None = None, vocab_size:
         return WordTokenizer.from_lines(train_lines, vocab_size)
     if kind == "bpe":
         return BPETokenizer.train(train_lines, vocab_size or 8192)
+    if kind == "pretrained":
+        raise ValueError("data.tokenizer='pretrained' comes with a checkpoint: make the run with import_hf.py "
+                         "(or start from one with train.init_from=WORKDIR), it is not built from the data")
     raise ValueError(f"unknown tokenizer {kind!r}; valid: {', '.join(TOKENIZERS)}")
 
 
@@ -145,6 +188,9 @@ def load_tokenizer(path: pathlib.Path):
     if spec["kind"] == "bpe":
         from tokenizers import Tokenizer
         return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]))
+    if spec["kind"] == "pretrained":
+        from tokenizers import Tokenizer
+        return PretrainedTokenizer(Tokenizer.from_str(spec["tokenizer"]), spec["vocab_size"], spec["eos_id"])
     raise ValueError(f"unknown tokenizer kind {spec['kind']!r} in {path}")
 
 

@@ -38,7 +38,7 @@ class DataConfig:
     path: str = ""                  # local folder (source=local, or hf saved to disk)
     hf_config: str = ""             # HF dataset config, e.g. wikitext-103-v1
     text_column: str = "text"
-    tokenizer: str = "byte"         # byte | word | bpe
+    tokenizer: str = "byte"         # byte | word | bpe | pretrained (import_hf.py)
     vocab_size: int = 0             # bpe: the size to learn (0: the tokenizer's default)
     train_split: str = "train"
     passkey_fraction: float = 0.0   # share of training rows that are passkey examples

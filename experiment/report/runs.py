@@ -9,7 +9,8 @@ import posenc
 from experiment.run import RunDir
 
 # tokenizer kind -> (name in titles, what one token is)
-UNITS = {"byte": ("byte", "byte"), "bpe": ("BPE", "BPE token"), "word": ("word", "word")}
+UNITS = {"byte": ("byte", "byte"), "bpe": ("BPE", "BPE token"), "word": ("word", "word"),
+         "pretrained": ("pretrained-tokenizer", "token")}
 
 
 def unit_names(unit: str) -> tuple[str, str]:

@@ -1,0 +1,211 @@
+"""Pretrained Hugging Face checkpoints as run directories, and runs back as checkpoints.
+
+`import_hf(src, workdir)` makes WORKDIR a run like one train.py leaves (experiment/run.py): its
+config.json is the typed config with the checkpoint's model section, its rope as our `rope`
+options (posenc), `train.seq_len` = max_position_embeddings (the window it was trained at) and
+`data.tokenizer="pretrained"`, the other sections at their defaults (the demo's built-in corpus
+unless `data` says otherwise); tokenizer.json is the checkpoint's tokenizer (the `pretrained`
+kind, corpora/tokenizers.py); checkpoints/ holds step 0: the parameters, a fresh optimizer state
+and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports and a fine-tune
+from it (`train.init_from=WORKDIR`) then work on it as on any run.
+
+`export_hf(workdir, out)` writes the run's newest checkpoint in HF's format (models/hf.py), its
+rope options as HF's rope_parameters, and a pretrained-kind run's tokenizer.json beside it.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import pathlib
+import shutil
+
+import ml_collections
+from flax import nnx
+
+import corpora
+import posenc
+from experiment import checkpoints, config as config_lib
+from experiment.config import Config
+from experiment.run import RunDir, RunError
+from models import hf
+from models.hf_mapping import HFError, read_config, rope_options
+
+log = logging.getLogger(__name__)
+
+DATA_KEYS = ("source", "path", "name", "hf_config", "text_column")  # what `data` may set
+
+
+# --- the checkpoint's tokenizer ----------------------------------------------------------------
+
+def eos_id_of(folder: pathlib.Path, config: dict, tokenizer) -> int:
+    """The end-of-sequence id: config.json's eos_token_id (the first of a list), else
+    tokenizer_config.json's eos_token, else the tokenizer's </s> or <|endoftext|>."""
+    eos = config.get("eos_token_id")
+    if isinstance(eos, list):
+        eos = eos[0] if eos else None
+    if eos is not None:
+        return int(eos)
+    names = list(corpora.PretrainedTokenizer.EOS_NAMES)
+    extra = folder / "tokenizer_config.json"
+    if extra.exists():
+        token = json.loads(extra.read_text()).get("eos_token")
+        token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str):
+            names.insert(0, token)
+    for name in names:
+        found = tokenizer.token_to_id(name)
+        if found is not None:
+            return int(found)
+    raise HFError(f"{folder}: no end-of-sequence token (config.json has no eos_token_id, the tokenizer no "
+                  f"{' or '.join(names)}); set eos_token_id in config.json")
+
+
+def pretrained_tokenizer(folder: pathlib.Path, config: dict) -> corpora.PretrainedTokenizer:
+    """The checkpoint's tokenizer.json as the `pretrained` kind, sized by the model's vocabulary."""
+    tokenizer = hf.tokenizer(folder)
+    if tokenizer is None:
+        raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text")
+    vocab = int(config["vocab_size"])
+    if tokenizer.get_vocab_size() > vocab:
+        log.warning("the tokenizer has %d tokens, the model's vocabulary %d: ids past it cannot be scored",
+                    tokenizer.get_vocab_size(), vocab)
+    try:
+        return corpora.PretrainedTokenizer(tokenizer, vocab, eos_id_of(folder, config, tokenizer))
+    except ValueError as e:
+        raise HFError(f"{folder}: {e}") from None
+
+
+# --- import ------------------------------------------------------------------------------------
+
+def run_config(config: dict, rope_parameters: dict | None = None, dtype: str = "float32",
+               data: dict | None = None) -> Config:
+    """The typed config of a run holding the checkpoint whose config.json is `config`."""
+    model_cfg = hf.model_config(config, dtype)
+    c = config_lib.defaults("rope")
+    for key in c.model.keys():
+        c.model[key] = getattr(model_cfg, key)
+    c.posenc = hf.posenc_config(config, rope_parameters)
+    c.train.seq_len = int(config["max_position_embeddings"])
+    c.data.tokenizer = "pretrained"
+    for key, value in (data or {}).items():
+        if key not in DATA_KEYS:
+            raise config_lib.ConfigError(f"data.{key} cannot be set at import; valid: {', '.join(DATA_KEYS)}")
+        c.data[key] = value
+    return config_lib.resolve(c)
+
+
+def _refuse_existing(workdir: pathlib.Path) -> None:
+    if RunDir(workdir).exists():
+        raise RunError(f"{workdir} already holds a run; import into a new --workdir (or delete this one)")
+    if workdir.exists() and (not workdir.is_dir() or any(workdir.iterdir())):
+        raise RunError(f"{workdir} exists and is not an empty folder; import into a new --workdir")
+
+
+def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_parameters: dict | None = None,
+              dtype: str = "float32", data: dict | None = None) -> RunDir:
+    """Make `workdir` a run holding the checkpoint `src` (a local folder or a hub id) at step 0
+    (module docstring). `rope_parameters`: HF's rope dict in place of the checkpoint's; `data`:
+    data-section values (source, path, name, hf_config, text_column). On any failure nothing is
+    left in `workdir`: the run is written into a hidden sibling folder, renamed at the end."""
+    workdir = pathlib.Path(workdir)
+    _refuse_existing(workdir)
+    model, _ = hf.load(src, rope_parameters=rope_parameters, dtype=dtype)  # HFError on any bad checkpoint
+    folder = hf.resolve(src)
+    hf_cfg = read_config(folder)
+    config = run_config(hf_cfg, rope_parameters, dtype, data)
+    tokenizer = pretrained_tokenizer(folder, hf_cfg)
+    _, params = nnx.split(model)
+    from experiment.train.optimizer import make_optimizer
+    opt_state = make_optimizer(config.train).init(params)
+
+    workdir.parent.mkdir(parents=True, exist_ok=True)
+    staging = workdir.parent / f".{workdir.name}.importing-{os.getpid()}"
+    shutil.rmtree(staging, ignore_errors=True)
+    try:
+        run = RunDir(staging, writer=True)
+        staging.mkdir()
+        corpora.save_tokenizer(tokenizer, run.tokenizer_path)
+        mngr = checkpoints.manager(staging)
+        checkpoints.save(mngr, 0, params, opt_state, {"step": 0, "data_position": 0, "seed": int(config.seed)})
+        mngr.close()
+        run.save_config(config)  # last: its presence means "a run lives here"
+        _refuse_existing(workdir)
+        if workdir.exists():
+            workdir.rmdir()  # empty (checked)
+        staging.rename(workdir)
+    finally:
+        shutil.rmtree(staging, ignore_errors=True)
+    return RunDir(workdir)
+
+
+# --- export ------------------------------------------------------------------------------------
+
+def _close(a, b) -> bool:
+    if isinstance(a, (tuple, list)) or isinstance(b, (tuple, list)):
+        return len(a) == len(b) and all(_close(x, y) for x, y in zip(a, b))
+    if isinstance(a, (int, float)) and isinstance(b, (int, float)) and not isinstance(a, bool):
+        return math.isclose(float(a), float(b), rel_tol=1e-6, abs_tol=1e-9)
+    return a == b
+
+
+def _candidate(o, max_length: int) -> dict:
+    """HF's rope dict for the one scaling our options use (the inverse of hf_mapping's table)."""
+    original = int(o.original_length or max_length)
+    if tuple(o.longrope_short_factor) or tuple(o.longrope_long_factor):
+        params = {"rope_type": "longrope", "short_factor": list(o.longrope_short_factor),
+                  "long_factor": list(o.longrope_long_factor), "factor": float(o.longrope_factor),
+                  "original_max_position_embeddings": original}
+        return {**params, **({"attention_factor": o.longrope_attention_factor} if o.longrope_attention_factor else {})}
+    if o.llama3_factor != 1.0:
+        return {"rope_type": "llama3", "factor": float(o.llama3_factor), "low_freq_factor": o.llama3_low_freq_factor,
+                "high_freq_factor": o.llama3_high_freq_factor, "original_max_position_embeddings": original}
+    if o.yarn_scale != 1.0:
+        return {"rope_type": "yarn", "factor": float(o.yarn_scale), "beta_fast": o.yarn_beta_fast,
+                "beta_slow": o.yarn_beta_slow, "original_max_position_embeddings": original,
+                **({} if o.yarn_temperature else {"attention_factor": 1.0})}
+    if o.dynamic_ntk:
+        return {"rope_type": "dynamic", "factor": float(o.dynamic_ntk_factor)}
+    if o.pi_factor != 1.0:
+        return {"rope_type": "linear", "factor": 1.0 / o.pi_factor}
+    return {"rope_type": "default"}
+
+
+def hf_rope_parameters(posenc_cfg: ml_collections.ConfigDict, max_length: int) -> dict:
+    """HF's rope_parameters for a run's `rope` options, checked by reading them back (hf_mapping's
+    `rope_options`): options that HF cannot express (Self-Extend, ReRoPE, xPos, NTK alpha, two
+    scalings at once, ...) raise HFError naming them."""
+    if posenc_cfg.name != "rope":
+        raise HFError(f"positional scheme {posenc_cfg.name!r} has no Hugging Face form; only rope exports")
+    options = posenc_cfg.rope
+    params = _candidate(options, max_length)
+    full = {**params, "rope_theta": float(options.base), "partial_rotary_factor": float(options.fraction)}
+    read_back = {**posenc.default_config("rope").rope.to_dict(),
+                 **rope_options({"max_position_embeddings": max_length}, full)}
+    differ = sorted(k for k in options.keys() if k in read_back and not _close(options[k], read_back[k])
+                    and not (k == "original_length" and not options[k]))
+    if differ:
+        raise HFError(f"rope option(s) {', '.join(f'{k}={options[k]}' for k in differ)} have no Hugging Face "
+                      f"rope_parameters form (closest: {params['rope_type']}); export a run without them")
+    return params
+
+
+def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
+    """The run's newest checkpoint in HF's format in `out` (config.json with rope_parameters from the
+    run's rope options, model.safetensors; tokenizer.json and eos_token_id for a pretrained-kind run)."""
+    from experiment.evals.common import load_checkpoint
+    run = RunDir(workdir)
+    run.require_checkpoint()
+    config = run.load_config()
+    rope = hf_rope_parameters(config.posenc, int(config.train.seq_len))
+    scoring = load_checkpoint(run, config, [], {})
+    out = hf.export(scoring.model(), out, rope_parameters=rope)
+    tokenizer = scoring.tokenizer
+    if tokenizer.kind == "pretrained":
+        (out / "tokenizer.json").write_text(tokenizer.tokenizer.to_str())
+        exported = json.loads((out / "config.json").read_text())
+        exported["eos_token_id"] = tokenizer.eos_id
+        (out / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
+    log.info("exported %s at step %d to %s", run.path, scoring.step, out)
+    return out

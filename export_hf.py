@@ -1,0 +1,26 @@
+"""Export a run's newest checkpoint in Hugging Face's format: python export_hf.py WORKDIR --out DIR
+
+DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and, for a run
+imported with import_hf.py, the checkpoint's tokenizer.json (experiment/hf_runs.py).
+"""
+from absl import app, flags
+
+from experiment.cli import parse_flags, run_cleanly
+from experiment.hf_runs import export_hf
+
+flags.DEFINE_string("out", None, "folder for the Hugging Face checkpoint")
+flags.mark_flags_as_required(["out"])
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    if len(argv) != 2:
+        raise app.UsageError("give one WORKDIR: python export_hf.py WORKDIR --out DIR")
+
+    def go():
+        print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out)}")
+    run_cleanly(go)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,210 @@
+"""experiment/hf_runs.py and import_hf.py / export_hf.py: a Hugging Face checkpoint as a run
+directory (the stored transformers logits, evaluated as any run is), refusals that leave nothing
+behind, and the run exported back to HF's format."""
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import jax.numpy as jnp
+import numpy as np
+import pytest
+from safetensors.numpy import load_file, save_file
+
+import corpora
+from experiment import evaluate
+from experiment.evals.common import load_checkpoint
+from experiment.hf_runs import export_hf, hf_rope_parameters, import_hf
+from experiment.run import RunDir
+from models import hf
+from models.hf_mapping import HFError
+from tests.conftest import run_entry
+
+FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"
+ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
+
+
+def checkpoint(tmp_path: Path, arch: str, change=None) -> Path:
+    """A copy of a fixture with a tokenizer (qwen2 and gpt_neox have none: llama's, same vocabulary;
+    qwen2 has no eos_token_id: 2), its tensors passed through `change`."""
+    folder = tmp_path / f"src_{arch}"
+    shutil.copytree(FIXTURES / arch, folder)
+    if not (folder / "tokenizer.json").exists():
+        shutil.copyfile(FIXTURES / "llama" / "tokenizer.json", folder / "tokenizer.json")
+    config = json.loads((folder / "config.json").read_text())
+    if config.get("eos_token_id") is None:
+        (folder / "config.json").write_text(json.dumps({**config, "eos_token_id": 2}))
+    if change is not None:
+        save_file(change(load_file(folder / "model.safetensors")), folder / "model.safetensors")
+    return folder
+
+
+def stored(arch: str, case: str):
+    data = np.load(FIXTURES / arch / "logits.npz")
+    return data[f"{case}_ids"], data[f"{case}_logits"]
+
+
+def run_logits(workdir: Path, ids) -> np.ndarray:
+    """The logits of the model built from the run exactly as evaluation builds it."""
+    run = RunDir(workdir)
+    scoring = load_checkpoint(run, run.load_config(), [256], {})
+    assert scoring.tokenizer.vocab_size == 320 and scoring.step == 0
+    return np.asarray(scoring.model()(jnp.asarray(ids)[None])[0])
+
+
+CASES = [("llama", "default"), ("qwen2", "default"), ("gpt_neox", "default"), ("llama", "yarn"),
+         ("llama", "llama3")]
+
+
+@pytest.mark.parametrize("arch,case", CASES, ids=[f"{a}-{c}" for a, c in CASES])
+def test_imported_run_gives_the_stored_logits(tmp_path, arch, case):
+    rope = ROPE_PARAMETERS[case] if case != "default" else None
+    import_hf(checkpoint(tmp_path, arch), tmp_path / "run", rope_parameters=rope)
+    config = RunDir(tmp_path / "run").load_config()
+    assert config.train.seq_len == 64 and config.data.tokenizer == "pretrained" and config.posenc.name == "rope"
+    ids, expected = stored(arch, case)
+    out = run_logits(tmp_path / "run", ids)
+    print(f"{arch}/{case}: largest absolute logit difference {np.abs(out - expected).max():.3g}")
+    np.testing.assert_allclose(out, expected, atol=1e-4, rtol=0)
+
+
+def test_run_directory_holds_config_tokenizer_and_step_0(tmp_path):
+    run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run")
+    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "config.json", "tokenizer.json"]
+    assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
+    import jax
+    from flax import nnx
+    from experiment.model import abstract_model
+    from experiment.train.optimizer import make_optimizer
+    config = run.load_config()
+    params = nnx.split(abstract_model(config, 320))[1]
+    opt = jax.eval_shape(make_optimizer(config.train).init, params)
+    _, opt_state, meta = run.restore(params, opt)
+    assert meta == {"step": 0, "data_position": 0, "seed": 0}
+    assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(opt_state[1][0].mu))  # fresh Adam moments
+
+
+def test_pretrained_tokenizer_appends_eos_and_round_trips(tmp_path):
+    run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run")
+    tokenizer = corpora.load_tokenizer(run.tokenizer_path)
+    assert (tokenizer.kind, tokenizer.vocab_size, tokenizer.eos_id) == ("pretrained", 320, 2)
+    lines = ["the first line of text", "and a second one"]
+    ids = tokenizer.encode_lines(lines)
+    assert [int(i) for i in ids].count(2) == 2 and int(ids[-1]) == 2
+    assert tokenizer.decode(ids).count("\n") == 2
+    assert corpora.count_words_in_text(tokenizer.decode(ids)) == corpora.count_words(lines)
+    saved = tmp_path / "again.json"
+    corpora.save_tokenizer(tokenizer, saved)
+    assert corpora.load_tokenizer(saved).encode_lines(lines).tolist() == ids.tolist()
+    with pytest.raises(ValueError, match="import_hf.py"):
+        corpora.build_tokenizer("pretrained", ["x"])
+
+
+def test_evaluate_an_imported_run_on_a_local_corpus(tmp_path):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    text = "\n".join(f"line {i} of a small corpus about tokens, windows and positions." for i in range(300))
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text(text + "\n")
+    import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", data={"source": "local", "path": str(corpus)})
+    records = evaluate(tmp_path / "run", [64, 128], max_tokens=2048)
+    assert [r["eval_length"] for r in records] == [64, 128]
+    assert all(math.isfinite(r["ppl"]) and r["ppl"] > 1 and math.isfinite(r["word_ppl"]) for r in records)
+    assert records[0]["tokenizer"] == "pretrained"
+    yarn = evaluate(tmp_path / "run", [128], max_tokens=2048, overrides={"posenc.rope.yarn_scale": "4"})
+    assert math.isfinite(yarn[0]["ppl"]) and yarn[0]["overrides"]
+    self_extend = evaluate(tmp_path / "run", [128], max_tokens=2048,
+                           overrides={"posenc.rope.self_extend_window": "16", "posenc.rope.self_extend_group": "4"})
+    assert math.isfinite(self_extend[0]["ppl"])
+
+
+def _drop(name):
+    return lambda t: {k: v for k, v in t.items() if k != name}
+
+
+def _truncate(folder: Path) -> Path:
+    data = (folder / "model.safetensors").read_bytes()
+    (folder / "model.safetensors").write_bytes(data[: len(data) // 2])
+    return folder
+
+
+def _architecture(folder: Path) -> Path:
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "architectures": ["BertForMaskedLM"]}))
+    return folder
+
+
+def _no_tokenizer(folder: Path) -> Path:
+    (folder / "tokenizer.json").unlink()
+    return folder
+
+
+REFUSALS = {
+    "architecture": (lambda tmp: _architecture(checkpoint(tmp, "qwen2")), "BertForMaskedLM"),
+    "missing-tensor": (lambda tmp: checkpoint(tmp, "llama", _drop("model.layers.1.mlp.up_proj.weight")),
+                       "model.layers.1.mlp.up_proj.weight is missing"),
+    "shape": (lambda tmp: checkpoint(tmp, "llama", lambda t: {**t, "model.norm.weight": t["model.norm.weight"][:3]}),
+              "model.norm.weight has shape"),
+    "truncated": (lambda tmp: _truncate(checkpoint(tmp, "llama")), "truncated"),
+    "no-tokenizer": (lambda tmp: _no_tokenizer(checkpoint(tmp, "llama")), "no tokenizer.json"),
+    "hub-id": (lambda tmp: "no-such-owner-lx/no-such-model", "cannot fetch"),
+}
+
+
+@pytest.mark.parametrize("case", list(REFUSALS))
+def test_refusals_are_one_line_and_leave_no_workdir(tmp_path, case):
+    make, match = REFUSALS[case]
+    src = make(tmp_path)
+    workdir = tmp_path / "out" / "run"
+    result = run_entry("import_hf.py", str(src), "--workdir", str(workdir),
+                       env={"HF_HUB_OFFLINE": "1"} if case == "hub-id" else None)
+    assert result.returncode == 2, result.stderr[-2000:]
+    errors = [line for line in result.stderr.splitlines() if line.startswith("error:")]
+    assert len(errors) == 1 and match in errors[0] and "Traceback" not in result.stderr
+    assert not workdir.exists()
+    assert not (tmp_path / "out").exists() or list((tmp_path / "out").iterdir()) == []  # no staging folder
+
+
+def test_a_workdir_holding_a_run_is_refused(tmp_path):
+    import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run")
+    before = sorted(p.name for p in (tmp_path / "run").rglob("*"))
+    with pytest.raises(ValueError, match="already holds a run"):
+        import_hf(checkpoint(tmp_path / "b", "llama"), tmp_path / "run")
+    assert sorted(p.name for p in (tmp_path / "run").rglob("*")) == before
+
+
+def test_import_into_an_empty_folder(tmp_path):
+    (tmp_path / "run").mkdir()
+    assert import_hf(checkpoint(tmp_path, "gpt_neox"), tmp_path / "run").exists()
+
+
+@pytest.mark.parametrize("arch,case", [("llama", "default"), ("llama", "yarn"), ("gpt_neox", "default")])
+def test_export_gives_the_stored_logits_and_tensors(tmp_path, arch, case):
+    src = checkpoint(tmp_path, arch)
+    rope = ROPE_PARAMETERS[case] if case != "default" else None
+    import_hf(src, tmp_path / "run", rope_parameters=rope)
+    out = export_hf(tmp_path / "run", tmp_path / "exported")
+    model, tokenizer = hf.load(out)
+    assert tokenizer is not None and json.loads((out / "config.json").read_text())["eos_token_id"] == 2
+    ids, expected = stored(arch, case)
+    got = np.asarray(model(jnp.asarray(ids)[None])[0])
+    print(f"export {arch}/{case}: largest absolute logit difference {np.abs(got - expected).max():.3g}")
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=0)
+    original, exported = load_file(src / "model.safetensors"), load_file(out / "model.safetensors")
+    assert set(original) == set(exported)
+    for name in original:
+        np.testing.assert_array_equal(original[name], exported[name], err_msg=name)
+
+
+def test_export_entry_point_and_rope_without_hf_form(tmp_path):
+    import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", rope_parameters=ROPE_PARAMETERS["llama3"])
+    result = run_entry("export_hf.py", str(tmp_path / "run"), "--out", str(tmp_path / "exported"))
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert json.loads((tmp_path / "exported" / "config.json").read_text())["rope_parameters"]["rope_type"] == "llama3"
+    config = RunDir(tmp_path / "run").load_config()
+    block = config.posenc
+    block.rope.self_extend_window = 16
+    with pytest.raises(HFError, match="self_extend_window"):
+        hf_rope_parameters(block, 64)
