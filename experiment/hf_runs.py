@@ -28,7 +28,9 @@ import corpora
 import posenc
 from experiment import checkpoints, config as config_lib
 from experiment.config import Config
+from experiment.evals.common import load_checkpoint
 from experiment.run import RunDir, RunError
+from experiment.train.optimizer import make_optimizer
 from models import hf
 from models.hf_mapping import HFError, read_config, rope_options
 
@@ -117,7 +119,6 @@ def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_paramet
     config = run_config(hf_cfg, rope_parameters, dtype, data)
     tokenizer = pretrained_tokenizer(folder, hf_cfg)
     _, params = nnx.split(model)
-    from experiment.train.optimizer import make_optimizer
     opt_state = make_optimizer(config.train).init(params)
 
     workdir.parent.mkdir(parents=True, exist_ok=True)
@@ -194,7 +195,6 @@ def hf_rope_parameters(posenc_cfg: ml_collections.ConfigDict, max_length: int) -
 def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
     """The run's newest checkpoint in HF's format in `out` (config.json with rope_parameters from the
     run's rope options, model.safetensors; tokenizer.json and eos_token_id for a pretrained-kind run)."""
-    from experiment.evals.common import load_checkpoint
     run = RunDir(workdir)
     run.require_checkpoint()
     config = run.load_config()
