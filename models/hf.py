@@ -17,6 +17,8 @@ from typing import Any
 import jax
 import jax.numpy as jnp
 import ml_collections
+import ml_dtypes
+import numpy as np
 from flax import nnx
 from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
@@ -70,7 +72,7 @@ class Tensors(contextlib.ExitStack):
             files = [single.name]
         else:
             raise HFError(f"{folder}: no model.safetensors or model.safetensors.index.json")
-        self.folder, self._where = folder, {}
+        self.folder, self._where, self._offsets = folder, {}, {}
         for name in files:
             path = folder / name
             try:
@@ -79,6 +81,7 @@ class Tensors(contextlib.ExitStack):
                 self.close()
                 raise HFError(f"{path}: truncated or corrupt safetensors file ({_one_line(e)})") from None
             self._where.update({key: (handle, path) for key in handle.keys()})
+            self._offsets[path] = _data_offsets(path)
 
     def get(self, name: str, shape: tuple[int, ...]) -> jax.Array:
         if name not in self._where:
@@ -87,10 +90,29 @@ class Tensors(contextlib.ExitStack):
         got = tuple(handle.get_slice(name).get_shape())
         if got != tuple(shape):
             raise HFError(f"{path}: tensor {name} has shape {got}, expected {tuple(shape)} (from config.json)")
-        try:
-            return handle.get_tensor(name)
-        except (SafetensorError, OSError) as e:
-            raise HFError(f"{path}: tensor {name} cannot be read, truncated or corrupt file ({_one_line(e)})") from None
+        start, info = self._offsets[path]
+        dtype = SAFETENSORS_DTYPES.get(info[name]["dtype"])
+        if dtype is None:
+            raise HFError(f"{path}: tensor {name} has dtype {info[name]['dtype']}, not one of "
+                          f"{', '.join(SAFETENSORS_DTYPES)}")
+        begin, end = info[name]["data_offsets"]
+        data = np.empty(end - begin, np.uint8)
+        with open(path, "rb") as f:  # read, not mapped: a mapped file's pages would stay resident
+            f.seek(start + begin)
+            if f.readinto(data) != end - begin:
+                raise HFError(f"{path}: tensor {name} cannot be read, truncated or corrupt file")
+        return jnp.asarray(data.view(dtype).reshape(got))
+
+
+SAFETENSORS_DTYPES = {"F32": np.float32, "F16": np.float16, "BF16": ml_dtypes.bfloat16, "F64": np.float64,
+                      "I64": np.int64, "I32": np.int32}
+
+
+def _data_offsets(path: Path) -> tuple[int, dict]:
+    """(where the data starts, the header: name -> dtype, shape, data_offsets) of a safetensors file."""
+    with open(path, "rb") as f:
+        size = int.from_bytes(f.read(8), "little")
+        return 8 + size, json.loads(f.read(size))
 
 
 def posenc_config(config: dict, rope_parameters: dict | None = None) -> ml_collections.ConfigDict:

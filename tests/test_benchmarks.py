@@ -1,4 +1,9 @@
 """The pure parts of the hand-run benchmarks (the benchmarks themselves are not run by CI)."""
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
 from benchmarks.step_profile import torch_category, xla_category
 
 
@@ -69,3 +74,18 @@ def test_gpu_step_targets_and_file_name():
     assert met["L=512 ours auto"] is False  # t5 at 80% of alibi
     assert met["paper alibi with dropout"] is True
     assert slug("NVIDIA H100 80GB HBM3") == "nvidia_h100_80gb_hbm3"
+
+
+def test_hf_load_memory_writes_a_checkpoint_that_loads(tmp_path):
+    """The synthetic Llama checkpoint (here tiny) has every tensor the loader asks for, in shards."""
+    from benchmarks.hf_load_memory import LLAMA_3_2_1B, tensor_shapes, write_checkpoint
+    from models import hf
+    config = {**LLAMA_3_2_1B, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96,
+              "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
+    total = write_checkpoint(tmp_path, config, shards=3)
+    shapes = tensor_shapes(config)
+    assert total == 2 * sum(int(np.prod(s)) for s in shapes.values())
+    assert len({p.name for p in tmp_path.glob("model-*.safetensors")}) == 3
+    model, _ = hf.load(tmp_path, dtype="bfloat16")
+    leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
+    assert sum(x.size for x in leaves) == total // 2 and all(x.dtype == jnp.bfloat16 for x in leaves)
