@@ -162,8 +162,16 @@ def typed(config: Any) -> Config:
     if "posenc" not in raw:
         raise ConfigError("the config has no posenc section; start from experiment.config.defaults(scheme)")
     sections = {name: _section(cls, dict(raw.get(name) or {}), name) for name, cls in SECTIONS.items()}
-    scheme = ml_collections.ConfigDict(posenc.canonical_config(dict(raw["posenc"])))  # former names -> current
+    # former scheme names -> current; sequence options as tuples (config.json reads them back as lists)
+    scheme = ml_collections.ConfigDict(_tuples(posenc.canonical_config(dict(raw["posenc"]))))
     return Config(seed=int(raw.get("seed", 0)), posenc=scheme, **sections)
+
+
+def _tuples(block):
+    """A nested dict with every list made a tuple, as the options' defaults are."""
+    if isinstance(block, dict):
+        return {k: _tuples(v) for k, v in block.items()}
+    return tuple(_tuples(v) for v in block) if isinstance(block, (list, tuple)) else block
 
 
 def resolve(config: Any) -> Config:

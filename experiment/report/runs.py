@@ -31,16 +31,13 @@ def _dataset_text(data) -> str:
 
 def scheme_options_note(posenc_cfg) -> str:
     """The options of the schemes a run uses that differ from their defaults: 'pi_factor=0.25'."""
-    def plain(value):  # a sequence option reads back from config.json as a list
-        return list(value) if isinstance(value, (list, tuple)) else value
-
     notes = []
     for name in posenc.used_schemes(posenc_cfg):
         defaults = posenc.default_config(name).get(name, {})
         given = posenc_cfg.get(name, {})
-        notes += [f"{k}={given[k]:g}" if isinstance(given[k], float) else f"{k}={plain(given[k])}"
+        notes += [f"{k}={given[k]:g}" if isinstance(given[k], float) else f"{k}={given[k]}"
                   for k in sorted(given.keys())
-                  if k in defaults and plain(given[k]) != plain(defaults[k]) and k != "base"]
+                  if k in defaults and given[k] != defaults[k] and k != "base"]
     return ", ".join(notes)
 
 

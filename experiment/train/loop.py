@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
 from experiment import checkpoints
-from experiment.config import Config, ConfigError, resolve
+from experiment.config import Config, ConfigError, resolve, typed
 from experiment.model import abstract_model, build_model
 from experiment.run import RunDir, opened
 from experiment.runtime import accelerator, distributed, sharding
@@ -267,4 +267,4 @@ def is_trained(workdir: str | pathlib.Path | RunDir, config) -> bool:
     """Whether the run has a checkpoint at `config.train.steps` or later."""
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
     latest = run.latest_step()
-    return latest is not None and latest >= resolve(config).train.steps
+    return latest is not None and latest >= typed(config).train.steps
