@@ -1,6 +1,7 @@
 """PoPE against a transcription of x-transformers' `PolarEmbedding` / `apply_polar_pos_emb`
 (lucidrains/x-transformers, x_transformers/x_transformers.py) and its attention logit, written out
-here in numpy; and the paths that need one head size for q, k and v."""
+here in numpy; and the triangular path's gradients with q and k wider than v (the Pallas kernel's:
+tests/models/attention/test_pallas.py)."""
 import math
 
 import jax
@@ -11,9 +12,7 @@ from flax import nnx
 
 import posenc
 from models.attention import tile_logits
-from models.attention.blockwise import blockwise_attention
 from models.attention.dense import dense_attention
-from models.attention.pallas import Launch, pallas_attention
 from models.attention.triangular import triangular_attention
 
 H, K = 2, 8
@@ -52,23 +51,23 @@ def test_pope_logits_equal_x_transformers_and_depend_only_on_the_offset():
     scheme.phase_bias[...] = jnp.asarray(bias, jnp.float32)
     q = jax.random.normal(jax.random.key(0), (1, 7, H, K))
     k = jax.random.normal(jax.random.key(1), (1, 7, H, K))
+    q_hid, k_hjd = (np.asarray(x[0], np.float64).swapaxes(0, 1) for x in (q, k))
+    logits = []
     for start in (0, 300):
         pos = jnp.arange(7)[None] * 5 + start
-        got = tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme)[0]
-        want = reference_logits(np.asarray(q[0], np.float64).swapaxes(0, 1), np.asarray(k[0], np.float64).swapaxes(0, 1),
-                                np.asarray(pos[0], np.float64), np.asarray(pos[0], np.float64), bias)
-        np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-4)
-        if start == 0:
-            first = got
-    np.testing.assert_allclose(got, first, rtol=1e-3, atol=1e-3)  # the phase sees only s - t
+        logits.append(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme)[0])
+        t = np.asarray(pos[0], np.float64)
+        np.testing.assert_allclose(logits[-1], reference_logits(q_hid, k_hjd, t, t, bias), rtol=1e-4, atol=1e-4)
+    np.testing.assert_allclose(logits[1], logits[0], rtol=1e-3, atol=1e-3)  # the phase sees only s - t
     assert build(bias_init="uniform").phase_bias[...].min() < -1.0
     with pytest.raises(ValueError, match="pope.bias_init"):
         build(bias_init="ones")
 
 
-def test_pope_gradients_through_triangular_and_blockwise_equal_dense():
-    """rotate doubles q and k's head size and not v's: the triangular path's own backward pass and
-    blockwise's accumulator follow v's. Gradients of q, k, v and the phase bias."""
+def test_pope_gradients_through_the_triangular_path_equal_dense():
+    """rotate doubles q and k's head size and not v's: the triangular path (what `auto` trains pope
+    with) and its own backward pass follow v's. Gradients of q, k, v and the phase bias. (Blockwise,
+    whose accumulator had q's head size, is checked forward for every scheme in test_blockwise.py.)"""
     scheme = build()
     scheme.phase_bias[...] = -0.5 * jnp.ones((H, K), jnp.float32)
     graphdef, state = nnx.split(scheme)
@@ -76,25 +75,12 @@ def test_pope_gradients_through_triangular_and_blockwise_equal_dense():
     pos = jnp.broadcast_to(jnp.arange(40), (2, 40))
     weights = jnp.sin(jnp.arange(v.size, dtype=jnp.float32)).reshape(v.shape)
     paths = {"dense": lambda *a: dense_attention(*a, jnp.tril(jnp.ones((40, 40), bool))),
-             "triangular": triangular_attention, "blockwise": lambda *a: blockwise_attention(*a, 16)}
+             "triangular": triangular_attention}
 
     def loss(attend, state, q, k, v):
         return (attend(q, k, v, pos, pos, nnx.merge(graphdef, state)) * weights).sum()
     grads = {name: jax.jit(jax.grad(lambda *a: loss(attend, *a), argnums=(0, 1, 2, 3)))(state, q, k, v)
              for name, attend in paths.items()}
-    for path in ("triangular", "blockwise"):
-        for a, b in zip(jax.tree.leaves(grads["dense"]), jax.tree.leaves(grads[path])):
-            np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
+    for a, b in zip(jax.tree.leaves(grads["dense"]), jax.tree.leaves(grads["triangular"])):
+        np.testing.assert_allclose(b, a, atol=1e-5, rtol=1e-4)
     assert float(jnp.abs(jax.tree.leaves(grads["dense"][0])[0]).max()) > 1e-3  # the phase bias learns
-
-
-def test_pope_in_the_pallas_kernel_equals_dense_attention():
-    """The kernel takes one head size: v padded with zeros to the rotated q and k's, the output cut back."""
-    scheme = build()
-    scheme.phase_bias[...] = -jnp.ones((H, K), jnp.float32)
-    q, k, v = (jax.random.normal(jax.random.key(i), (2, 20, H, K)) for i in range(3))
-    pos = jnp.broadcast_to(jnp.arange(20), (2, 20))
-    want = dense_attention(q, k, v, pos, pos, scheme, jnp.tril(jnp.ones((20, 20), bool)))
-    got = pallas_attention(q, k, v, pos, pos, scheme, launch=Launch(block=8, interpret=True))
-    assert got.shape == v.shape
-    np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)

@@ -206,12 +206,13 @@ def gemma_apply_rope(x, positions, rope_proportion, base_frequency=10000.0):
 def test_p_rope_rotates_as_gemmas_apply_rope():
     q, k = qk(t=6, s=6)
     pos = jnp.arange(6)[None] * 7
-    for p in (0.25, 0.6, 0.0):  # 0.6 x 16 // 2 = 4 pairs: the reference's rounding
-        for got, x in zip(build(p_rope=p).rotate(q, k, pos, pos), (q, k)):
-            want = gemma_apply_rope(np.asarray(x, np.float64), np.asarray(pos, np.float64), p)
-            np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
-    # not partial rotary: fraction keeps the first features, at frequencies spread over them
-    assert not np.allclose(build(p_rope=0.5).rotate(q, k, pos, pos)[0], build(fraction=0.5).rotate(q, k, pos, pos)[0])
+    for got, x in zip(build(p_rope=0.6).rotate(q, k, pos, pos), (q, k)):  # 0.6 x 16 // 2: 4 pairs rotate
+        np.testing.assert_allclose(got, gemma_apply_rope(np.asarray(x, np.float64), np.asarray(pos, np.float64), 0.6),
+                                   rtol=1e-5, atol=1e-5)
+    inv_freq = np.asarray(posenc.scaled_inverse_frequencies(RopeOptions(p_rope=0.25), 16, 64))
+    np.testing.assert_allclose(inv_freq, np.r_[closed_form_theta(16)[:2], np.zeros(6)], rtol=1e-6)
+    # not partial rotary, which keeps the first features at frequencies spread over them
+    assert not np.allclose(inv_freq[:2], posenc.scaled_inverse_frequencies(RopeOptions(fraction=0.25), 4, 64))
 
 
 # --- xPos -------------------------------------------------------------------------------------------
