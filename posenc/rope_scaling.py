@@ -1,7 +1,7 @@
 """RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
 base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
-each, as their authors' code and HF transformers compute them), and the options of ReRoPE,
-Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
+each, as their authors' code and HF transformers compute them), p-RoPE's dropped frequencies, and
+the options of ReRoPE, Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
 """
 from __future__ import annotations
 
@@ -101,8 +101,8 @@ def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -
     if options.xpos_scale_base <= 0 or options.xpos_gamma0 <= 0:
         raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
     if not 0.0 <= options.p_rope <= 1.0:
-        raise ValueError(f"rope.p_rope is the share of frequencies that rotate, in [0, 1] (1 = plain RoPE, "
-                         f"0 = no rotation at all, e.g. 0.75), got {options.p_rope}")
+        raise ValueError(f"rope.p_rope is the share of frequency pairs that rotate, in [0, 1] (e.g. 0.75; "
+                         f"1 = plain RoPE, 0 = none), got {options.p_rope}")
     _validate_llama3_longrope(options, rotary_dim)
     _validate_self_extend(options)
 
