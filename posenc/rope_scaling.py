@@ -1,7 +1,7 @@
 """RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
 base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
-each, as their authors' code and HF transformers compute them), and the options of ReRoPE,
-Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
+each, as their authors' code and HF transformers compute them), p-RoPE's dropped frequencies, and
+the options of ReRoPE, Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
 """
 from __future__ import annotations
 
@@ -57,6 +57,8 @@ class RopeOptions:
     xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
     xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
     xpos_scale_base: float = 512.0  # gamma
+    p_rope: float = 1.0           # p-RoPE: share of the frequency pairs that rotate, the highest ones;
+                                  # the others get frequency 0 (position-free). 1 = off (plain RoPE)
 
 
 YARN_RAMPS = ("index", "turns")
@@ -98,6 +100,9 @@ def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -
                          "tile cannot know the alpha of the whole window)")
     if options.xpos_scale_base <= 0 or options.xpos_gamma0 <= 0:
         raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
+    if not 0.0 <= options.p_rope <= 1.0:
+        raise ValueError(f"rope.p_rope is the share of frequency pairs that rotate, in [0, 1] (e.g. 0.75; "
+                         f"1 = plain RoPE, 0 = none), got {options.p_rope}")
     _validate_llama3_longrope(options, rotary_dim)
     _validate_self_extend(options)
 
@@ -207,7 +212,8 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
       YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
               theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
               from `yarn_index_ramp` (yarn_ramp="index", the default) or `yarn_ramp` ("turns");
-      PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor).
+      PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor);
+      p-RoPE (p_rope != 1): theta_i <- 0 for the pairs past `p_rope_pairs` (the lowest frequencies).
     """
     base = options.base
     if options.dynamic_ntk:
@@ -232,7 +238,17 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
     else:
         gamma = yarn_ramp(inv_freq, train_length, options.yarn_beta_slow, options.yarn_beta_fast)
     inv_freq = inv_freq / s + gamma * inv_freq * (1.0 - 1.0 / s)
-    return inv_freq * options.pi_factor
+    inv_freq = inv_freq * options.pi_factor
+    if options.p_rope != 1.0:
+        inv_freq = jnp.where(jnp.arange(rotary_dim // 2) < p_rope_pairs(options.p_rope, rotary_dim), inv_freq, 0.0)
+    return inv_freq
+
+
+def p_rope_pairs(p: float, rotary_dim: int) -> int:
+    """How many feature pairs p-RoPE keeps rotating, the first (highest-frequency) ones: int(p R // 2)
+    for R rotated features, as google-deepmind/gemma's `apply_rope` computes its `rope_angles` from
+    `rope_proportion` (gemma/gm/math/_positional_embeddings.py; Barbero et al. 2025)."""
+    return int(p * rotary_dim // 2)
 
 
 def llama3_inverse_frequencies(inv_freq: jax.Array, factor: float, low_freq_factor: float,

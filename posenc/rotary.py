@@ -76,6 +76,14 @@ class Rope(Scheme):
 
     Options (all off by default; none adds a parameter, so each can be switched on at evaluation):
     - fraction: partial rotary, only the first floor(fraction * d) (even) features rotate.
+    - p_rope (p): p-RoPE (Barbero, Vitvitskyi, Perivolaropoulos, Pascanu & Veličković, "Round and
+      Round We Go! What makes Rotary Positional Encodings useful?", ICLR 2025): only the first
+      int(p R // 2) feature pairs, those of the highest frequencies, rotate; the others get
+      theta_i = 0 and carry no position (google-deepmind/gemma's `apply_rope`, whose
+      `rope_proportion` this is). Unlike `fraction`, the kept frequencies are those of full RoPE
+      (base^(-2i/R) over all R rotated features), and what is dropped is the low-frequency end, which
+      the paper finds the model uses as position-free semantic channels. Composes with the other
+      options (applied last: dropped pairs stay at 0 under any scaling).
     - pi_factor: position interpolation, theta_i <- pi_factor * theta_i, pi_factor = L_train /
       L_target (Chen et al. 2023, "Extending Context Window of Large Language Models via
       Positional Interpolation").

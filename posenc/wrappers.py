@@ -1,4 +1,5 @@
-"""Schemes that wrap any other registered scheme: log-n logit scaling and randomized positions.
+"""Schemes that wrap any other registered scheme: log-n logit scaling, its learned sibling
+Scalable-Softmax, and randomized positions.
 
 A wrapper names its inner scheme in `base` and builds it from the same `posenc` config block, so
 `--config.posenc.name=logn --config.posenc.logn.base=rope --config.posenc.rope.base=500000`
@@ -108,6 +109,57 @@ class LogN(Wrapper):
         q_BxTxHxK, k_BxSxHxK = self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
         scale_BxTx1x1 = logn_scale(q_pos_BxT, self.dims.train_length)[:, :, None, None]
         return (q_BxTxHxK * scale_BxTx1x1).astype(q_BxTxHxK.dtype), k_BxSxHxK
+
+
+@dataclasses.dataclass(frozen=True)
+class SsmaxOptions:
+    base: str = "rope"    # the wrapped scheme (the paper's models use RoPE)
+    s_init: float = 0.43  # s of every head at initialisation (the reference's default)
+    bias: bool = False    # the paper's variant with a learned b per head: (s log n + b) z
+
+
+@register("ssmax")
+class SSMax(Wrapper):
+    """Scalable-Softmax around any scheme: the logits z of a query that attends to n keys go
+    through softmax((s_h log n) z), i.e. softmax over n^(s_h z), instead of softmax(z), with s_h a
+    learned scalar per layer and head, in training and in evaluation alike. A long row's
+    distribution then does not flatten as n grows ("attention fading"). With `bias`, the factor
+    is s_h log n + b_h, b_h learned from 0 (a variant of the paper's, which the reference notes
+    speeds up training but can hurt length generalisation).
+
+    Nakanishi, "Scalable-Softmax Is Superior for Attention", arXiv 2501.19399, 2025 (no code
+    released); ported from gdevos010/Scalable-Softmax's `ScalableSoftmax` (src/scalable_softmax.py:
+    softmax((s log n + b) x) over a vector of n elements, s initialised at 0.43, b at 0). In a
+    causal row n = m + 1 keys, m the query's position (what `logn` uses too). As `logn` does, the
+    factor multiplies the query vector after the inner scheme's rotation (the same as scaling
+    q.k, and it keeps fused kernels usable), so it scales every term of the logit linear in q but
+    not position-only biases (ALiBi, T5, ...), which the reference's input vector would include.
+    Since s is per layer, the wrapper is built once per layer, and with it the inner scheme (whose
+    parameters, if any, are then per layer too).
+    """
+    family = "wrapper"
+    citation = "Nakanishi 2025"
+    extrapolates = "partly"  # as far as its inner scheme (rope by default) does
+    Options = SsmaxOptions
+    per_layer = True
+
+    def __init__(self, options: SsmaxOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+        if not (math.isfinite(options.s_init) and options.s_init > 0):
+            raise ValueError(f"ssmax.s_init must be a positive number (the reference's 0.43), got {options.s_init}")
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+        self.per_layer = True  # s is per layer, whatever the inner scheme shares
+        self.s = nnx.Param(jnp.full((dims.num_heads,), options.s_init, jnp.float32))
+        self.b = nnx.Param(jnp.zeros((dims.num_heads,), jnp.float32)) if options.bias else None
+
+    def factor(self, q_pos_BxT: jax.Array) -> jax.Array:
+        """s_h log n (+ b_h), n = q_pos + 1 keys seen by the query; B x T x H."""
+        log_n_BxTx1 = jnp.log(q_pos_BxT.astype(jnp.float32) + 1.0)[..., None]
+        factor = log_n_BxTx1 * self.s[...]
+        return factor + self.b[...] if self.b is not None else factor
+
+    def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
+        q_BxTxHxK, k_BxSxHxK = self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
+        return (q_BxTxHxK * self.factor(q_pos_BxT)[..., None]).astype(q_BxTxHxK.dtype), k_BxSxHxK
 
 
 def sorted_random_positions(key: jax.Array, batch: int, length: int, max_length: int) -> jax.Array:

@@ -35,7 +35,8 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
                          f"carried_bias; set --config.model.attention=dense (or auto)")
     carried = scheme.needs_full_rows  # and so `carries_bias`
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
-    b, t, h, d = q_BxTxHxK.shape
+    b, t, h, _ = q_BxTxHxK.shape
+    d = v_BxTxHxK.shape[-1]  # the output's head size (`rotate` may widen q and k: PoPE)
     nb = -(-t // block_size)
     pad = nb * block_size - t
 

@@ -70,6 +70,14 @@ def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) 
     return scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is not None
 
 
+def padded_values(v_BxSxHxK: jax.Array, width: int) -> jax.Array:
+    """v with zero features appended up to `width`, the head size of the rotated q and k, for the
+    kernels that take one head size for q, k and v: a scheme's `rotate` may widen q and k (PoPE
+    doubles them). The first K features of the output are the attention output, the rest zero."""
+    extra = width - v_BxSxHxK.shape[-1]
+    return v_BxSxHxK if extra == 0 else jnp.pad(v_BxSxHxK, [(0, 0)] * 3 + [(0, extra)])
+
+
 def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
@@ -83,4 +91,6 @@ def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, schem
     if bias is not None:
         b, t, h, _ = q_BxTxHxK.shape
         bias = jnp.broadcast_to(bias, (b, h, t, t)).astype(q_BxTxHxK.dtype)
-    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias, is_causal=True)
+    v = padded_values(v_BxTxHxK, q_BxTxHxK.shape[-1])
+    out = jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v, bias=bias, is_causal=True)
+    return out[..., :v_BxTxHxK.shape[-1]]

@@ -37,7 +37,7 @@ from flax import nnx
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout
+from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout, padded_values
 from models.attention.triangular import supports as triangular_supports
 from posenc import Scheme
 
@@ -128,6 +128,7 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
                          f"it: use auto, dense or triangular")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
+    value_dim, v_BxTxHxK = v_BxTxHxK.shape[-1], padded_values(v_BxTxHxK, d)  # one head size in the kernel
     scale = scheme.logit_scale(q_pos_BxT, k_pos_BxT)
     if scale is not None:  # per query, B x H|1 x T x 1: (q * scale) . k == scale * (q . k)
         scale_BxTx1x1 = jnp.broadcast_to(scale, (b, 1, t, 1)).reshape(b, t, 1, 1)
@@ -163,7 +164,7 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, ([_kernel_shape(x) for x in shared],
                                                      [_kernel_shape(x, per_head=True) for x in per_head]))
-    return out[:, :t]
+    return out[:, :t, :, :value_dim]
 
 
 class _Config:

@@ -208,3 +208,7 @@ def test_export_entry_point_and_rope_without_hf_form(tmp_path):
     block.rope.self_extend_window = 16
     with pytest.raises(HFError, match="self_extend_window"):
         hf_rope_parameters(block, 64)
+    block.rope.self_extend_window = 0
+    block.rope.p_rope = 0.5
+    with pytest.raises(HFError, match="p_rope"):
+        hf_rope_parameters(block, 64)

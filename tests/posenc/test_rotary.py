@@ -1,5 +1,5 @@
 """RoPE (scores depend only on m - n), its evaluation-time extensions (PI, NTK, dynamic NTK, YaRN,
-ReRoPE) and xPos."""
+ReRoPE), p-RoPE and xPos."""
 import math
 
 import jax
@@ -187,6 +187,34 @@ def test_pi_is_rope_at_scaled_positions():
         np.testing.assert_allclose(a, b, rtol=1e-6, atol=1e-6)
 
 
+# --- p-RoPE -----------------------------------------------------------------------------------------
+
+def gemma_apply_rope(x, positions, rope_proportion, base_frequency=10000.0):
+    """google-deepmind/gemma's `apply_rope` (gemma/gm/math/_positional_embeddings.py), written out in
+    numpy: the first int(p H // 2) pairs turn at timescales base^(2i/H), the others at timescale inf."""
+    head_dim = x.shape[-1]
+    rope_angles = int(rope_proportion * head_dim // 2)
+    nope_angles = head_dim // 2 - rope_angles
+    timescale = np.concatenate([base_frequency ** (2.0 * np.arange(rope_angles) / head_dim),
+                                np.full(nope_angles, np.inf)])
+    sinusoid_inp = (positions[..., None] / timescale[None, None, :])[..., None, :]
+    sin, cos = np.sin(sinusoid_inp), np.cos(sinusoid_inp)
+    first_half, second_half = np.split(x, 2, axis=-1)
+    return np.concatenate([first_half * cos - second_half * sin, second_half * cos + first_half * sin], axis=-1)
+
+
+def test_p_rope_rotates_as_gemmas_apply_rope():
+    q, k = qk(t=6, s=6)
+    pos = jnp.arange(6)[None] * 7
+    for got, x in zip(build(p_rope=0.6).rotate(q, k, pos, pos), (q, k)):  # 0.6 x 16 // 2: 4 pairs rotate
+        np.testing.assert_allclose(got, gemma_apply_rope(np.asarray(x, np.float64), np.asarray(pos, np.float64), 0.6),
+                                   rtol=1e-5, atol=1e-5)
+    inv_freq = np.asarray(posenc.scaled_inverse_frequencies(RopeOptions(p_rope=0.25), 16, 64))
+    np.testing.assert_allclose(inv_freq, np.r_[closed_form_theta(16)[:2], np.zeros(6)], rtol=1e-6)
+    # not partial rotary, which keeps the first features at frequencies spread over them
+    assert not np.allclose(inv_freq[:2], posenc.scaled_inverse_frequencies(RopeOptions(fraction=0.25), 4, 64))
+
+
 # --- xPos -------------------------------------------------------------------------------------------
 
 def pair_scores(q, k, d):
@@ -312,7 +340,7 @@ def test_dynamic_ntk_beyond_training_length_is_ntk_with_window_alpha():
     (dict(yarn_scale=0.5), "yarn_scale"), (dict(dynamic_ntk=True, ntk_alpha=2.0), "ntk_alpha"),
     (dict(rerope_window=4, xpos=True), "rerope_window"),
     (dict(rerope_window=4, dynamic_ntk=True), "dynamic_ntk"),
-    (dict(pi_factor=0.0), "pi_factor"),
+    (dict(pi_factor=0.0), "pi_factor"), (dict(p_rope=1.5), "p_rope"),
     (dict(yarn_beta_slow=40.0), "yarn_beta_slow")])
 def test_meaningless_options_are_refused(options, match):
     with pytest.raises(ValueError, match=match):

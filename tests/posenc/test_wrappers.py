@@ -1,4 +1,5 @@
-"""The wrappers: logn (log-n scaling of the query) and randomized (random position subsets)."""
+"""The wrappers: logn (log-n scaling of the query), ssmax (Scalable-Softmax, its learned sibling) and
+randomized (random position subsets)."""
 import math
 
 import jax
@@ -92,6 +93,45 @@ def test_wrappers_take_on_what_their_inner_scheme_needs():
         build("logn", logn__base="logn")
     with pytest.raises(ValueError, match="unknown positional scheme"):
         build("randomized", randomized__base="ropee")
+
+
+def reference_scalable_softmax(x, s, b=None):
+    """gdevos010/Scalable-Softmax's `ScalableSoftmax.forward` (src/scalable_softmax.py) on a vector x
+    of n logits: softmax((s log n + b) x), or softmax(s log n x) without the bias."""
+    n = x.shape[-1]
+    scaled = (s * math.log(n) + b) * x if b is not None else s * math.log(n) * x
+    e = np.exp(scaled - scaled.max())
+    return e / e.sum()
+
+
+def test_ssmax_attention_is_the_reference_scalable_softmax_of_each_causal_row():
+    from models.attention import tile_logits
+    scheme, t = build("ssmax", ssmax__base="nope", ssmax__bias=True), 24
+    assert scheme.s[...].tolist() == pytest.approx([0.43, 0.43])
+    s, b = np.array([0.3, 0.9]), np.array([0.2, -0.1])
+    scheme.s[...], scheme.b[...] = s, b
+    pos = positions(1, t)
+    q = jax.random.normal(jax.random.key(6), (1, t, 2, 8))
+    k = jax.random.normal(jax.random.key(7), (1, t, 2, 8))
+    logits = np.asarray(tile_logits(*scheme.rotate(q, k, pos, pos), pos, pos, scheme))[0]
+    qn, kn = np.asarray(q, np.float64)[0], np.asarray(k, np.float64)[0]
+    for m in (0, 1, 15, 23):  # the query at m attends to n = m + 1 keys
+        for h in range(2):
+            row = np.exp(logits[h, m, :m + 1] - logits[h, m, :m + 1].max())
+            want = reference_scalable_softmax(kn[:m + 1, h] @ qn[m, h] / math.sqrt(8), s[h], b[h])
+            np.testing.assert_allclose(row / row.sum(), want, rtol=1e-5, atol=1e-6)
+    without_bias = build("ssmax", ssmax__base="nope")
+    assert without_bias.b is None
+
+
+def test_ssmax_learns_one_scale_per_layer_and_head_around_any_scheme():
+    model = DecoderLM(CFG, {**posenc.default_config("ssmax"), "ssmax": {"base": "kerple_log"}}, train_length=16,
+                      rngs=nnx.Rngs(0))
+    schemes = [block.attn.scheme for block in model.blocks]
+    assert schemes[0] is not schemes[1] and all(sc.s[...].shape == (CFG.num_heads,) for sc in schemes)
+    assert schemes[0].inner.name == "kerple_log"
+    with pytest.raises(ValueError, match="ssmax.s_init"):
+        build("ssmax", ssmax__s_init=0.0)
 
 
 def test_randomized_training_positions_are_sorted_random_subsets():

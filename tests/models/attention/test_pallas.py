@@ -65,7 +65,7 @@ def _kernel(q, k, v, q_pos, k_pos, scheme):
     return pallas_attention(q, k, v, q_pos, k_pos, scheme, launch=Launch(block=BLOCK, interpret=True))
 
 
-@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn"])
+@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "pope"])  # pope: q, k wider than v
 def test_kernel_equals_dense_attention_forward_and_gradients(name):
     scheme = _scheme(name)
     q, k, v, pos = _inputs()
@@ -180,7 +180,7 @@ def test_training_step_with_pallas_attention_equals_dense():
     assert dropped_loss == pytest.approx(kernel_loss, rel=0.05)
 
 
-@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "nope"])
+@pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "nope", "pope"])
 def test_kernel_lowers_to_triton_for_a_gpu(name):
     """Pallas' Triton lowering runs without a GPU: the forward and backward kernels of every scheme
     (the paper model's head size, bfloat16, dropout, a vmap over rows as training's per-row keys
