@@ -79,14 +79,17 @@ class Dape(Wrapper):
 
 @jax.jit
 def refine(scores_BxHxTxS, bias_BxHxTxS, w1_2HxW, b1_W, w2_WxH, b2_H):
-    """W2 LeakyReLU(W1 [S, B] + b1) + b2 for every pair, B x H x T x S. The hidden units are taken H
-    at a time, so that no intermediate is larger than the scores themselves (B x hidden x tile
-    would be hidden / H times that). One compiled program (inlined where it is traced inside one)."""
+    """W2 LeakyReLU(W1 [S, B] + b1) + b2 for every pair, B x H x T x S, one hidden unit after the
+    other (`fori_loop`, elementwise sums over the heads that XLA fuses), so that no intermediate is
+    larger than the scores themselves (B x hidden x tile would be hidden / H times that). Jitted, so
+    that an eager call compiles it once per shape."""
     h = scores_BxHxTxS.shape[1]
-    out = b2_H[None, :, None, None]
-    for start in range(0, w1_2HxW.shape[1], h):
-        units = slice(start, start + h)
-        pre = (jnp.einsum("bhts,hu->buts", scores_BxHxTxS, w1_2HxW[:h, units])
-               + jnp.einsum("bhts,hu->buts", bias_BxHxTxS, w1_2HxW[h:, units]) + b1_W[units][None, :, None, None])
-        out = out + jnp.einsum("buts,uh->bhts", jax.nn.leaky_relu(pre, LEAKY_SLOPE), w2_WxH[units])
-    return out
+    heads = (slice(None), None, None)
+
+    def add_unit(u, out):
+        pre = ((scores_BxHxTxS * w1_2HxW[:h, u][heads]).sum(1) + (bias_BxHxTxS * w1_2HxW[h:, u][heads]).sum(1)
+               + b1_W[u])
+        return out + w2_WxH[u][heads] * jax.nn.leaky_relu(pre, LEAKY_SLOPE)[:, None]
+
+    start = jnp.broadcast_to(b2_H[heads], scores_BxHxTxS.shape).astype(jnp.float32)
+    return jax.lax.fori_loop(0, w1_2HxW.shape[1], add_unit, start)
