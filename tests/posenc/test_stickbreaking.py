@@ -60,3 +60,17 @@ def test_stickbreaking_refuses_dropout_and_a_bad_remainder():
                         Dropout(0.1, jax.random.key(0)))
     with pytest.raises(ValueError, match="remainder must be 'value' or 'none'"):
         build("stickbreaking", DIMS, stickbreaking__remainder="bias")
+
+
+def test_the_pallas_kernel_refuses_every_scheme_that_is_more_than_a_positional_bias():
+    """FoX (a bias from the input), DAPE (a logit transform) and stick-breaking (not a softmax): the
+    kernel's `supports` says no, so `auto` never picks it for them on a GPU, and an explicit
+    model.attention=pallas is refused."""
+    from models.attention import pallas
+    pos = positions(1, 8)
+    q = jnp.zeros((1, 8, 2, 8))
+    for name in ("fox", "dape", "stickbreaking"):
+        scheme = build(name, DIMS)
+        assert not pallas.supports(scheme, pos, pos)
+        with pytest.raises(ValueError, match="model.attention=pallas cannot express it"):
+            pallas.pallas_attention(q, q, q, pos, pos, scheme, launch=pallas.Launch(interpret=True))
