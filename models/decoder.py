@@ -24,6 +24,7 @@ from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention.blockwise import blockwise_attention
 from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, is_long
 from models.attention.dense import Dropout, dense_attention, fused_attention
+from models.attention.lambda_mask import lambda_dense_attention, lambda_mask
 from models.attention.pallas import pallas_attention
 from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
@@ -48,7 +49,8 @@ class ModelConfig:
     - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
       models/adaptive.py) for large word vocabularies.
     - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
-      and `attention_block`, the tile width of the long-sequence paths.
+      and `attention_block`, the tile width of the long-sequence paths; `attention_sinks` and
+      `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme).
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
       in bfloat16).
     - the block (defaults: this project's block, as fairseq's; models/hf.py sets them for Llama,
@@ -79,6 +81,10 @@ class ModelConfig:
     attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
                                     # chooses, and what each is, in models/attention/choice.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
+    attention_sinks: int = 0        # LM-Infinite's Lambda mask (models/attention/lambda_mask.py): the first
+                                    # tokens every query also sees beyond its window, as if from distance L
+    attention_window: int = 0       # ... and each query's local window (0: the training length L); both 0:
+                                    # plain causal attention. No parameters: switchable with --set
     dtype: str = "float32"          # compute dtype; parameters stay float32
     norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
     norm_eps: float = 1e-6          # epsilon of every norm
@@ -124,6 +130,9 @@ class ModelConfig:
                              f"set model.head_dim")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.kv_heads}")
+        if self.attention_sinks < 0 or self.attention_window < 0:
+            raise ValueError(f"model.attention_sinks={self.attention_sinks} and model.attention_window="
+                             f"{self.attention_window} must be >= 0 (0: off / the training length)")
         for name, valid in (("activation", ACTIVATIONS), ("attention", PATHS), ("dtype", DTYPES),
                             ("norm", NORMS), ("mlp", MLPS)):
             if getattr(self, name) not in valid:
@@ -162,8 +171,10 @@ class Attention(nnx.Module):
     their groups of query heads, as Hugging Face's repeat_kv), the positional scheme's hooks inside
     the attention function, an output projection. Each call asks models/attention/choice.py
     (`choose`) which implementation runs (`model.attention`, or for `auto`: the sequence length,
-    whether attention dropout is on, what the scheme allows, the backend) and calls it. Attention
-    dropout (`attention_dropout`, on the probabilities) applies only when a key is given."""
+    whether attention dropout is on, what the scheme allows, the backend) and calls it, with the
+    scheme's `token_context` of the layer's input (FoX) and LM-Infinite's Lambda mask where the
+    config sets one. Attention dropout (`attention_dropout`, on the probabilities) applies only
+    when a key is given."""
 
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -189,17 +200,22 @@ class Attention(nnx.Module):
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
         pos = positions_BxT
+        context = self.scheme.token_context(x_BxTxD, pos)  # None unless the scheme reads its input (FoX)
+        mask = lambda_mask(self.cfg, self.scheme.dims.train_length)  # None unless LM-Infinite's is on
         if kind == "pallas":
             out = pallas_attention(q, k, v, pos, pos, self.scheme, drop)
         elif kind == "fused":
-            out = fused_attention(q, k, v, pos, pos, self.scheme)
+            out = fused_attention(q, k, v, pos, pos, self.scheme, context)
         elif kind == "triangular":
-            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop)
+            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop, context)
         elif kind == "blockwise":
-            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block)
+            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block,
+                                      context_BxTxC=context, mask=mask)
+        elif mask is not None:
+            out = lambda_dense_attention(q, k, v, pos, pos, self.scheme, mask, context)
         else:
             mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-            out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop)
+            out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop, context)
         return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
 
 

@@ -26,3 +26,4 @@ __all__ = [
 from posenc import relative_content  # noqa: F401,E402  (registers shaw, transformer_xl, deberta, tupe)
 from posenc import complex_order, conv, cope, floater, wrappers  # noqa: F401,E402  (register their schemes)
 from posenc import fope, pope, pose  # noqa: F401,E402  (register fope, pope and pose)
+from posenc import dape, fox, stickbreaking  # noqa: F401,E402  (register dape, fox, stickbreaking)

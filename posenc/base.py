@@ -115,6 +115,11 @@ class Scheme(nnx.Module):
     bias_work_per_key: ClassVar[bool] = False  # `bias` does work per key that row tiles would repeat
                                                # for each key prefix: `auto` trains it with dense
     samples_positions: ClassVar[bool] = False  # `sample_positions` draws random positions
+    reads_input: ClassVar[bool] = False        # `token_context` reads the layer's input (FoX): a bias
+                                               # no kernel can compute from positions alone
+    transforms_logits: ClassVar[bool] = False  # `transform_logits` is not scores + bias (DAPE)
+    normalization: ClassVar[str] = "softmax"   # how logits become attention weights: "softmax", or
+                                               # "stickbreaking" (models/attention/stickbreaking.py)
 
     def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs):
         self.options = options
@@ -145,6 +150,26 @@ class Scheme(nnx.Module):
 
     def logit_scale(self, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
         """Multiplier of the logits, broadcastable to B x H x T x S (per query)."""
+        return None
+
+    def token_context(self, x_BxTxD: jax.Array, positions_BxT: jax.Array) -> jax.Array | None:
+        """Per-token values computed once per layer from the layer's input (after its norm) and the
+        positions, B x T x C, which attention slices along with q and k and hands to
+        `context_bias` tile by tile; None (the default): the scheme reads no input. Computed over
+        the whole sequence before any tiling, so a running sum over tokens (FoX's forget gates)
+        is the same whichever tile reads it; positions increase along the sequence, as every
+        attention path's causal order assumes."""
+        return None
+
+    def context_bias(self, q_ctx_BxTxC, k_ctx_BxSxC, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
+        """Additive logits bias of one (query block, key block) tile from the `token_context`
+        of its queries and keys, broadcastable to B x H x T x S (added with `bias`)."""
+        return None
+
+    def transform_logits(self, scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS) -> jax.Array | None:
+        """The logits of one tile from its scores (q k^T / sqrt(K), times `logit_scale`) and its
+        additive bias (`bias` plus `context_bias`; None where there is none), elementwise per
+        (query, key) pair; None (the default): scores + bias. Only where `transforms_logits`."""
         return None
 
     def carried_bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, carry_BxHxT):

@@ -14,13 +14,16 @@ from flax import nnx
 
 from posenc.base import ModelDims, Scheme, build, default_config, get, names
 
-HOOKS = ("embed", "rotate", "bias", "bias_fn", "value_bias", "logit_scale", "sample_positions")
+HOOKS = ("embed", "rotate", "bias", "bias_fn", "value_bias", "logit_scale", "sample_positions", "token_context",
+         "context_bias", "transform_logits")
 START, END = "<!-- schemes:start -->", "<!-- schemes:end -->"
 _DIMS = ModelDims(d_model=64, num_heads=4, head_dim=16, num_layers=2, train_length=128)
 
 
 def hooks_of(cls: type[Scheme]) -> list[str]:
-    return [h for h in HOOKS if hasattr(Scheme, h) and getattr(cls, h) is not getattr(Scheme, h)]
+    """The hooks a scheme overrides, and its attention weights where they are not a softmax."""
+    hooks = [f"`{h}`" for h in HOOKS if hasattr(Scheme, h) and getattr(cls, h) is not getattr(Scheme, h)]
+    return hooks + ([f"weights: {cls.normalization}"] if cls.normalization != "softmax" else [])
 
 
 def learned_parameters(name: str) -> str:
@@ -43,7 +46,7 @@ def markdown_table() -> str:
         per_layer = " (per layer)" if cls.per_layer else ""
         if "per_layer" in {f.name for f in dataclasses.fields(cls.Options)}:
             per_layer = " (shared by all layers; option `per_layer`)"
-        lines.append(f"| `{name}` | {cls.family or '-'} | {', '.join(f'`{h}`' for h in hooks_of(cls)) or '-'} | "
+        lines.append(f"| `{name}` | {cls.family or '-'} | {', '.join(hooks_of(cls)) or '-'} | "
                      f"{learned_parameters(name)}{per_layer} | {cls.extrapolates or '-'} | {cls.citation or '-'} |")
     return "\n".join(lines)
 

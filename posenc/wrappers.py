@@ -37,6 +37,9 @@ class Wrapper(Scheme):
         self.needs_full_rows = self.inner.needs_full_rows
         self.bias_work_per_key = self.inner.bias_work_per_key
         self.carries_bias = self.inner.carries_bias
+        self.reads_input = self.inner.reads_input
+        self.transforms_logits = self.inner.transforms_logits
+        self.normalization = self.inner.normalization
         self.samples_positions = type(self).samples_positions or self.inner.samples_positions
 
     def embed(self, x_BxTxD, positions_BxT):
@@ -59,6 +62,15 @@ class Wrapper(Scheme):
 
     def logit_scale(self, q_pos_BxT, k_pos_BxS):
         return self.inner.logit_scale(q_pos_BxT, k_pos_BxS)
+
+    def token_context(self, x_BxTxD, positions_BxT):
+        return self.inner.token_context(x_BxTxD, positions_BxT)
+
+    def context_bias(self, q_ctx_BxTxC, k_ctx_BxSxC, q_pos_BxT, k_pos_BxS):
+        return self.inner.context_bias(q_ctx_BxTxC, k_ctx_BxSxC, q_pos_BxT, k_pos_BxS)
+
+    def transform_logits(self, scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS):
+        return self.inner.transform_logits(scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS)
 
     def check_length(self, length):
         self.inner.check_length(length)

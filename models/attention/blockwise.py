@@ -5,7 +5,9 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.attention.dense import NEG_INF, tile_logits
+from models.attention.lambda_mask import LambdaMask, check as check_lambda, sink_branch, sink_logits
+from models.attention.stickbreaking import stickbreaking_blockwise
+from models.attention.tiles import NEG_INF, context_tiles, tile_logits, to_blocks
 from posenc import Scheme
 
 
@@ -15,8 +17,25 @@ def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
     return scheme.needs_full_rows and not scheme.carries_bias
 
 
+def _softmax_update(state, s_BxHxQxS, v_BxSxHxK, value_term):
+    """One tile of the online softmax: (m, l, acc, row) with the tile's masked logits and values
+    added; `value_term(p)` is the scheme's value term of the tile's unnormalised probabilities."""
+    m_BxHxQ, l_BxHxQ, acc_BxQxHxK, row_BxHxQ = state
+    m_new = jnp.maximum(m_BxHxQ, s_BxHxQxS.max(-1))
+    p = jnp.exp(s_BxHxQxS - m_new[..., None])
+    correction = jnp.exp(m_BxHxQ - m_new)
+    l_new = l_BxHxQ * correction + p.sum(-1)
+    out = jnp.einsum("bhts,bshk->bthk", p.astype(v_BxSxHxK.dtype), v_BxSxHxK).astype(jnp.float32)
+    extra = value_term(p)
+    if extra is not None:
+        out = out + extra.astype(jnp.float32)
+    acc = acc_BxQxHxK * jnp.moveaxis(correction, 1, 2)[..., None] + out
+    return m_new, l_new, acc, row_BxHxQ
+
+
 def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
-                        block_size: int = 512) -> jax.Array:
+                        block_size: int = 512, *, context_BxTxC: jax.Array | None = None,
+                        mask: LambdaMask | None = None) -> jax.Array:
     """Causal self-attention in (query block, key block) tiles with an online softmax.
 
     Memory is O(T * block) instead of O(T^2): only one B x H x block x block tile of logits exists
@@ -27,59 +46,74 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     A scheme whose bias needs whole rows (`needs_full_rows`, e.g. CoPE) provides instead
     `carried_bias(q, k, q_pos, k_pos, carry_BxHxQ) -> (bias, carry)`: key tiles are then visited
     from the diagonal down to the first (the online softmax does not mind the order), with a
-    per-query carry that starts at zero. Numerically equal to `dense_attention` up to float32
+    per-query carry that starts at zero. A scheme that reads the layer's input gets its
+    `token_context` (`context_BxTxC`, computed once over the whole sequence) cut into the same
+    tiles. Under LM-Infinite's Lambda `mask` (lambda_mask.py) only the key tiles that meet each
+    query tile's window are visited, then one tile of the sink keys. A stick-breaking scheme runs
+    its own recurrence (stickbreaking.py). Numerically equal to `dense_attention` up to float32
     rounding.
     """
     if needs_whole_rows(scheme):
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
                          f"carried_bias; set --config.model.attention=dense (or auto)")
+    if mask is not None:
+        check_lambda(scheme)
+    if scheme.normalization == "stickbreaking":
+        return stickbreaking_blockwise(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, block_size,
+                                       context_BxTxC)
     carried = scheme.needs_full_rows  # and so `carries_bias`
+    sinks = None
+    if mask is not None and mask.sinks:
+        sinks = sink_branch(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, mask, context_BxTxC)
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, _ = q_BxTxHxK.shape
     d = v_BxTxHxK.shape[-1]  # the output's head size (`rotate` may widen q and k: PoPE)
     nb = -(-t // block_size)
-    pad = nb * block_size - t
-
-    def blocks(x, fill=0):  # B x T x ... -> NB x B x block x ...
-        x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)
-        return jnp.moveaxis(x.reshape(b, nb, block_size, *x.shape[2:]), 1, 0)
-
-    qb, kb, vb = blocks(q_BxTxHxK), blocks(k_BxTxHxK), blocks(v_BxTxHxK)
+    qb, kb, vb = (to_blocks(x, block_size) for x in (q_BxTxHxK, k_BxTxHxK, v_BxTxHxK))
     # padded keys get a position after every query, so that a carried bias (gates) ignores them
-    qpb, kpb = blocks(q_pos_BxT), blocks(k_pos_BxT, fill=jnp.iinfo(jnp.int32).max if carried else 0)
+    qpb = to_blocks(q_pos_BxT, block_size)
+    kpb = to_blocks(k_pos_BxT, block_size, fill=jnp.iinfo(jnp.int32).max if carried else 0)
+    cb = context_tiles(context_BxTxC, block_size)
     idx = jnp.arange(block_size)
+    steps = nb if mask is None else min(nb, mask.window_tiles(block_size))
+    if sinks is not None:
+        sink_qb, sink_qpb = to_blocks(sinks.q, block_size), to_blocks(sinks.q_pos, block_size)
 
     def one_query_block(i):
         q, q_pos = qb[i], qpb[i]
+        q_idx = i * block_size + idx
 
         def tile(carry, step):
-            j = nb - 1 - step if carried else step  # carried biases see key tiles right to left
+            if carried:  # carried biases see key tiles right to left
+                j = nb - 1 - step
+            else:        # under a Lambda mask, only the window's tiles: i - steps + 1 .. i
+                j = step if mask is None else i - steps + 1 + step
 
             def compute(carry):
-                m_BxHxQ, l_BxHxQ, acc_BxQxHxK, row_BxHxQ = carry
                 k, v, k_pos = kb[j], vb[j], kpb[j]
-                bias = None
+                row_BxHxQ, bias = carry[3], None
                 if carried:
                     bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
-                s = tile_logits(q, k, q_pos, k_pos, scheme, bias)
-                q_idx, k_idx = i * block_size + idx, j * block_size + idx
+                context = None if cb is None else (cb[i], cb[j])
+                s = tile_logits(q, k, q_pos, k_pos, scheme, bias, context)
+                k_idx = j * block_size + idx
                 allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
+                if mask is not None:
+                    allowed = allowed & mask.local(q_idx, k_idx)
                 s = jnp.where(allowed, s, NEG_INF)
-                m_new = jnp.maximum(m_BxHxQ, s.max(-1))
-                p = jnp.exp(s - m_new[..., None])
-                correction = jnp.exp(m_BxHxQ - m_new)
-                l_new = l_BxHxQ * correction + p.sum(-1)
-                out = jnp.einsum("bhts,bshk->bthk", p.astype(v.dtype), v).astype(jnp.float32)
-                value_term = scheme.value_bias(p, q_pos, k_pos)
-                if value_term is not None:
-                    out = out + value_term.astype(jnp.float32)
-                acc = acc_BxQxHxK * jnp.moveaxis(correction, 1, 2)[..., None] + out
-                return m_new, l_new, acc, row_BxHxQ
-            return jax.lax.cond(j <= i, compute, lambda c: c, carry), None
+                state = (*carry[:3], row_BxHxQ)
+                return _softmax_update(state, s, v, lambda p: scheme.value_bias(p, q_pos, k_pos))
+            visited = j <= i if mask is None else j >= 0
+            return jax.lax.cond(visited, compute, lambda c: c, carry), None
 
         init = (jnp.full((b, h, block_size), NEG_INF, jnp.float32), jnp.zeros((b, h, block_size), jnp.float32),
                 jnp.zeros((b, block_size, h, d), jnp.float32), jnp.zeros((b, h, block_size), jnp.float32))
-        (m, l, acc, _), _ = jax.lax.scan(tile, init, jnp.arange(nb))
+        state, _ = jax.lax.scan(tile, init, jnp.arange(steps))
+        if sinks is not None:  # last, once the running maximum is a real logit
+            sq, sqp = sink_qb[i], sink_qpb[i]
+            s = sink_logits(sinks, scheme, mask, sq, sqp, q_idx, None if cb is None else cb[i])
+            state = _softmax_update(state, s, sinks.v, lambda p: scheme.value_bias(p, sqp, sinks.k_pos))
+        m, l, acc, _ = state
         return (acc / jnp.moveaxis(l, 1, 2)[..., None]).astype(v_BxTxHxK.dtype)
 
     out_NBxBxQxHxK = jax.lax.map(one_query_block, jnp.arange(nb))

@@ -10,7 +10,8 @@
 
 `auto` takes the Pallas kernel on GPU for a scheme it expresses; else blockwise for long sequences
 unless attention dropout is on or the scheme needs whole rows; else triangular where the scheme
-allows it and its bias does no work per key; else dense. The decoder (`Attention.__call__`:
+allows it and its bias does no work per key; else dense. Under LM-Infinite's Lambda mask
+(`model.attention_sinks` / `attention_window`) only dense and blockwise apply. The decoder (`Attention.__call__`:
 `choose`), the evaluation batch policy (`tile_width`) and training on several devices
 (`runs_per_device`) all ask here.
 
@@ -59,21 +60,34 @@ def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], length:
     return "dense"
 
 
+def lambda_masked(model_cfg: Any) -> bool:
+    """Whether LM-Infinite's Lambda mask is on (`model.attention_sinks` or `attention_window` set;
+    models/attention/lambda_mask.py), which only the dense and blockwise paths apply."""
+    return bool(_setting(model_cfg, "attention_sinks", 0) or _setting(model_cfg, "attention_window", 0))
+
+
 def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, dropping: bool) -> str:
     """The path of one `Attention` call on `positions_BxT` (self-attention, compute dtype `dtype`):
     for `auto`, whether the triangular path and the Pallas kernel can take the scheme (probed at
-    trace time), then `attention_path`. An explicit path that cannot drop out attention
-    probabilities while `dropping` raises."""
-    auto = cfg.attention == "auto"
+    trace time; neither under the Lambda mask), then `attention_path`. An explicit path that
+    cannot drop out attention probabilities while `dropping`, or cannot apply the Lambda mask,
+    raises."""
+    auto, masked = cfg.attention == "auto", lambda_masked(cfg)
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, positions_BxT.shape[1],
                           dropping=dropping,
-                          triangular=auto and triangular_supports(scheme, positions_BxT, positions_BxT),
-                          pallas=auto and not pallas.interpreted()
+                          triangular=auto and not masked and triangular_supports(scheme, positions_BxT, positions_BxT),
+                          pallas=auto and not masked and not pallas.interpreted()
                           and pallas.supports(scheme, positions_BxT, positions_BxT)
                           and pallas.available(scheme, dtype))
     if dropping and kind in NO_DROPOUT_PATHS:
         raise ValueError(f"model.attention={kind} does not implement attention dropout; "
                          f"set --config.model.attention=dense (or auto) for training with it")
+    if masked and dropping:
+        raise ValueError("the Lambda mask (model.attention_sinks / model.attention_window) is an evaluation option "
+                         "and does not implement attention dropout; leave both at 0 for training")
+    if masked and kind not in ("dense", "blockwise"):
+        raise ValueError(f"model.attention={kind} cannot apply the Lambda mask (model.attention_sinks / "
+                         f"model.attention_window); set --config.model.attention=dense, blockwise or auto")
     return kind
 
 

@@ -1,5 +1,6 @@
 """Dense attention (one call of each hook over the whole T x S matrix) and what the other paths
-share with it: NEG_INF, the logits of one tile, the attention-dropout pair, the value-term probe."""
+share with it: NEG_INF and the logits of one tile (from tiles.py), the attention-dropout pair, the
+value-term probe; and the fused path."""
 from __future__ import annotations
 
 import dataclasses
@@ -7,9 +8,12 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from models.attention.stickbreaking import stickbreaking_dense
+from models.attention.tiles import NEG_INF, tile_logits
 from posenc import Scheme
 
-NEG_INF = -1e30  # the logit of a masked (query, key) pair, for every attention path
+__all__ = ["NEG_INF", "NO_DROPOUT", "Dropout", "adds_value_term", "dense_attention", "fused_attention",
+           "tile_logits"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -26,33 +30,26 @@ class Dropout:
 NO_DROPOUT = Dropout()
 
 
-def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
-                bias: jax.Array | None = None) -> jax.Array:
-    """Logits of one (query block, key block) tile, float32 B x H x T x S: q k^T / sqrt(K), times
-    the scheme's `logit_scale`, plus its `bias` (added after the scaling, as ALiBi specifies), or
-    plus `bias` when given (a carried bias, computed by the caller)."""
-    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                                preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
-    scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
-    if scale is not None:
-        logits_BxHxTxS = logits_BxHxTxS * scale
-    if bias is None:
-        bias = scheme.bias(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
-    if bias is not None:
-        logits_BxHxTxS = logits_BxHxTxS + bias
-    return logits_BxHxTxS
-
-
 def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
-                    mask_TxS: jax.Array, dropout: Dropout = NO_DROPOUT) -> jax.Array:
+                    mask_TxS: jax.Array, dropout: Dropout = NO_DROPOUT,
+                    context_BxTxC: jax.Array | None = None) -> jax.Array:
     """softmax(scale * q k^T / sqrt(K) + bias) v (+ value bias), with one call of each hook.
 
     `mask_TxS` is True where a query may attend to a key (the causal order of the sequence, which
     is independent of the position values a scheme is given). Logits and softmax are float32.
+    `context_BxTxC`: the scheme's `token_context` of the layer's input (self-attention), where it
+    reads one. A stick-breaking scheme (`normalization`) runs its own causal recurrence instead
+    (stickbreaking.py; causal self-attention, no dropout).
     """
+    if scheme.normalization == "stickbreaking":
+        if dropout.active:
+            raise ValueError(f"positional scheme {scheme.name!r} (stick-breaking attention) does not implement "
+                             f"attention dropout; set --config.model.attention_dropout=0")
+        return stickbreaking_dense(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme, context_BxTxC)
     q_BxTxHxK, k_BxSxHxK = scheme.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
-    logits_BxHxTxS = jnp.where(mask_TxS, tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme),
-                               NEG_INF)
+    context = None if context_BxTxC is None else (context_BxTxC, context_BxTxC)
+    logits_BxHxTxS = jnp.where(mask_TxS, tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme,
+                                                     context=context), NEG_INF)
     probs_BxHxTxS = jax.nn.softmax(logits_BxHxTxS, axis=-1)
     if dropout.active:
         keep = jax.random.bernoulli(dropout.key, 1.0 - dropout.rate, probs_BxHxTxS.shape)
@@ -78,16 +75,24 @@ def padded_values(v_BxSxHxK: jax.Array, width: int) -> jax.Array:
     return v_BxSxHxK if extra == 0 else jnp.pad(v_BxSxHxK, [(0, 0)] * 3 + [(0, extra)])
 
 
-def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
+def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
+                    context_BxTxC: jax.Array | None = None) -> jax.Array:
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
-    bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence."""
+    bias (a `context_bias` from the layer's input included): no `logit_scale`, no `value_bias`, no
+    logit transform, softmax weights. The bias is materialised for the whole sequence."""
     if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or scheme.needs_full_rows
-            or adds_value_term(scheme, q_pos_BxT, k_pos_BxT)):
-        raise ValueError(f"positional scheme {scheme.name!r} scales logits, adds a value term or needs "
-                         f"whole rows; model.attention=fused cannot express it: use dense or blockwise")
+            or adds_value_term(scheme, q_pos_BxT, k_pos_BxT) or scheme.transforms_logits
+            or scheme.normalization != "softmax"):
+        raise ValueError(f"positional scheme {scheme.name!r} scales or transforms logits, adds a value term, needs "
+                         f"whole rows or is not a softmax; model.attention=fused cannot express it: use dense or "
+                         f"blockwise")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     bias = scheme.bias(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
+    if context_BxTxC is not None:
+        from_input = scheme.context_bias(context_BxTxC, context_BxTxC, q_pos_BxT, k_pos_BxT)
+        if from_input is not None:
+            bias = from_input if bias is None else bias + from_input
     if bias is not None:
         b, t, h, _ = q_BxTxHxK.shape
         bias = jnp.broadcast_to(bias, (b, h, t, t)).astype(q_BxTxHxK.dtype)

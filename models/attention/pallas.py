@@ -57,8 +57,8 @@ class Launch:
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
     """Whether the kernel can express `scheme`: what the triangular path can (a rotation, a
     per-query logit scale, an additive bias; no value term, no bias over whole rows), with the
-    bias given as `bias_fn` (or none)."""
-    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS):
+    bias given as `bias_fn` (or none), and no bias from the layer's input (`reads_input`, FoX)."""
+    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS) or scheme.reads_input:
         return False
     if scheme.bias_fn() is not None:
         return True
@@ -124,8 +124,9 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     keys at or before their own index; positions feed only the bias."""
     if not supports(scheme, q_pos_BxT, k_pos_BxT):
         raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key, needs "
-                         f"whole rows or has a bias without `bias_fn`; model.attention=pallas cannot express "
-                         f"it: use auto, dense or triangular")
+                         f"whole rows, has a bias without `bias_fn` or from the layer's input, transforms logits "
+                         f"or is not a softmax; model.attention=pallas cannot express it: use auto, dense or "
+                         f"triangular")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     value_dim, v_BxTxHxK = v_BxTxHxK.shape[-1], padded_values(v_BxTxHxK, d)  # one head size in the kernel

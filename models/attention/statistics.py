@@ -31,6 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.attention.blockwise import needs_whole_rows
+from models.attention.choice import lambda_masked
 from models.attention.dense import NEG_INF, tile_logits
 
 
@@ -48,9 +49,14 @@ def _update(state, s_BxHxQxS, allowed_QxS, dist_QxS):
 
 
 def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Array, k_pos_BxT: jax.Array,
-                  scheme, block: int = 512) -> tuple[jax.Array, jax.Array]:
+                  scheme, block: int = 512, context_BxTxC: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
     """(mean distance, entropy), each float32 B x H x T, of causal self-attention between queries
-    and keys of one sequence (before the scheme's `rotate`, which runs here), tile by tile."""
+    and keys of one sequence (before the scheme's `rotate`, which runs here), tile by tile;
+    `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one. The
+    statistics are those of a softmax: a stick-breaking scheme is refused."""
+    if scheme.normalization != "softmax":
+        raise ValueError(f"positional scheme {scheme.name!r} is not a softmax (stick-breaking); attention "
+                         f"statistics are computed for softmax attention only")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, _ = q_BxTxHxK.shape
     block = max(1, min(block, t))
@@ -64,6 +70,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
         return jnp.moveaxis(x.reshape(b, nb, block, *x.shape[2:]), 1, 0)
 
     qb, qpb = blocks(q_BxTxHxK), blocks(q_pos_BxT)
+    cb = None if context_BxTxC is None else blocks(context_BxTxC)
     # padded keys get a position after every query, so that a carried bias (gates) ignores them
     kb, kpb = blocks(k_BxTxHxK), blocks(k_pos_BxT, fill=jnp.iinfo(jnp.int32).max if carried else 0)
     idx = jnp.arange(block)
@@ -79,7 +86,8 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
 
         if whole_rows:  # the bias needs every key of a row: B x H x block x T at once
             k_idx = jnp.arange(t)
-            s = tile_logits(q, k_BxTxHxK, q_pos, k_pos_BxT, scheme)
+            s = tile_logits(q, k_BxTxHxK, q_pos, k_pos_BxT, scheme,
+                            context=None if cb is None else (cb[i], context_BxTxC))
             allowed = q_idx[:, None] >= k_idx[None, :]
             return finish(_update(init, s, allowed, (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)))
 
@@ -92,7 +100,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
                 bias = None
                 if carried:
                     bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
-                s = tile_logits(q, k, q_pos, k_pos, scheme, bias)
+                s = tile_logits(q, k, q_pos, k_pos, scheme, bias, None if cb is None else (cb[i], cb[j]))
                 allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
                 dist = (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)
                 return _update(state, s, allowed, dist), row_BxHxQ
@@ -112,9 +120,14 @@ def layer_statistics(attn_module, x_BxTxD: jax.Array, positions_BxT: jax.Array,
                      block: int = 512) -> tuple[jax.Array, jax.Array]:
     """(mean distance, entropy), each float32 B x H x T, of one decoder layer's `Attention` given
     its input (after ln1): q and k from the module's own qkv projection, as `Attention.__call__`
-    computes them, and its scheme."""
+    computes them, its scheme and the scheme's `token_context` of the input. LM-Infinite's Lambda
+    mask is not applied here, so a layer that sets it is refused."""
+    if lambda_masked(attn_module.cfg):
+        raise ValueError("attention statistics do not apply the Lambda mask (model.attention_sinks / "
+                         "model.attention_window); evaluate them without it")
     q, k, _ = attn_module.project(x_BxTxD)
-    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block)
+    context = attn_module.scheme.token_context(x_BxTxD, positions_BxT)
+    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block, context)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -9,10 +9,12 @@ one `custom_vjp` softmax-attention whose backward pass uses the identity
 B x H x T x S tensors: that, and the skipped upper tiles, is why a training step's attention runs
 faster here than in the dense composite (measured in benchmarks/README.md).
 
-Schemes enter through the same hooks as `dense_attention`: `rotate` once, `bias` per row tile (its
-gradient flows to the scheme's parameters through the tile's dS), and a per-query `logit_scale`,
-which is folded into the queries. Schemes with a `value_bias`, a logit scale that varies along the
-keys, or bias over whole rows (`needs_full_rows`) are not expressible here; `supports` says which.
+Schemes enter through the same hooks as `dense_attention`: `rotate` once, `bias` and a bias from the
+layer's input (`context_bias`, FoX) per row tile (their gradients flow to the scheme's parameters
+through the tile's dS), and a per-query `logit_scale`, which is folded into the queries. Schemes with
+a `value_bias`, a logit scale that varies along the keys, bias over whole rows (`needs_full_rows`),
+a logit transform (DAPE) or weights that are not a softmax (stick-breaking) are not expressible
+here; `supports` says which.
 """
 from __future__ import annotations
 
@@ -36,8 +38,9 @@ def tile_size(length: int) -> int:
 
 
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
-    """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale."""
-    if scheme.needs_full_rows:
+    """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale,
+    under a softmax."""
+    if scheme.needs_full_rows or scheme.transforms_logits or scheme.normalization != "softmax":
         return False
     if adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
         return False
@@ -46,12 +49,14 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
 
 
 def triangular_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
-                         dropout: Dropout = NO_DROPOUT) -> jax.Array:
+                         dropout: Dropout = NO_DROPOUT, context_BxTxC: jax.Array | None = None) -> jax.Array:
     """softmax(scale * q k^T / sqrt(K) + bias) v under the causal mask, equal to `dense_attention`
-    up to float32 rounding. Logits, softmax and dS are float32; matmul inputs keep q's dtype."""
+    up to float32 rounding. Logits, softmax and dS are float32; matmul inputs keep q's dtype.
+    `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one."""
     if not supports(scheme, q_pos_BxT, k_pos_BxT):
-        raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key or needs "
-                         f"whole rows; model.attention=triangular cannot express it: use dense or auto")
+        raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key, needs "
+                         f"whole rows, transforms logits or is not a softmax; model.attention=triangular cannot "
+                         f"express it: use dense or auto")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     q_BxHxTxK = jnp.swapaxes(q_BxTxHxK, 1, 2) * d ** -0.5
@@ -66,6 +71,11 @@ def triangular_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, 
         end = min(start + step, t)
         bias = scheme.bias(q_BxTxHxK[:, start:end], k_BxTxHxK[:, :end], q_pos_BxT[:, start:end],
                            k_pos_BxT[:, :end])
+        if context_BxTxC is not None:
+            from_input = scheme.context_bias(context_BxTxC[:, start:end], context_BxTxC[:, :end],
+                                             q_pos_BxT[:, start:end], k_pos_BxT[:, :end])
+            if from_input is not None:
+                bias = from_input if bias is None else bias + from_input
         keep = None
         if dropping:
             keep = jax.random.bernoulli(jax.random.fold_in(dropout.key, start), 1.0 - dropout.rate,

@@ -1,0 +1,95 @@
+"""DAPE: the positional bias refined, per (query, key) pair, by a small MLP over the heads that also
+sees the attention scores."""
+from __future__ import annotations
+
+import dataclasses
+from typing import Any
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+from posenc.base import ModelDims, register
+from posenc.fire import _torch_linear_init
+from posenc.wrappers import Wrapper
+
+LEAKY_SLOPE = 0.01  # PyTorch's nn.LeakyReLU default, the reference's activation
+
+
+@dataclasses.dataclass(frozen=True)
+class DapeOptions:
+    base: str = "kerple_log"  # the bias refined: the paper's ALiBi, KERPLE (its best) or FIRE; any scheme works
+    hidden: int = 32          # the MLP's width (the reference's mlp_width)
+
+
+@register("dape")
+class Dape(Wrapper):
+    """Data-Adaptive Positional Encoding around any scheme: with S = q k^T / sqrt(d) the scores of a
+    pair (all heads) and B its base bias (the wrapped scheme's, all heads),
+
+        logits = S + B + f([S, B]),    f(u) = W2 LeakyReLU(W1 u + b1) + b2,    u in R^(2H), f(u) in R^H,
+
+    one MLP per layer applied to every (query, key) pair, mixing heads: the bias adapts to the
+    content and to the attention pattern at each length.
+
+    Zheng, Gao, Shi, Huang, Li, Xiong, Ren, Ng, Jiang, Li & Li, "DAPE: Data-Adaptive Positional
+    Encoding for Length Extrapolation", NeurIPS 2024 (chuanyang-Zheng/DAPE: `AliBi_C`,
+    `ParallelKerpleLog_C`, `FIRE_C` in megatron/model/positional_embeddings.py; `mlp_width` 32,
+    `nn.Linear` layers with PyTorch's default initialisation, LeakyReLU). The base bias is this
+    registry's scheme with its own options and initialisation, one per layer (the reference's
+    KERPLE and FIRE are per layer too); the reference's FIRE_C uses LeakyReLU inside FIRE's own
+    MLP, ours (`fire`) the FIRE authors' ReLU.
+
+    Hook: `transform_logits`, elementwise per pair, so blockwise evaluation applies it tile by tile
+    (the MLP's hidden units H at a time: no B x hidden x tile array). The triangular, fused
+    and Pallas paths, which add a bias and nothing else, refuse it.
+    """
+    family = "wrapper"
+    citation = "Zheng et al. 2024"
+    extrapolates = "yes"
+    Options = DapeOptions
+    per_layer = True
+    transforms_logits = True
+
+    def __init__(self, options: DapeOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+        if self.inner.transforms_logits or self.inner.normalization != "softmax":
+            raise ValueError(f"dape cannot wrap {options.base!r}: it already transforms logits or is not a softmax")
+        if options.hidden < 1:
+            raise ValueError(f"dape.hidden must be >= 1, got {options.hidden}")
+        self.per_layer, self.transforms_logits = True, True  # whatever the base: one MLP per layer
+        h, width = dims.num_heads, options.hidden
+        self.w1 = nnx.Param(_torch_linear_init(rngs.params(), 2 * h, (2 * h, width)))
+        self.b1 = nnx.Param(_torch_linear_init(rngs.params(), 2 * h, (width,)))
+        self.w2 = nnx.Param(_torch_linear_init(rngs.params(), width, (width, h)))
+        self.b2 = nnx.Param(_torch_linear_init(rngs.params(), width, (h,)))
+
+    def refinement(self, scores_BxHxTxS: jax.Array, bias_BxHxTxS: jax.Array) -> jax.Array:
+        """f([S, B]), B x H x T x S (`refine`)."""
+        return refine(scores_BxHxTxS, bias_BxHxTxS, self.w1[...], self.b1[...], self.w2[...], self.b2[...])
+
+    def bias_fn(self):
+        return None  # a kernel that adds the base bias alone would miss the refinement
+
+    def transform_logits(self, scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS):
+        bias = (jnp.zeros_like(scores_BxHxTxS) if bias_BxHxTxS is None
+                else jnp.broadcast_to(bias_BxHxTxS, scores_BxHxTxS.shape).astype(jnp.float32))
+        return scores_BxHxTxS + bias + self.refinement(scores_BxHxTxS, bias)
+
+
+@jax.jit
+def refine(scores_BxHxTxS, bias_BxHxTxS, w1_2HxW, b1_W, w2_WxH, b2_H):
+    """W2 LeakyReLU(W1 [S, B] + b1) + b2 for every pair, B x H x T x S, one hidden unit after the
+    other (`fori_loop`, elementwise sums over the heads that XLA fuses), so that no intermediate is
+    larger than the scores themselves (B x hidden x tile would be hidden / H times that). Jitted, so
+    that an eager call compiles it once per shape."""
+    h = scores_BxHxTxS.shape[1]
+    heads = (slice(None), None, None)
+
+    def add_unit(u, out):
+        pre = ((scores_BxHxTxS * w1_2HxW[:h, u][heads]).sum(1) + (bias_BxHxTxS * w1_2HxW[h:, u][heads]).sum(1)
+               + b1_W[u])
+        return out + w2_WxH[u][heads] * jax.nn.leaky_relu(pre, LEAKY_SLOPE)[:, None]
+
+    start = jnp.broadcast_to(b2_H[heads], scores_BxHxTxS.shape).astype(jnp.float32)
+    return jax.lax.fori_loop(0, w1_2HxW.shape[1], add_unit, start)
