@@ -5,11 +5,17 @@ byte, BPE token, word; training length marked, the paper's curves dashed where t
 OUTDIR/loss_by_position.png (loss against position inside the window) and OUTDIR/ppl_vs_length.md
 (the numbers, one table per unit, split and series, the paper's beside ours).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 from absl import app, flags
 
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
 from experiment.report import PAPER_MODES
+from experiment.run import runs_inside
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
@@ -24,6 +30,11 @@ def main(argv):
     def go():
         if not workdirs:
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
+        for workdir in workdirs:  # a sweep's root given for its runs
+            inside = runs_inside(workdir)
+            if inside:
+                raise ValueError(f"{workdir} is not a run but holds {len(inside)} (a sweep's folder?): give the "
+                                 f"runs, python report.py {workdir.rstrip('/')}/* --out {FLAGS.out}")
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")
         for path in paths.get("attention_pngs", []):

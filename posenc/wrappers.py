@@ -14,7 +14,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, build, get, register
+from posenc.base import LengthError, ModelDims, Scheme, build, get, names, register
+from posenc.domains import at_least, one_of, satisfies
 
 
 class Wrapper(Scheme):
@@ -72,9 +73,13 @@ def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
     return jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
 
 
+REGISTERED = satisfies(lambda v, _: v in names(), "a registered positional scheme (posenc.names())", "rope")
+
+
 @dataclasses.dataclass(frozen=True)
 class LognOptions:
     base: str = "rope"  # the wrapped scheme (RoPE: the pairing of Su 2021 and later long-context LMs)
+    DOMAINS = {"base": REGISTERED}
 
 
 @register("logn")
@@ -122,6 +127,8 @@ class RandomizedOptions:
     base: str = "rope"    # the wrapped scheme
     max_length: int = 0   # L, the range positions are drawn from; 0 means 16 x train_length
     eval_positions: str = "sampled"  # "sampled" (the reference's) or "consecutive" (0 .. T-1)
+    DOMAINS = {"base": REGISTERED, "max_length": at_least(0, note="0 = 16 x train_length"),
+               "eval_positions": one_of("sampled", "consecutive")}
 
 
 @register("randomized")

@@ -113,9 +113,11 @@ def test_sequence_override_parses(monkeypatch, path, key, text, expected):
 
 @pytest.mark.parametrize("path", CONFIGS)
 def test_sequence_override_as_separate_argument_and_repeated(monkeypatch, path):
+    """A key given twice takes its last value, as a scalar key does (ml_collections joined the tuples)."""
     config = parse_config(monkeypatch, path, "--config.eval.lengths", "32,64", "--config.eval.length_multipliers=2",
-                          "--config.eval.length_multipliers=3")
-    assert config.eval.lengths == (32, 64) and config.eval.length_multipliers == (2, 3)
+                          "--config.eval.length_multipliers=3", "--config.eval.lengths=64,128", "--config.eval.lengths",
+                          "256")
+    assert config.eval.lengths == (256,) and config.eval.length_multipliers == (3,)
 
 
 @pytest.mark.parametrize("path,key", SEQUENCE_KEYS, ids=[f"{p[8:-3]}:{k}" for p, k in SEQUENCE_KEYS])

@@ -103,8 +103,8 @@ def test_training_without_a_terminal_logs_loss_lines_and_says_when_it_stops_earl
 @pytest.mark.parametrize("args, expected", [
     (["--config.posenc.rope.pi_factor=2"], "has no effect: this run uses alibi, not rope"),
     (["--config.posenc.alibi.nosuch=1"], "positional scheme 'alibi' has no options"),
-    (["--config.train.batch_size=-4"], "train.batch_size must be a positive integer"),
-    (["--config.train.steps=0"], "train.steps must be a positive integer"),
+    (["--config.train.batch_size=-4"], "train.batch_size must be >= 1, got -4; a valid value: train.batch_size=32"),
+    (["--config.train.steps=0"], "train.steps must be >= 1"),
 ])
 def test_bad_training_options_are_refused_before_anything_is_written(tmp_path, args, expected):
     out = run_entry("train.py", "--config", "configs/demo.py", "--workdir", str(tmp_path / "run"), *args)
@@ -119,7 +119,7 @@ def test_workdir_and_out_that_are_files_are_refused_in_one_line(tmp_path):
     out = run_entry("train.py", "--config", "configs/demo.py", "--workdir", str(file))
     assert out.returncode == 2 and "is a file; give a folder" in out.stderr and "Traceback" not in out.stderr
     out = run_entry("sweep.py", "--config", "configs/demo.py", "--workdir", str(tmp_path), "--train_lengths", "0")
-    assert out.returncode == 2 and "--train_lengths must be positive" in out.stderr
+    assert out.returncode == 2 and "flag --train_lengths=0: '0' is not a whole number >= 1" in out.stderr
 
 
 def test_an_evaluation_override_for_a_scheme_the_run_does_not_use_is_refused():
@@ -139,7 +139,7 @@ def test_help_exits_0_listing_config_keys_and_schemes_and_a_bad_config_arg_is_on
     assert "Traceback" not in out.stderr
 
 
-def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
+def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path, monkeypatch):
     from experiment import config as config_lib
     config = tiny_config("sinusoidal")
     saved = config.to_dict()
@@ -147,6 +147,7 @@ def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = config_lib.load_config(tmp_path / "config.json")
     assert loaded.posenc.sinusoidal.layout == "vaswani" and loaded.posenc.kerple_log.per_layer is True
+    monkeypatch.setattr(RunDir, "has_checkpoint", lambda self: True)  # its config is fixed once it has one
     with pytest.raises(ValueError, match="posenc.sinusoidal.layout: 'vaswani' -> 'fairseq'"):
         RunDir(tmp_path).check_config(config_lib.resolve(config))
 
