@@ -33,7 +33,7 @@ def main(argv):
         for workdir in workdirs:  # a sweep's root given for its runs
             inside = runs_inside(workdir)
             if inside:
-                raise ValueError(f"{workdir} is not a run but holds {len(inside)} (a sweep's folder?): give the "
+                raise ValueError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
                                  f"runs, python report.py {workdir.rstrip('/')}/* --out {FLAGS.out}")
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")

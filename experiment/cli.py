@@ -42,7 +42,7 @@ def run_cleanly(fn: Callable[[], object]) -> None:
             interrupts.check("interrupted during start-up; nothing was written")
             fn()
         except interrupts.Interrupted as e:
-            _stop(130, f"interrupted: {e.saved}")
+            _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
         except KeyboardInterrupt:
             _stop(130, "interrupted; what was written before is kept (every file is replaced whole)")
         except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:

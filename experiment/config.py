@@ -318,6 +318,8 @@ LEGACY_OPTION_DEFAULTS = {
 def read_saved_config(path: pathlib.Path) -> dict:
     """A run's config.json as a dict, options it predates filled in with the behaviour it had."""
     saved = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(saved, dict):
+        raise ConfigError(f"a config is a mapping of sections, found a {type(saved).__name__}")
     if isinstance(saved.get("posenc"), dict):
         saved["posenc"] = posenc.canonical_config(saved["posenc"])  # a scheme saved under a former name
     posenc_block = saved.get("posenc")

@@ -29,7 +29,9 @@ log = logging.getLogger(__name__)
 def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | None = None) -> dict:
     """Train (or resume) the run in `workdir`; once training is complete, evaluate it as
     `config.eval` says (lengths the scheme cannot encode are skipped with a warning). The run
-    directory is held from the first step to the last record."""
+    directory is held from the first step to the last record; the config is checked before it is
+    created."""
+    config = config_lib.resolve(config)
     with opened(workdir, "training") as run:
         summary = train(config, run, max_steps=max_steps)
         if summary["done"]:

@@ -22,18 +22,18 @@ command that repairs it (RunError), or, for the token streams (a cache), encoded
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import pathlib
 import shutil
-import sys
 from typing import Callable
 
 import numpy as np
 
 import corpora
 from experiment import checkpoints, config as config_lib, lock, records
+from experiment.run_files import (check_meta, checked_origin, checked_stream, first_line, quiet_abandoned_reads,
+                                  write_atomically)
 from experiment.runtime import distributed
 
 log = logging.getLogger(__name__)
@@ -149,15 +149,12 @@ class RunDir:
         if not self.exists():
             return None
         try:
-            saved = config_lib.read_saved_config(self.config_path)
-            if not isinstance(saved, dict):
-                raise ValueError(f"a {type(saved).__name__}, not a mapping of sections")
-            return saved
+            return config_lib.read_saved_config(self.config_path)
         except ValueError as e:
             raise self._damaged_config(e) from None
 
     def _damaged_config(self, error: Exception) -> RunError:
-        detail = _first_line(error)
+        detail = first_line(error)
         if not self.has_checkpoint():
             return RunError(f"{self.config_path} is damaged ({detail}); no checkpoint depends on it: the train.py "
                             f"command of this run writes it again")
@@ -170,6 +167,7 @@ class RunDir:
         before its first checkpoint, any config replaces the attempt (`clear_leftovers`)."""
         if not self.has_checkpoint():
             return
+        self.load_config()  # a damaged config.json is named, not compared
         diffs = config_lib.config_differences(self._saved_config() or {}, config.to_dict())
         if diffs:
             raise RunError(f"{self.path} holds a run with a different config ({'; '.join(diffs)}); "
@@ -223,7 +221,7 @@ class RunDir:
             try:
                 return corpora.load_tokenizer(self.tokenizer_path)
             except Exception as e:  # noqa: BLE001 - JSON, keys, the tokenizers library: all mean damaged
-                raise RunError(f"{self.tokenizer_path} is damaged ({_first_line(e)}); {self._tokenizer_repair(data_cfg)}") \
+                raise RunError(f"{self.tokenizer_path} is damaged ({first_line(e)}); {self._tokenizer_repair(data_cfg)}") \
                     from None
         if not write:
             raise RunError(f"{self.tokenizer_path} is missing; the run directory is incomplete (train again "
@@ -243,7 +241,7 @@ class RunDir:
         meta = path.with_suffix(".json")
         if path.exists() and meta.exists():
             try:
-                return _checked_stream(path, meta, tokenizer.vocab_size)
+                return checked_stream(path, meta, tokenizer.vocab_size)
             except ValueError as e:
                 if not write:
                     raise RunError(f"{path} is damaged ({e}); delete it and {meta.name} beside it: the next "
@@ -257,7 +255,7 @@ class RunDir:
             tmp = path.with_suffix(".tmp.npy")
             np.save(tmp, stream)
             tmp.replace(path)
-            _write_atomically(meta, json.dumps({"words": words, "tokens": int(len(stream))}))
+            write_atomically(meta, json.dumps({"words": words, "tokens": int(len(stream))}))
         return stream, words
 
     def _tokenizer_repair(self, data_cfg) -> str:
@@ -295,15 +293,15 @@ class RunDir:
         failed: list[tuple[int, Exception]] = []
         for step in steps:
             try:
-                with _quiet_abandoned_reads():
+                with quiet_abandoned_reads():
                     restored = checkpoints.restore(mngr, params, opt_state, step=step)
-                _check_meta(restored[2], step)
+                check_meta(restored[2], step)
             except Exception as e:  # noqa: BLE001 - unreadable: try the one before
                 failed.append((step, e))
                 continue
             for bad, error in failed:
                 log.warning("the checkpoint at step %d in %s cannot be read (%s); using step %d%s", bad,
-                            self.checkpoints_dir, _first_line(error), step,
+                            self.checkpoints_dir, first_line(error), step,
                             " and deleting the damaged one" if drop_damaged else "")
                 if drop_damaged:
                     mngr.delete(bad)
@@ -311,7 +309,7 @@ class RunDir:
         if failed:
             newest = self.checkpoints_dir / str(failed[0][0])
             raise RunError(f"no checkpoint in {self.checkpoints_dir} can be read with this run's config.json ("
-                           + "; ".join(f"step {s}: {_first_line(e)}" for s, e in failed[:3])
+                           + "; ".join(f"step {s}: {first_line(e)}" for s, e in failed[:3])
                            + f"); if their files are damaged, delete them (rm -r {newest} ...): the same train.py "
                              f"command then starts the run again") from failed[0][1]
         raise RunError(f"{self.path} has no checkpoint yet; train first")
@@ -328,7 +326,7 @@ class RunDir:
                     kept.append(line)
             except (ValueError, KeyError, TypeError):  # a line cut short by a crash, or not a record
                 continue
-        _write_atomically(self.metrics_path, "".join(line + "\n" for line in kept))
+        write_atomically(self.metrics_path, "".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
     def records(self, kind: str) -> list[dict]:
@@ -362,18 +360,15 @@ class RunDir:
         if not self.init_from_path.exists():
             return None
         try:
-            origin = json.loads(self.init_from_path.read_text())
-            kinds = {"workdir": str, "step": int, "scheme": str, "train_length": int}
-            if not isinstance(origin, dict) or not all(isinstance(origin.get(k), t) for k, t in kinds.items()):
-                raise ValueError(f"expected {{{', '.join(kinds)}}}")
+            origin = checked_origin(self.init_from_path)
         except ValueError as e:
-            raise RunError(f"{self.init_from_path} is damaged ({_first_line(e)}); it only labels where the run "
+            raise RunError(f"{self.init_from_path} is damaged ({first_line(e)}); it only labels where the run "
                            f"started (reports show 'from base@step'): delete it (rm {self.init_from_path}) and the "
                            f"run is shown without its origin") from None
         return origin
 
     def record_origin(self, origin: dict) -> None:
-        _write_atomically(self.init_from_path, json.dumps(origin, indent=1))
+        write_atomically(self.init_from_path, json.dumps(origin, indent=1))
 
 
 def runs_inside(folder: str | pathlib.Path) -> list[pathlib.Path]:
@@ -397,56 +392,3 @@ def opened(workdir: "str | pathlib.Path | RunDir", purpose: str):
         return
     with run.locked(purpose):
         yield run
-
-
-@contextlib.contextmanager
-def _quiet_abandoned_reads():
-    """A failed orbax restore leaves its other reads' coroutines unawaited; Python would print each
-    one's error with a page of TensorStore spec whenever they are collected (often much later).
-    From the first failed restore on, those (and only those) are dropped quietly."""
-    try:
-        yield
-    except Exception:
-        if not getattr(sys.unraisablehook, "drops_orbax_reads", False):
-            previous = sys.unraisablehook
-
-            def hook(unraisable):
-                code = getattr(unraisable.object, "cr_code", None)
-                if code is None or "orbax" not in code.co_filename:
-                    previous(unraisable)
-            hook.drops_orbax_reads = True
-            sys.unraisablehook = hook
-        gc.collect()
-        raise
-
-
-def _check_meta(meta, step: int) -> None:
-    """A checkpoint's meta item names its step and data position (ValueError otherwise)."""
-    if not isinstance(meta, dict) or meta.get("step") != step or not isinstance(meta.get("data_position"), int):
-        raise ValueError(f"its meta item is damaged (expected step {step} and a data position, got {meta!r:.80})")
-
-
-def _checked_stream(path: pathlib.Path, meta: pathlib.Path, vocab_size: int) -> tuple[np.ndarray, int]:
-    """(stream, words) from the cache files, each checked (ValueError saying what is wrong)."""
-    try:
-        info = json.loads(meta.read_text())
-        stream = np.load(path)
-    except (ValueError, OSError, EOFError) as e:
-        raise ValueError(_first_line(e)) from None
-    if not isinstance(info, dict) or not all(isinstance(info.get(k), int) for k in ("words", "tokens")):
-        raise ValueError(f"{meta.name} lacks its word and token counts")
-    if stream.ndim != 1 or not np.issubdtype(stream.dtype, np.integer) or len(stream) != info["tokens"]:
-        raise ValueError(f"expected {info['tokens']:,} token ids, found an array of {stream.dtype} {stream.shape}")
-    if len(stream) and (stream.min() < 0 or stream.max() >= vocab_size):
-        raise ValueError(f"token ids outside the vocabulary of {vocab_size:,}")
-    return stream, info["words"]
-
-
-def _write_atomically(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
-    tmp.replace(path)
-
-
-def _first_line(error: BaseException | None) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""

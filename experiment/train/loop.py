@@ -72,7 +72,7 @@ def train(config, workdir: str | pathlib.Path | RunDir, *, max_steps: int | None
     corpora.check_splits(config.data, sorted({config.data.train_split, config.eval.split}))
     with opened(workdir, "training") as run:
         tokenizer, stream, tx, state = _set_up(config, run, mesh)
-        interrupts.check(lambda: _kept(run, "before training started"))
+        interrupts.check(lambda: _kept(run, "interrupted before training started"))
         return _train_loop(config, run, _Setup(mesh, micro_steps, tokenizer, stream, tx), state, max_steps)
 
 
@@ -80,8 +80,8 @@ def _kept(run: RunDir, when: str) -> str:
     """What an interruption `when` leaves: the newest checkpoint, or nothing of the run."""
     step = run.latest_step()
     if step is None:
-        return (f"{when}; no checkpoint yet, so no run is kept in {run.path}: the same command (or a corrected "
-                f"one) starts it again")
+        return (f"{when}; no checkpoint exists yet (the run is not saved): the same command (or a corrected "
+                f"one) starts it over")
     return f"{when}; the checkpoint at step {step} is kept: the same command resumes from it"
 
 
@@ -250,10 +250,16 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
                 save(step)
             if step == start:
                 raise interrupts.Interrupted(_kept(run, "interrupted before the first step")) from None
+            then = ("training is complete: the same command goes on to what follows it (evaluation)"
+                    if step >= tc.steps else "the same command resumes from it")
             raise interrupts.Interrupted(f"interrupted at step {step} of {tc.steps}; checkpoint saved at step "
-                                         f"{step}: the same command resumes from it") from None
+                                         f"{step}: {then}") from None
         except TrainingDiverged as e:
-            raise TrainingDiverged(f"{e}; {_kept(run, 'nothing of this step was saved')}") from None
+            kept = run.latest_step()
+            raise TrainingDiverged(
+                f"{e}; no checkpoint was written, so the corrected command starts the run over (the same --workdir)"
+                if kept is None else f"{e}; the checkpoints up to step {kept} are kept, but a run's train.lr is "
+                f"fixed once it has one: train with a lower train.lr in a new --workdir") from None
     if step < tc.steps:
         log.info("stopped at step %d of %d (--max_steps=%d); the run is unfinished: the same command "
                  "resumes it", step, tc.steps, max_steps)
