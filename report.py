@@ -15,7 +15,7 @@ from absl import app, flags
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
 from experiment.report import PAPER_MODES
-from experiment.run import runs_inside
+from experiment.run import refuse_folders_of_runs
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
@@ -30,11 +30,7 @@ def main(argv):
     def go():
         if not workdirs:
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
-        for workdir in workdirs:  # a sweep's root given for its runs
-            inside = runs_inside(workdir)
-            if inside:
-                raise ValueError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
-                                 f"runs, python report.py {workdir.rstrip('/')}/* --out {FLAGS.out}")
+        refuse_folders_of_runs(workdirs, FLAGS.out)  # a sweep's root given for its runs
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")
         for path in paths.get("attention_pngs", []):

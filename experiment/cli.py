@@ -108,12 +108,13 @@ class _DomainParser(flags.ArgumentParser):
         return values if self.sequence else values[0]
 
 
-def define_numbers(name: str, default, help_text: str, *, kind: type = int, domain: Domain,
-                   example: str, sequence: bool = True) -> None:
+def define_numbers(name: str, default, help_text: str, *, kind: type = int, domain: Domain, example: str,
+                   sequence: bool = True, flag_values: flags.FlagValues | None = None) -> None:
     """An absl flag of numbers checked against `domain` as it is parsed (a list, comma-separated,
-    unless `sequence` is False)."""
+    unless `sequence` is False). `flag_values`: absl's global FLAGS unless given."""
     serializer = flags.CsvListSerializer(",") if sequence else flags.ArgumentSerializer()
-    flags.DEFINE(_DomainParser(kind, domain, example, sequence), name, default, help_text, serializer=serializer)
+    flags.DEFINE(_DomainParser(kind, domain, example, sequence), name, default, help_text, serializer=serializer,
+                 flag_values=flags.FLAGS if flag_values is None else flag_values)
 
 
 def _last_line(message: str) -> str:

@@ -371,13 +371,16 @@ class RunDir:
         write_atomically(self.init_from_path, json.dumps(origin, indent=1))
 
 
-def runs_inside(folder: str | pathlib.Path) -> list[pathlib.Path]:
-    """The runs (sub-folders with a config.json) of a folder that is not a run itself, such as a
-    sweep's root; [] for a run or a folder without runs."""
-    folder = pathlib.Path(folder)
-    if not folder.is_dir() or RunDir(folder).exists():
-        return []
-    return sorted(p for p in folder.iterdir() if p.is_dir() and RunDir(p).exists())
+def refuse_folders_of_runs(workdirs: list, out: str) -> None:
+    """A folder given where a run is expected that is not one but holds runs (a sweep's root, given
+    for `ROOT/*`) is refused with the command that names its runs."""
+    for workdir in map(pathlib.Path, workdirs):
+        if not workdir.is_dir() or RunDir(workdir).exists():
+            continue
+        inside = [p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists()]
+        if inside:
+            raise RunError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
+                           f"runs, python report.py {workdir}/* --out {out}")
 
 
 @contextlib.contextmanager
