@@ -24,7 +24,7 @@ def main(argv):
 
     def go():
         print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out)}")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; the export folder may be incomplete: the same command writes it again")
 
 
 if __name__ == "__main__":

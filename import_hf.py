@@ -54,7 +54,8 @@ def main(argv):
         print(f"imported {argv[1]} into {run.path}: window {config.train.seq_len}, "
               f"vocabulary {config.data.tokenizer} tokenizer; evaluate with "
               f"python eval_extrapolate.py --workdir {run.path} --lengths ...")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; nothing was imported (the run is written in a staging folder, "
+                             "removed): the same command imports it")
 
 
 if __name__ == "__main__":

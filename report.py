@@ -37,7 +37,7 @@ def main(argv):
             print(f"wrote {path}")
         if "passkey" in paths:
             print(f"wrote the passkey report: {', '.join(str(v) for v in paths['passkey'].values())}")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; the report may be incomplete: the same command writes it again")
 
 
 if __name__ == "__main__":

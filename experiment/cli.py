@@ -4,6 +4,7 @@ tracebacks, and Ctrl-C (experiment/runtime/interrupts.py) for the whole command.
 from __future__ import annotations
 
 import ast
+import contextlib
 import errno
 import os
 import sys
@@ -31,16 +32,20 @@ flags.DEFINE_integer("process_id", None, "several processes as one job: this one
 USER_OS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
-def run_cleanly(fn: Callable[[], object]) -> None:
+def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None:
     """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback).
     Ctrl-C, at any moment, stops at the next safe point and exits 130 with a line that says what
-    is saved (experiment/runtime/interrupts.py)."""
+    is saved (experiment/runtime/interrupts.py); `at_once`: fn has no safe points and stopping it
+    anywhere is harmless (it writes whole files, or a folder renamed at the end), so Ctrl-C stops
+    it at once, and this line says what is left."""
     f = flags.FLAGS
     with interrupts.deferred(exit_on_second=True):
         try:
             start_runtime(*((f.coordinator_address, f.num_processes, f.process_id) if f.is_parsed() else ()))
             interrupts.check("interrupted during start-up; nothing was written")
-            fn()
+            with interrupts.immediate(at_once) if at_once else contextlib.nullcontext():
+                fn()
+            interrupts.check("interrupted as the command finished; everything it does was done and saved")
         except interrupts.Interrupted as e:
             _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
         except KeyboardInterrupt:
@@ -202,10 +207,11 @@ def _number_tuple(key: str, text: str) -> str:
     return repr(tuple(values))
 
 
-def _tuple_overrides(argv: list[str]) -> list[str]:
-    """`argv` with each override of a sequence of numbers in the config (eval.lengths, ...) checked and
-    written as a tuple literal: a bad element fails here, naming the key, not as a string deep in a
-    run. ml_collections overrides tuples, never lists: a list-valued key is refused, naming it.
+def _checked_overrides(argv: list[str]) -> list[str]:
+    """`argv` with each override of a number or true / false checked against the option's type, and
+    each of a sequence of numbers (eval.lengths, ...) checked and written as a tuple literal: a bad
+    value fails here, naming the key, not as a string deep in a run (its domain is checked with the
+    whole config). ml_collections overrides tuples, never lists: a list-valued key is refused.
     A key given twice takes its last value, as every other key does (ml_collections would join the
     two tuples: --config.eval.lengths=64,128 --config.eval.lengths=256 gave 64, 128, 256)."""
     config = _load_config(argv) if any(a.startswith("--config.") for a in argv) else None
@@ -225,6 +231,13 @@ def _tuple_overrides(argv: list[str]) -> list[str]:
         if isinstance(node, list):
             raise _OverrideError(f"config key {key!r} holds a list, which --config.{key} cannot override: "
                                  f"make it a tuple in {_config_arg(argv).partition(':')[0]}")
+        if isinstance(node, (bool, int, float)) and (eq or not isinstance(node, bool)):
+            value = text if eq else argv[i + 1]
+            try:  # the option's type, named (ml_collections would say "invalid literal for int()")
+                config_lib.converted(node, value, f"--config.{key}={value}")
+            except ValueError as e:
+                raise _OverrideError(str(e)) from None
+            continue
         if not isinstance(node, tuple) or not all(_is_number(v) for v in node):
             continue
         if eq:
@@ -291,7 +304,7 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) ->
         sys.exit(2)
     flag_values = flags.FLAGS if flag_values is None else flag_values
     try:
-        rest = flag_values(_tuple_overrides(argv))
+        rest = flag_values(_checked_overrides(argv))
         if "config" in flag_values and flag_values["config"].value is not None:
             _check_config_object(flag_values["config"].value, spec)
         return rest

@@ -86,8 +86,9 @@ class TrainConfig:
     init_from: str = ""             # start from another run's parameters (experiment/train/init_from.py)
     init_step: int = 0              # ... at this step (0: its newest)
     dropout_rng: str = "threefry"   # the dropout masks' PRNG: threefry | rbg | unsafe_rbg
-    DOMAINS = {"seq_len": at_least(1), "batch_size": at_least(1), "steps": at_least(1), "optimizer": one_of(*OPTIMIZERS),
-               "lr": positive(), "warmup_steps": at_least(0), "warmup_init_lr": at_least(0),
+    DOMAINS = {"seq_len": at_least(1), "batch_size": at_least(1), "steps": at_least(1),
+               "optimizer": one_of(*OPTIMIZERS), "lr": positive(), "warmup_steps": at_least(0),
+               "warmup_init_lr": at_least(0),
                "min_lr_ratio": unit_interval(), "weight_decay": at_least(0), "b1": unit_interval(hi_open=True),
                "b2": unit_interval(hi_open=True), "momentum": unit_interval(hi_open=True), "grad_clip": positive(),
                "device_batch_tokens": at_least(0, note="0 = the whole update"), "log_every": at_least(1),
@@ -187,8 +188,8 @@ def typed(config: Any) -> Config:
     if isinstance(config, Config):
         return config
     if not hasattr(config, "keys"):
-        raise ConfigError(f"a config is a mapping of sections (ml_collections.ConfigDict), got {type(config).__name__}; "
-                          f"start from experiment.config.defaults(scheme)")
+        raise ConfigError(f"a config is a mapping of sections (ml_collections.ConfigDict), got "
+                          f"{type(config).__name__}; start from experiment.config.defaults(scheme)")
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
     not_blocks = [name for name in ("posenc", *SECTIONS) if name in raw and not hasattr(raw[name], "keys")]
     if not_blocks:
@@ -250,10 +251,10 @@ def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
         node = node[part]
     if leaf not in node:
         raise ValueError(f"{option} {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
-    node[leaf] = _converted(node[leaf], raw, f"{option} {dotted}={raw}")
+    node[leaf] = converted(node[leaf], raw, f"{option} {dotted}={raw}")
 
 
-def _converted(old, raw, where: str):
+def converted(old, raw, where: str):
     """`raw` (text from a flag) as a value of the type of `old`; a ValueError naming `where` and
     the type wanted otherwise (its domain is checked later, with the whole config)."""
     if old is None or (isinstance(raw, type(old)) and not isinstance(old, bool)):
@@ -264,7 +265,7 @@ def _converted(old, raw, where: str):
             raise ValueError(f"{where}: {text!r} is not true or false (1/true/yes, 0/false/no)")
         return text.lower() in ("1", "true", "yes")
     if isinstance(old, (tuple, list)):  # elements typed like the first default; any numbers if it has none
-        return tuple(_converted(old[0], v, where) if old else _number(str(v), where, "a number", 1)
+        return tuple(converted(old[0], v, where) if old else _number(str(v), where, "a number", 1)
                      for v in _as_list(raw))
     if isinstance(old, int):
         number = _number(text, where, "a whole number", old)

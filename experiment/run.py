@@ -221,8 +221,8 @@ class RunDir:
             try:
                 return corpora.load_tokenizer(self.tokenizer_path)
             except Exception as e:  # noqa: BLE001 - JSON, keys, the tokenizers library: all mean damaged
-                raise RunError(f"{self.tokenizer_path} is damaged ({first_line(e)}); {self._tokenizer_repair(data_cfg)}") \
-                    from None
+                raise RunError(f"{self.tokenizer_path} is damaged ({first_line(e)}); "
+                               f"{self._tokenizer_repair(data_cfg)}") from None
         if not write:
             raise RunError(f"{self.tokenizer_path} is missing; the run directory is incomplete (train again "
                            f"with the same command to rebuild it)")
@@ -262,7 +262,8 @@ class RunDir:
         """How to put back a damaged tokenizer.json: from where the run's tokenizer came."""
         base = self._config.train.init_from if self._config is not None else ""
         if data_cfg.tokenizer == "pretrained":
-            return "it came with the imported checkpoint: import it again (python import_hf.py CHECKPOINT --workdir NEW)"
+            return ("it came with the imported checkpoint: import it again (python import_hf.py CHECKPOINT "
+                    "--workdir NEW)")
         if base:
             return f"it came from the run this one started from: cp {base}/tokenizer.json {self.tokenizer_path}"
         return (f"delete it and run this run's train.py command again: it is rebuilt from the train split (a "

@@ -74,5 +74,6 @@ def write_atomically(path: pathlib.Path, text: str) -> None:
 def first_line(error: BaseException | None) -> str:
     """An error's first line, short (a missing key reads as such, not as a bare quoted name)."""
     if isinstance(error, KeyError) and error.args:
-        return f"no {error.args[0]!r} in it"
+        key = error.args[0]
+        return f"no {key!r} in it" if isinstance(key, str) and key.isidentifier() else str(key)[:200]
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""

@@ -102,7 +102,8 @@ class ModelConfig:
                "adaptive_factor": at_least(1), "adaptive_tail_capacity": unit_interval(note="0: every token always"),
                "attention": one_of(*PATHS), "attention_block": at_least(1), "dtype": one_of(*DTYPES),
                "norm": one_of(*NORMS), "norm_eps": positive(), "mlp": one_of(*MLPS),
-               "num_kv_heads": at_least(0, note="0 = num_heads"), "head_dim": at_least(0, note="0 = d_model / num_heads")}
+               "num_kv_heads": at_least(0, note="0 = num_heads"),
+               "head_dim": at_least(0, note="0 = d_model / num_heads")}
 
     @property
     def head_size(self) -> int:

@@ -66,7 +66,8 @@ class SandwichOptions:
     dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias;
                            # 0 means the head dimension (NeMo's choice)
     base: float = 10000.0
-    DOMAINS = {"dim": satisfies(lambda v, _: v == 0 or (v >= 2 and v % 2 == 0), "0 (the head dimension) or an even number >= 2"),
+    DOMAINS = {"dim": satisfies(lambda v, _: v == 0 or (v >= 2 and v % 2 == 0),
+                                "0 (the head dimension) or an even number >= 2"),
                "base": positive()}
 
 

@@ -87,9 +87,9 @@ def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int
                      *, batch_tokens: int | None = None, skip_impossible: bool = False,
                      overrides: dict[str, str] | None = None) -> list[dict]:
     """Passkey accuracy of the run's newest checkpoint at each (length, depth; lengths None: the
-    run's config.eval.lengths); records written to WORKDIR/eval/passkey.json and returned. A length the scheme cannot encode raises its
-    LengthError, or is skipped with a warning when `skip_impossible`; a length too short for the
-    task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
+    run's config.eval.lengths); records written to WORKDIR/eval/passkey.json and returned. A
+    length the scheme cannot encode raises its LengthError, or is skipped with a warning when
+    `skip_impossible`; a length too short for the task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
     overrides = dict(overrides or {})
     with opened_for_scoring(workdir, "evaluation") as (run, config):
         lengths = [int(length) for length in (lengths or config.eval.lengths)]

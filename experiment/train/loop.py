@@ -242,7 +242,7 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
                     if step % tc.checkpoint_every == 0 or step == end:
                         save(step)
                 interrupts.check("")  # pressed during the last step or checkpoint write
-        except interrupts.Interrupted:
+        except KeyboardInterrupt:  # Interrupted at a safe point, or raised by code between two steps
             metrics.bar.close()
             if metrics.pending:
                 metrics.log(step)  # the steps since the last line are kept with the checkpoint

@@ -84,7 +84,7 @@ def test_a_value_outside_its_domain_is_refused_by_name_with_a_valid_value_that_r
     default = config_lib.typed(tiny_config("alibi")).to_dict()
     for part in key.split("."):
         default = default[part]
-    set_key(key, config_lib._converted(default, valid, "test"))(config)
+    set_key(key, config_lib.converted(default, valid, "test"))(config)
     config_lib.resolve(config)  # the value the message suggests is accepted
 
 
@@ -108,7 +108,7 @@ def test_types_are_checked_too_and_unused_schemes_are_not_looked_at():
     (600, "25", 25), (2e-3, "1e-4", 1e-4), (2e-3, "3", 3.0), (True, "no", False), ((64,), "128,256", (128, 256)),
     ((), "1.5,2", (1.5, 2)), ("fairseq", "vaswani", "vaswani")])
 def test_grid_and_set_values_take_the_type_of_the_option(old, raw, expected):
-    value = config_lib._converted(old, raw, "--grid k")
+    value = config_lib.converted(old, raw, "--grid k")
     assert value == expected and type(value) is type(expected)
 
 
@@ -119,4 +119,4 @@ def test_grid_and_set_values_take_the_type_of_the_option(old, raw, expected):
 def test_a_value_of_the_wrong_type_names_the_flag_and_the_option(old, raw, expected):
     """Issue 22, item 13: `invalid literal for int()` said neither."""
     with pytest.raises(ValueError, match=re.escape(expected)):
-        config_lib._converted(old, raw, f"--grid train.steps={raw}")
+        config_lib.converted(old, raw, f"--grid train.steps={raw}")
