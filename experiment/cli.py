@@ -113,6 +113,9 @@ class _DomainParser(flags.ArgumentParser):
         return values if self.sequence else values[0]
 
 
+flags.disclaim_key_flags()  # flags defined below by define_numbers belong to the entry point that calls it (--help)
+
+
 def define_numbers(name: str, default, help_text: str, *, kind: type = int, domain: Domain, example: str,
                    sequence: bool = True, flag_values: flags.FlagValues | None = None) -> None:
     """An absl flag of numbers checked against `domain` as it is parsed (a list, comma-separated,

@@ -102,7 +102,8 @@ class NoOptions:
 
 
 class Scheme(nnx.Module):
-    """Base class: every hook is a no-op. Subclasses set `Options` (a frozen dataclass of defaults)."""
+    """Base class: every hook is a no-op. Subclasses set `Options` (a frozen dataclass of defaults,
+    with `DOMAINS` saying what each option may hold: posenc/domains.py)."""
 
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""        # "absolute" | "relative" | "none" | ...

@@ -104,8 +104,9 @@ def above(bound: Callable[[Mapping], float], what: str) -> Domain:
                   lambda o: int(bound(o)) + 1)
 
 
-def satisfies(test: Callable[[Any, Mapping], bool], text: str, example: Any = None) -> Domain:
-    """Any other condition, as a predicate of (value, options)."""
+def satisfies(test: Callable[[Any, Mapping], bool], text: str | Callable[[Mapping], str],
+              example: Any = None) -> Domain:
+    """Any other condition, as a predicate of (value, options); `text` may be a function of the options."""
     return Domain(test, text, example)
 
 

@@ -14,7 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, build, get, names, register
+from posenc.base import LengthError, ModelDims, Scheme, build, canonical_name, get, names, register
 from posenc.domains import at_least, one_of, satisfies
 
 
@@ -73,7 +73,8 @@ def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
     return jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
 
 
-REGISTERED = satisfies(lambda v, _: v in names(), "a registered positional scheme (posenc.names())", "rope")
+REGISTERED = satisfies(lambda v, _: canonical_name(v) in names(),
+                       lambda _: f"a registered positional scheme ({', '.join(names())})", "rope")
 
 
 @dataclasses.dataclass(frozen=True)
