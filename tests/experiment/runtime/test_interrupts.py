@@ -74,12 +74,12 @@ def test_a_ctrl_c_is_held_to_the_next_safe_point_and_a_second_one_stops_at_once(
             interrupts.check(lambda: "step 3 saved")
         with pytest.raises(KeyboardInterrupt):  # a second one (a library call: raised, the process lives)
             os.kill(os.getpid(), signal.SIGINT)
-            time.sleep(1)
+            time.sleep(0.05)
     with interrupts.deferred():
         with pytest.raises(interrupts.Interrupted, match="while reading"):
             with interrupts.immediate("interrupted while reading"):
                 os.kill(os.getpid(), signal.SIGINT)
-                time.sleep(1)
+                time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is before and not interrupts.requested()
 
 
