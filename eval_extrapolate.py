@@ -1,60 +1,100 @@
-"""Perplexity at many lengths: python eval_extrapolate.py --workdir DIR [--lengths 64,128] [--stride S]
+"""Evaluate a trained run: python eval_extrapolate.py --workdir DIR [--lengths 64,128] [--stride S]
+[--passkey] [--attention] [--perplexity]
 
-Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
-(each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
-switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
-Results are merged into DIR/eval/extrapolation.json; --passkey adds passkey retrieval
-(eval/passkey.json), --attention attention statistics (eval/attention.json).
+Perplexity by default: nonoverlapping (every token scored once); --stride S < L_valid gives the
+sliding window (each window re-encodes L_valid - S tokens of context and scores S new ones).
+--passkey scores passkey retrieval (eval/passkey.json) and --attention attention statistics
+(eval/attention.json) instead; add --perplexity to score it as well. Eval-time knobs switch on
+without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise. Every flag is
+checked, for every kind asked, before any of them runs. Results are merged into DIR/eval/.
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 from absl import app, flags
 
 from experiment import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
-from experiment.cli import parse_flags, run_cleanly
-from experiment.run import RunDir
+from experiment.cli import define_numbers, parse_flags, run_cleanly
+from experiment.evals.request import Request, check_request
+from posenc.domains import at_least, between, unit_interval
 
 flags.DEFINE_string("workdir", None, "run directory with a checkpoint")
-flags.DEFINE_list("lengths", None, "evaluation lengths (default: the run's config.eval.lengths)")
-flags.DEFINE_integer("stride", None, "sliding-window stride; 0 = nonoverlapping (default: config.eval.stride)")
-flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (default: config.eval.split)")
-flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
-flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
-                     "default: config.eval.max_tokens)")
+define_numbers("lengths", None, "evaluation lengths (default: the run's config.eval.lengths)", domain=at_least(1),
+               example="--lengths=64,128")
+define_numbers("stride", None, "perplexity: sliding-window stride; 0 = nonoverlapping (default: config.eval.stride)",
+               domain=at_least(0), example="--stride=32", sequence=False)
+flags.DEFINE_enum("split", None, ["train", "valid", "test"], "perplexity, attention: split to score "
+                  "(default: config.eval.split)")
+define_numbers("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)",
+               domain=at_least(1), example="--batch_tokens=16384", sequence=False)
+define_numbers("max_tokens", None, "perplexity: score only the first N tokens of the split (0 = all of it; "
+               "default: config.eval.max_tokens)", domain=at_least(0), example="--max_tokens=100000", sequence=False)
 flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
-flags.DEFINE_boolean("attention", False, "also write each layer's and head's mean attention distance and "
-                     "entropy by query position to DIR/eval/attention.json (first --attention_windows windows)")
+flags.DEFINE_boolean("perplexity", None, "score perplexity: the default when neither --passkey nor --attention "
+                     "is given; add it to them to score it too")
+flags.DEFINE_boolean("attention", False, "write each layer's and head's mean attention distance and entropy by "
+                     "query position to DIR/eval/attention.json (first --attention_windows windows)")
 flags.DEFINE_alias("attention_stats", "attention")  # the flag's name before 2026-11
-flags.DEFINE_integer("attention_windows", 8, "windows per length for --attention")
-flags.DEFINE_boolean("passkey", False, "also score passkey retrieval (exact match by length and depth) into "
+define_numbers("attention_windows", 8, "windows per length for --attention", domain=at_least(1),
+               example="--attention_windows=8", sequence=False)
+flags.DEFINE_boolean("passkey", False, "score passkey retrieval (exact match by length and depth) into "
                      "DIR/eval/passkey.json")
-flags.DEFINE_list("passkey_depths", ["0", "0.25", "0.5", "0.75", "1"], "where the key sits: 0 = start, 1 = just before the question")
-flags.DEFINE_integer("passkey_per_cell", 20, "examples per (length, depth)")
-flags.DEFINE_integer("passkey_digits", None, "digits of the key (default: the run's data.passkey_digits, else 4)")
-flags.DEFINE_integer("passkey_seed", 1234, "seed of the passkey examples")
+define_numbers("passkey_depths", [0.0, 0.25, 0.5, 0.75, 1.0], "where the key sits: 0 = start, 1 = just before the "
+               "question", kind=float, domain=unit_interval(), example="--passkey_depths=0,0.5,1")
+define_numbers("passkey_per_cell", 20, "examples per (length, depth)", domain=at_least(1),
+               example="--passkey_per_cell=20", sequence=False)
+define_numbers("passkey_digits", None, "digits of the key (default: the run's data.passkey_digits, else 4)",
+               domain=between(1, 18), example="--passkey_digits=4", sequence=False)
+define_numbers("passkey_seed", 1234, "seed of the passkey examples", domain=at_least(0),
+               example="--passkey_seed=1234", sequence=False)
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
+
+# The evaluation kinds each flag acts on: one given for none of the kinds asked would be ignored.
+ACTS_ON = {"stride": ("perplexity",), "max_tokens": ("perplexity",), "split": ("perplexity", "attention"),
+           "attention_windows": ("attention",), "passkey_depths": ("passkey",), "passkey_per_cell": ("passkey",),
+           "passkey_digits": ("passkey",), "passkey_seed": ("passkey",)}
+
+
+def requested_kinds() -> tuple[str, ...]:
+    kinds = tuple(k for k in ("perplexity", "passkey", "attention") if FLAGS[k].value)
+    if not kinds and FLAGS.perplexity is None:
+        kinds = ("perplexity",)
+    if not kinds:
+        raise ValueError("nothing to evaluate: give --perplexity, --passkey or --attention")
+    for flag, acts_on in ACTS_ON.items():
+        if FLAGS[flag].present and not set(acts_on) & set(kinds):
+            raise ValueError(f"--{flag} acts on {' and '.join(acts_on)}, which this command does not evaluate "
+                             f"({', '.join(kinds)}); add --{acts_on[0]} or drop --{flag}")
+    return kinds
 
 
 def main(argv):
     del argv
 
     def go():
-        lengths = [int(x) for x in FLAGS.lengths] if FLAGS.lengths else None
         bad = [s for s in FLAGS.set if "=" not in s]
         if bad:
             raise ValueError(f"--set takes KEY=VALUE, got {bad[0]!r}")
-        overrides = dict(s.split("=", 1) for s in FLAGS.set)
-        for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens,
-                          max_tokens=FLAGS.max_tokens, overrides=overrides):
-            extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
-            print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
-                  f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
-        if FLAGS.passkey:
-            spec = PasskeySpec(tuple(float(d) for d in FLAGS.passkey_depths), FLAGS.passkey_per_cell,
-                               FLAGS.passkey_seed, FLAGS.passkey_digits)
-            for r in evaluate_passkey(FLAGS.workdir, lengths or RunDir(FLAGS.workdir).load_config().eval.lengths,
-                                      spec, overrides=overrides):
+        passkey = PasskeySpec(tuple(FLAGS.passkey_depths), FLAGS.passkey_per_cell, FLAGS.passkey_seed,
+                              FLAGS.passkey_digits)
+        request = Request(requested_kinds(), FLAGS.lengths, FLAGS.stride, FLAGS.split, FLAGS.max_tokens,
+                          dict(s.split("=", 1) for s in FLAGS.set), passkey, FLAGS.attention_windows)
+        check_request(FLAGS.workdir, request)  # every kind's flags, before any of them runs
+        lengths, overrides = request.lengths, request.overrides
+        if "perplexity" in request.kinds:
+            for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens,
+                              max_tokens=FLAGS.max_tokens, overrides=overrides):
+                extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
+                print(f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  "
+                      f"tokens {r['tokens']:>9,}  ppl {r['ppl']:10.3f}{extra}")
+        if "passkey" in request.kinds:
+            for r in evaluate_passkey(FLAGS.workdir, lengths, passkey, batch_tokens=FLAGS.batch_tokens,
+                                      overrides=overrides):
                 print(f"passkey L={r['eval_length']:>6}  depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}")
-        if FLAGS.attention:
+        if "attention" in request.kinds:
             for r in evaluate_attention(FLAGS.workdir, lengths, FLAGS.attention_windows, split=FLAGS.split,
                                         overrides=overrides, batch_tokens=FLAGS.batch_tokens):
                 print(f"attention L={r['eval_length']}: {r['windows']} window(s) -> eval/attention.json")

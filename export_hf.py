@@ -3,6 +3,11 @@
 DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and, for a run
 imported with import_hf.py, the checkpoint's tokenizer.json (experiment/hf_runs.py).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 from absl import app, flags
 
 from experiment.cli import parse_flags, run_cleanly
@@ -19,7 +24,7 @@ def main(argv):
 
     def go():
         print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out)}")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; the export folder may be incomplete: the same command writes it again")
 
 
 if __name__ == "__main__":

@@ -6,6 +6,11 @@ train.init_from take like any other. --rope_parameters replaces the checkpoint's
 (HF's dict as JSON text or a .json file); --data_* set the run's evaluation data (default: the
 demo's built-in corpus; DIR/config.json's data section may also be edited before evaluating).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 import json
 import pathlib
 
@@ -49,7 +54,8 @@ def main(argv):
         print(f"imported {argv[1]} into {run.path}: window {config.train.seq_len}, "
               f"vocabulary {config.data.tokenizer} tokenizer; evaluate with "
               f"python eval_extrapolate.py --workdir {run.path} --lengths ...")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; nothing was imported (the run is written in a staging folder, "
+                             "removed): the same command imports it")
 
 
 if __name__ == "__main__":

@@ -5,11 +5,17 @@ byte, BPE token, word; training length marked, the paper's curves dashed where t
 OUTDIR/loss_by_position.png (loss against position inside the window) and OUTDIR/ppl_vs_length.md
 (the numbers, one table per unit, split and series, the paper's beside ours).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 from absl import app, flags
 
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
 from experiment.report import PAPER_MODES
+from experiment.run import refuse_folders_of_runs
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
@@ -24,13 +30,14 @@ def main(argv):
     def go():
         if not workdirs:
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
+        refuse_folders_of_runs(workdirs, FLAGS.out)  # a sweep's root given for its runs
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")
         for path in paths.get("attention_pngs", []):
             print(f"wrote {path}")
         if "passkey" in paths:
             print(f"wrote the passkey report: {', '.join(str(v) for v in paths['passkey'].values())}")
-    run_cleanly(go)
+    run_cleanly(go, at_once="interrupted; the report may be incomplete: the same command writes it again")
 
 
 if __name__ == "__main__":

@@ -3,17 +3,24 @@
 The same command on an existing DIR resumes from its last checkpoint. Once training is complete
 the run is evaluated at config.eval.lengths (eval/extrapolation.json).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 import sys
 
 from absl import app, flags
 from ml_collections import config_flags
 
 from experiment import train_and_evaluate
-from experiment.cli import check_scheme_options, parse_flags, run_cleanly
+from experiment.cli import check_scheme_options, define_numbers, parse_flags, run_cleanly
+from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
 flags.DEFINE_string("workdir", None, "run directory (created, or resumed if it exists)")
-flags.DEFINE_integer("max_steps", None, "stop after this many steps in this call (resume later)")
+define_numbers("max_steps", None, "stop after this many steps in this call (resume later; 0: set the run up)",
+               domain=at_least(0), example="--max_steps=100", sequence=False)
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 

@@ -32,11 +32,14 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     c = demo.get_config("rope")
     base_length = c.train.seq_len
     c.posenc.rope.original_length = base_length
-    if method == "pi":
-        c.posenc.rope.pi_factor = 1.0 / factor
-    elif method == "yarn":
-        c.posenc.rope.yarn_scale = float(factor)
     c.train.update(dict(seq_len=factor * base_length, batch_size=8, steps=100, lr=5e-4, warmup_steps=5,
                         min_lr_ratio=1.0, log_every=25, checkpoint_every=100, init_from=base))
+    # The factor is the new length over the base's, tied to train.seq_len (a FieldReference), so that
+    # --config.train.seq_len=128 or sweep.py --train_lengths 128 scale by 2, not by FACTOR.
+    target = c.train.get_ref("seq_len").to_float()
+    if method == "pi":
+        c.posenc.rope.pi_factor = base_length / target
+    elif method == "yarn":
+        c.posenc.rope.yarn_scale = target / base_length
     c.eval.update(dict(lengths=tuple(base_length * m for m in (1, 2, 4, 8, 16))))
     return c

@@ -1,7 +1,11 @@
-"""What the entry points share: the --config flag and clean errors instead of deep tracebacks."""
+"""What the entry points share: the --config flag, flags whose values are checked against their
+domains as they are parsed (`define_numbers`, posenc/domains.py), clean errors instead of deep
+tracebacks, and Ctrl-C (experiment/runtime/interrupts.py) for the whole command."""
 from __future__ import annotations
 
 import ast
+import contextlib
+import errno
 import os
 import sys
 from typing import Callable
@@ -11,8 +15,11 @@ from absl import flags
 
 import posenc
 from corpora import DataError
+from experiment import config as config_lib
 from experiment.config import ConfigError
+from experiment.runtime import interrupts
 from experiment.runtime.start import start_runtime
+from posenc.domains import Domain
 
 
 flags.DEFINE_string("coordinator_address", None, "several processes as one job: HOST:PORT of process 0 "
@@ -21,22 +28,42 @@ flags.DEFINE_integer("num_processes", None, "several processes as one job: how m
 flags.DEFINE_integer("process_id", None, "several processes as one job: this one's index, 0 .. num_processes-1")
 
 
-def run_cleanly(fn: Callable[[], object]) -> None:
-    """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback)."""
+# Errors of the file system that are the user's to fix (a read-only or full disk), not the code's.
+USER_OS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
+
+
+def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None:
+    """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback).
+    Ctrl-C, at any moment, stops at the next safe point and exits 130 with a line that says what
+    is saved (experiment/runtime/interrupts.py); `at_once`: fn has no safe points and stopping it
+    anywhere is harmless (it writes whole files, or a folder renamed at the end), so Ctrl-C stops
+    it at once, and this line says what is left."""
     f = flags.FLAGS
-    try:
-        start_runtime(*((f.coordinator_address, f.num_processes, f.process_id) if f.is_parsed() else ()))
-        fn()
-    except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
-        if os.environ.get("LX_TRACEBACK"):
-            raise
-        msg = e.args[0] if isinstance(e, KeyError) and e.args else e
-        print(f"error: {msg}", file=sys.stderr)
-        sys.exit(2)
-    except KeyboardInterrupt:
-        print("interrupted; checkpoint saved where training was running: rerun the same command to resume",
-              file=sys.stderr)
-        sys.exit(130)
+    with interrupts.deferred(exit_on_second=True):
+        try:
+            start_runtime(*((f.coordinator_address, f.num_processes, f.process_id) if f.is_parsed() else ()))
+            interrupts.check("interrupted during start-up; nothing was written")
+            with interrupts.immediate(at_once) if at_once else contextlib.nullcontext():
+                fn()
+            interrupts.check("interrupted as the command finished; everything it does was done and saved")
+        except interrupts.Interrupted as e:
+            _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
+        except KeyboardInterrupt:
+            _stop(130, "interrupted; what was written before is kept (every file is replaced whole)")
+        except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
+            if os.environ.get("LX_TRACEBACK"):
+                raise
+            _stop(2, f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
+        except OSError as e:
+            if e.errno not in USER_OS_ERRORS or os.environ.get("LX_TRACEBACK"):
+                raise
+            _stop(2, f"error: cannot write {e.filename or 'a file'} ({e.strerror})")
+
+
+def _stop(code: int, message: str) -> None:
+    print(message, file=sys.stderr)
+    sys.stderr.flush()
+    sys.exit(code)
 
 
 def check_scheme_options(argv: list[str], posenc_blocks: list) -> None:
@@ -55,6 +82,47 @@ def check_scheme_options(argv: list[str], posenc_blocks: list) -> None:
                 errors.append(str(e))
         else:
             raise ValueError(errors[0])
+
+
+class _DomainParser(flags.ArgumentParser):
+    """A flag's value (or, with `sequence`, its comma-separated values) as numbers of `kind` in
+    `domain` (posenc/domains.py): absl reports a bad one as `flag --NAME=VALUE: ...` before any work."""
+
+    def __init__(self, kind: type, domain: Domain, example: str, sequence: bool):
+        self.kind, self.domain, self.example, self.sequence = kind, domain, example, sequence
+
+    def flag_type(self) -> str:
+        return f"{'comma-separated ' if self.sequence else ''}{self.kind.__name__}"
+
+    def parse(self, argument):
+        if not isinstance(argument, str):
+            return argument
+        items = [a.strip() for a in argument.split(",") if a.strip()] if self.sequence else [argument.strip()]
+        values = []
+        for item in items:
+            try:
+                value = ast.literal_eval(item)
+            except (ValueError, SyntaxError):
+                value = None
+            if isinstance(value, int) and not isinstance(value, bool) and self.kind is float:
+                value = float(value)
+            if not isinstance(value, self.kind) or isinstance(value, bool) or not self.domain.test(value, {}):
+                what = "a whole number" if self.kind is int else "a number"
+                raise ValueError(f"{item!r} is not {what} {self.domain.describe({})} (e.g. {self.example})")
+            values.append(value)
+        return values if self.sequence else values[0]
+
+
+flags.disclaim_key_flags()  # flags defined below by define_numbers belong to the entry point that calls it (--help)
+
+
+def define_numbers(name: str, default, help_text: str, *, kind: type = int, domain: Domain, example: str,
+                   sequence: bool = True, flag_values: flags.FlagValues | None = None) -> None:
+    """An absl flag of numbers checked against `domain` as it is parsed (a list, comma-separated,
+    unless `sequence` is False). `flag_values`: absl's global FLAGS unless given."""
+    serializer = flags.CsvListSerializer(",") if sequence else flags.ArgumentSerializer()
+    flags.DEFINE(_DomainParser(kind, domain, example, sequence), name, default, help_text, serializer=serializer,
+                 flag_values=flags.FLAGS if flag_values is None else flag_values)
 
 
 def _last_line(message: str) -> str:
@@ -142,14 +210,18 @@ def _number_tuple(key: str, text: str) -> str:
     return repr(tuple(values))
 
 
-def _tuple_overrides(argv: list[str]) -> list[str]:
-    """`argv` with each override of a sequence of numbers in the config (eval.lengths, ...) checked and
-    written as a tuple literal: a bad element fails here, naming the key, not as a string deep in a
-    run. ml_collections overrides tuples, never lists: a list-valued key is refused, naming it."""
+def _checked_overrides(argv: list[str]) -> list[str]:
+    """`argv` with each override of a number or true / false checked against the option's type, and
+    each of a sequence of numbers (eval.lengths, ...) checked and written as a tuple literal: a bad
+    value fails here, naming the key, not as a string deep in a run (its domain is checked with the
+    whole config). ml_collections overrides tuples, never lists: a list-valued key is refused.
+    A key given twice takes its last value, as every other key does (ml_collections would join the
+    two tuples: --config.eval.lengths=64,128 --config.eval.lengths=256 gave 64, 128, 256)."""
     config = _load_config(argv) if any(a.startswith("--config.") for a in argv) else None
     if config is None:
         return argv
     out = list(argv)
+    seen: dict[str, list[int]] = {}  # tuple key -> the argv indices of each of its overrides
     for i, a in enumerate(argv):
         if not a.startswith("--config."):
             continue
@@ -162,13 +234,25 @@ def _tuple_overrides(argv: list[str]) -> list[str]:
         if isinstance(node, list):
             raise _OverrideError(f"config key {key!r} holds a list, which --config.{key} cannot override: "
                                  f"make it a tuple in {_config_arg(argv).partition(':')[0]}")
+        if isinstance(node, (bool, int, float)) and (eq or not isinstance(node, bool)):
+            value = text if eq else argv[i + 1]
+            try:  # the option's type, named (ml_collections would say "invalid literal for int()")
+                config_lib.converted(node, value, f"--config.{key}={value}")
+            except ValueError as e:
+                raise _OverrideError(str(e)) from None
+            continue
         if not isinstance(node, tuple) or not all(_is_number(v) for v in node):
             continue
         if eq:
             out[i] = f"--config.{key}={_number_tuple(key, text)}"
         else:
             out[i + 1] = _number_tuple(key, argv[i + 1])
-    return out
+        seen.setdefault(key, []).append(i)
+    dropped = set()
+    for indices in seen.values():
+        for i in indices[:-1]:  # an override of a key given again later
+            dropped.update((i, i + 1) if "=" not in argv[i] else (i,))  # (with its value, if given apart)
+    return [a for j, a in enumerate(out) if j not in dropped]
 
 
 def _dotted(node, prefix: str = "") -> list[str]:
@@ -197,6 +281,19 @@ def help_text(argv: list[str], flag_values: flags.FlagValues) -> str:
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
+def _check_config_object(config, spec: str | None) -> None:
+    """What --config's get_config returned must be a ConfigDict of the config's sections (one
+    line naming the file otherwise, not a traceback from the first use of a missing section)."""
+    where = f"{spec.partition(':')[0]}: get_config()" if spec else "the config"
+    if not isinstance(config, ml_collections.ConfigDict):
+        raise ConfigError(f"{where} returned a {type(config).__name__}; return an ml_collections.ConfigDict "
+                          f"(start from experiment.config.defaults(scheme)), which --config.KEY=VALUE can override")
+    try:
+        config_lib.typed(config)
+    except ConfigError as e:
+        raise ConfigError(f"{where}: {e}") from None
+
+
 def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) -> list[str]:
     """absl flag parsing with one-line errors (unknown config key, missing config file, bad value).
     `flag_values`: absl's global FLAGS unless given (tests parse into their own)."""
@@ -208,13 +305,19 @@ def parse_flags(argv: list[str], flag_values: flags.FlagValues | None = None) ->
         print(f"error: config file {spec.partition(':')[0]!r} not found (configs live in configs/, "
               f"e.g. --config configs/demo.py)", file=sys.stderr)
         sys.exit(2)
+    flag_values = flags.FLAGS if flag_values is None else flag_values
     try:
-        return (flags.FLAGS if flag_values is None else flag_values)(_tuple_overrides(argv))
+        rest = flag_values(_checked_overrides(argv))
+        if "config" in flag_values and flag_values["config"].value is not None:
+            _check_config_object(flag_values["config"].value, spec)
+        return rest
     except Exception as e:  # noqa: BLE001 - every parsing error becomes one readable line
         if os.environ.get("LX_TRACEBACK"):
             raise
-        if isinstance(e, _OverrideError):
+        if isinstance(e, (_OverrideError, ConfigError)):
             message = str(e)
+        elif isinstance(e, flags.IllegalFlagValueError):
+            message = _last_line(str(e))
         else:
             message = _unknown_override(argv) or _last_line(f"{type(e).__name__}: {e}")
         print(f"error: {message}\nusage: python {os.path.basename(argv[0])} --helpfull for every flag",

@@ -13,9 +13,17 @@ Config files (configs/*.py) start from `defaults()` and set what differs; `typed
 config (ml_collections.ConfigDict, dict or Config) into a `Config`, refusing unknown keys with the
 valid ones. A run saved before an option existed is read with the behaviour it was trained with
 (`LEGACY_OPTION_DEFAULTS`), and `config_differences` says what a resumed run may not change.
+
+What each option may hold is declared next to it: `DOMAINS` in each section below, in
+models/decoder.py's ModelConfig and in each positional scheme's `Options` (posenc/domains.py says
+how to declare one). `check_domains` checks them all, once, in `resolve` (so before any data is
+read or anything is written) and wherever a config is read back (`load_config`) or changed at
+evaluation. A value from a config file, a --config flag, --grid, --set or config.json gets the
+same error: the option, what is valid, a valid value.
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import pathlib
@@ -24,11 +32,20 @@ from typing import Any
 import ml_collections
 
 import posenc
+from corpora.sources import SOURCES
+from corpora.splits import SPLIT_ALIASES
 from models.decoder import ModelConfig
+from posenc import domains
+from posenc.domains import at_least, between, each, one_of, positive, satisfies, unit_interval
 
 
 class ConfigError(ValueError):
     """The config or run directory is inconsistent; the message says what to change."""
+
+
+TOKENIZERS = ("byte", "word", "bpe", "pretrained")
+OPTIMIZERS = ("adamw", "nag")
+DROPOUT_RNGS = ("threefry", "rbg", "unsafe_rbg")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -43,6 +60,9 @@ class DataConfig:
     train_split: str = "train"
     passkey_fraction: float = 0.0   # share of training rows that are passkey examples
     passkey_digits: int = 4
+    DOMAINS = {"source": one_of(*SOURCES), "tokenizer": one_of(*TOKENIZERS), "vocab_size": at_least(0, note="0 = "
+               "the tokenizer's default"), "train_split": one_of(*SPLIT_ALIASES), "passkey_fraction": unit_interval(),
+               "passkey_digits": between(1, 18)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -66,11 +86,20 @@ class TrainConfig:
     init_from: str = ""             # start from another run's parameters (experiment/train/init_from.py)
     init_step: int = 0              # ... at this step (0: its newest)
     dropout_rng: str = "threefry"   # the dropout masks' PRNG: threefry | rbg | unsafe_rbg
+    DOMAINS = {"seq_len": at_least(1), "batch_size": at_least(1), "steps": at_least(1),
+               "optimizer": one_of(*OPTIMIZERS), "lr": positive(), "warmup_steps": at_least(0),
+               "warmup_init_lr": at_least(0),
+               "min_lr_ratio": unit_interval(), "weight_decay": at_least(0), "b1": unit_interval(hi_open=True),
+               "b2": unit_interval(hi_open=True), "momentum": unit_interval(hi_open=True), "grad_clip": positive(),
+               "device_batch_tokens": at_least(0, note="0 = the whole update"), "log_every": at_least(1),
+               "checkpoint_every": at_least(1), "init_step": at_least(0, note="0 = the newest"),
+               "dropout_rng": one_of(*DROPOUT_RNGS)}
 
 
 @dataclasses.dataclass(frozen=True)
 class MeshConfig:
     fsdp: int = 1                   # devices that shard parameters and optimizer state (1: replicated)
+    DOMAINS = {"fsdp": at_least(1)}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -82,6 +111,10 @@ class EvalConfig:
     batch_tokens: int = 16384                   # tokens per evaluation batch
     max_tokens: int = 0                         # score only the first N tokens (0: the whole split)
     overrides: str = ""                         # eval-time options: "posenc.rope.yarn_scale=4,model.attention=blockwise"
+    DOMAINS = {"lengths": each(at_least(1)), "length_multipliers": each(positive()), "stride": at_least(0),
+               "split": one_of(*SPLIT_ALIASES), "batch_tokens": at_least(1), "max_tokens": at_least(0),
+               "overrides": satisfies(lambda v, _: all("=" in item for item in v.split(",") if item.strip()),
+                                      "KEY=VALUE items separated by commas", "posenc.rope.yarn_scale=4")}
 
 
 SECTIONS = {"data": DataConfig, "model": ModelConfig, "train": TrainConfig, "mesh": MeshConfig, "eval": EvalConfig}
@@ -154,7 +187,13 @@ def typed(config: Any) -> Config:
     older version), unknown keys are refused."""
     if isinstance(config, Config):
         return config
+    if not hasattr(config, "keys"):
+        raise ConfigError(f"a config is a mapping of sections (ml_collections.ConfigDict), got "
+                          f"{type(config).__name__}; start from experiment.config.defaults(scheme)")
     raw = config.to_dict() if hasattr(config, "to_dict") else dict(config)
+    not_blocks = [name for name in ("posenc", *SECTIONS) if name in raw and not hasattr(raw[name], "keys")]
+    if not_blocks:
+        raise ConfigError(f"config section {not_blocks[0]!r} must be a block of keys, got {raw[not_blocks[0]]!r}")
     unknown = sorted(set(raw) - {"seed", "posenc", *SECTIONS})
     if unknown:
         raise ConfigError(f"unknown config section(s) {', '.join(unknown)}; valid: "
@@ -164,7 +203,7 @@ def typed(config: Any) -> Config:
     sections = {name: _section(cls, dict(raw.get(name) or {}), name) for name, cls in SECTIONS.items()}
     # former scheme names -> current; sequence options as tuples (config.json reads them back as lists)
     scheme = ml_collections.ConfigDict(_tuples(posenc.canonical_config(dict(raw["posenc"]))))
-    return Config(seed=int(raw.get("seed", 0)), posenc=scheme, **sections)
+    return Config(seed=raw.get("seed", 0), posenc=scheme, **sections)
 
 
 def _tuples(block):
@@ -174,19 +213,31 @@ def _tuples(block):
     return tuple(_tuples(v) for v in block) if isinstance(block, (list, tuple)) else block
 
 
+def check_domains(config: Config) -> None:
+    """Every option of `config` has its type and lies in its declared domain (`DOMAINS` of each
+    section, of ModelConfig and of each scheme the run uses); a posenc.DomainError names the
+    first one that does not, with a valid value."""
+    domains.check(_Seed, {"seed": config.seed}, "")
+    for name, cls in SECTIONS.items():
+        domains.check(cls, _fields(getattr(config, name)), name)
+    posenc.check_options(config.posenc)  # unknown scheme -> ValueError with the valid names
+
+
+@dataclasses.dataclass(frozen=True)
+class _Seed:
+    seed: int = 0
+    DOMAINS = {"seed": at_least(0)}
+
+
 def resolve(config: Any) -> Config:
     """The typed config with derived values filled in (evaluation lengths from multiples of the
-    training length), checked for what would otherwise fail deep inside JAX."""
+    training length), every option checked against its domain (`check_domains`), so that a
+    value that would train wrongly or fail deep inside JAX is refused before any work."""
     config = typed(config)
-    posenc.get(config.posenc.name)  # unknown scheme -> ValueError with the valid names
+    check_domains(config)
     ev = config.eval
     lengths = ev.lengths or tuple(int(m * config.train.seq_len) for m in ev.length_multipliers)
-    config = config.replace(eval=dataclasses.replace(ev, lengths=tuple(int(x) for x in _as_list(lengths))))
-    for key in ("seq_len", "batch_size", "steps", "log_every", "checkpoint_every"):
-        value = getattr(config.train, key)
-        if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-            raise ValueError(f"train.{key} must be a positive integer, got {value!r}; set --config.train.{key}")
-    return config
+    return config.replace(eval=dataclasses.replace(ev, lengths=tuple(int(x) for x in _as_list(lengths))))
 
 
 def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
@@ -200,16 +251,44 @@ def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
         node = node[part]
     if leaf not in node:
         raise ValueError(f"{option} {dotted}: no option {leaf!r}; valid: {', '.join(sorted(node.keys()))}")
-    old = node[leaf]
+    node[leaf] = converted(node[leaf], raw, f"{option} {dotted}={raw}")
+
+
+def converted(old, raw, where: str):
+    """`raw` (text from a flag) as a value of the type of `old`; a ValueError naming `where` and
+    the type wanted otherwise (its domain is checked later, with the whole config)."""
+    if old is None or (isinstance(raw, type(old)) and not isinstance(old, bool)):
+        return raw
+    text = str(raw).strip()
     if isinstance(old, bool):
-        value = str(raw).lower() in ("1", "true", "yes")
-    elif old is None or isinstance(raw, type(old)):
-        value = raw
-    elif isinstance(old, (tuple, list)):
-        value = tuple(type(old[0])(v) if old else v for v in _as_list(raw))
-    else:
-        value = type(old)(raw)
-    node[leaf] = value
+        if text.lower() not in ("1", "true", "yes", "0", "false", "no"):
+            raise ValueError(f"{where}: {text!r} is not true or false (1/true/yes, 0/false/no)")
+        return text.lower() in ("1", "true", "yes")
+    if isinstance(old, (tuple, list)):  # elements typed like the first default; any numbers if it has none
+        return tuple(converted(old[0], v, where) if old else _number(str(v), where, "a number", 1)
+                     for v in _as_list(raw))
+    if isinstance(old, int):
+        number = _number(text, where, "a whole number", old)
+        if not isinstance(number, int):
+            raise ValueError(f"{where}: {text!r} is not a whole number (e.g. {old!r})")
+        return number
+    if isinstance(old, float):
+        return float(_number(text, where, "a number", old))
+    return type(old)(raw)
+
+
+def _number(text: str, where: str, kind: str, example) -> int | float:
+    """An int or float written in `text` (nan and inf too: their domains refuse them by name)."""
+    text = text.strip()
+    if text.lower() in ("nan", "inf", "+inf", "-inf"):
+        return float(text)
+    try:
+        number = ast.literal_eval(text)
+    except (ValueError, SyntaxError):
+        number = None
+    if not isinstance(number, (int, float)) or isinstance(number, bool):
+        raise ValueError(f"{where}: {text!r} is not {kind} (e.g. {example!r})")
+    return number
 
 
 def _as_list(value) -> list:
@@ -240,6 +319,8 @@ LEGACY_OPTION_DEFAULTS = {
 def read_saved_config(path: pathlib.Path) -> dict:
     """A run's config.json as a dict, options it predates filled in with the behaviour it had."""
     saved = json.loads(pathlib.Path(path).read_text())
+    if not isinstance(saved, dict):
+        raise ConfigError(f"a config is a mapping of sections, found a {type(saved).__name__}")
     if isinstance(saved.get("posenc"), dict):
         saved["posenc"] = posenc.canonical_config(saved["posenc"])  # a scheme saved under a former name
     posenc_block = saved.get("posenc")

@@ -34,9 +34,26 @@ def _describe(text: str) -> str:
         return "another process"
 
 
+class NotWritable(ConfigError):
+    """The run directory cannot be written (read-only, no permission) or its lock file is not one."""
+
+
+def _open(lock_path: pathlib.Path) -> int:
+    """The lock file, opened for writing; NotWritable, naming the folder or the file, otherwise."""
+    try:
+        return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            raise NotWritable(f"cannot write in {lock_path.parent} ({e.strerror}): training and evaluation write "
+                              f"their files and a lock there; copy the run somewhere writable (cp -r "
+                              f"{lock_path.parent} NEW) and use --workdir NEW") from None
+        raise NotWritable(f"{lock_path} cannot be opened as the run directory's lock file ({e.strerror}); no "
+                          f"process holds a lock there, so remove it: rm -r {lock_path}") from None
+
+
 def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:
     """Take the lock; returns the function that releases it."""
-    fd = os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
+    fd = _open(lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

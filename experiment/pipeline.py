@@ -6,19 +6,21 @@ length) are skipped; interrupted ones resume from their last checkpoint.
 """
 from __future__ import annotations
 
+import copy
 import itertools
 import logging
 import pathlib
 
 import ml_collections
 
+import posenc
 from experiment import config as config_lib, records
 from experiment.config import Config
 from experiment.evals.common import eval_spec
 from experiment.evals.perplexity import evaluate
 from experiment.report import write_report
 from experiment.run import RunDir, opened
-from experiment.runtime import distributed
+from experiment.runtime import distributed, interrupts
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
@@ -27,7 +29,9 @@ log = logging.getLogger(__name__)
 def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | None = None) -> dict:
     """Train (or resume) the run in `workdir`; once training is complete, evaluate it as
     `config.eval` says (lengths the scheme cannot encode are skipped with a warning). The run
-    directory is held from the first step to the last record."""
+    directory is held from the first step to the last record; the config is checked before it is
+    created."""
+    config = config_lib.resolve(config)
     with opened(workdir, "training") as run:
         summary = train(config, run, max_steps=max_steps)
         if summary["done"]:
@@ -37,12 +41,25 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | 
 
 def run_config(base: ml_collections.ConfigDict, scheme: str, train_length: int | None,
                settings: dict[str, str] | None = None) -> Config:
-    """The config of one grid point: `base` with its scheme, training length and --grid settings."""
-    config = ml_collections.ConfigDict(config_lib.typed(base).to_dict())
+    """The config of one grid point: `base` with its scheme, training length and --grid settings.
+    Values the config file ties to others (ml_collections FieldReferences: configs/extend.py's
+    yarn_scale = train.seq_len / the base's length) follow them, as with --config flags. A --grid
+    key of a scheme option must act on this run: otherwise the grid trains identical runs."""
+    if isinstance(base, ml_collections.ConfigDict):
+        config = copy.deepcopy(base)  # keeps its FieldReferences tied
+    else:
+        config = ml_collections.ConfigDict(config_lib.typed(base).to_dict())
     config.posenc.name = scheme
     if train_length:
         config.train.seq_len = int(train_length)
     for dotted, value in (settings or {}).items():
+        if dotted == "posenc.name":
+            raise ValueError("--grid posenc.name: the schemes of a sweep are --schemes (e.g. --schemes alibi,rope)")
+        try:
+            posenc.check_option_key(config.posenc, dotted)
+        except ValueError as e:
+            raise ValueError(f"--grid {dotted}: {e}; a grid of it would train identical {scheme} runs, so sweep "
+                             f"it in a sweep of the schemes that use it (--schemes)") from None
         config_lib.set_typed(config, dotted, value, option="--grid")
     return config_lib.resolve(config)
 
@@ -80,6 +97,9 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
     bad = [length for length in train_lengths if length < 1]
     if bad:
         raise ValueError(f"--train_lengths must be positive, got {bad[0]}")
+    empty = [key for key, values in (grid or {}).items() if not values]
+    if empty:
+        raise ValueError(f"--grid {empty[0]}= gives no values; give them as --grid {empty[0]}=v1,v2")
     configs = {}
     for scheme in schemes:  # resolve every config first: a typo fails before hours of training
         for length in train_lengths or [None]:
@@ -91,6 +111,11 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
         if is_trained(workdir, config) and is_evaluated(workdir, config):
             log.info("complete, skipping")
             continue
-        train_and_evaluate(config, workdir)
+        try:
+            train_and_evaluate(config, workdir)
+        except interrupts.Interrupted as e:
+            raise interrupts.Interrupted(
+                f"sweep {root}: {i - 1} of {len(configs)} runs done; in {workdir.name}: {e.saved}; the same sweep "
+                f"command skips the runs that are complete and goes on from there") from None
     distributed.barrier("lengthx_sweep")  # every run's results written before the report reads them
     return write_report(list(configs), root / "report") if distributed.is_writer() else {}

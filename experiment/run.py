@@ -1,8 +1,9 @@
 """One run directory, owned by this module: every path inside it, its lock, its config, tokenizer,
 token streams, checkpoints, metrics and evaluation records.
 
-    WORKDIR/config.json          the resolved config; written last when a run is created, so its
-                                 presence means "a run lives here" (and nothing else does)
+    WORKDIR/config.json          the resolved config, written once the config, data and model are
+                                 checked; a run exists once it also has a checkpoint: before that,
+                                 a command with another config replaces the attempt
     WORKDIR/tokenizer.json       built from the train split once, shared by training and evaluation
     WORKDIR/streams/SPLIT.npy    token streams, cached once
     WORKDIR/checkpoints/         orbax (experiment/checkpoints.py)
@@ -14,22 +15,25 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
 The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies.
+
+Every file read here is checked before it is trusted: a damaged one is reported by name with the
+command that repairs it (RunError), or, for the token streams (a cache), encoded again.
 """
 from __future__ import annotations
 
 import contextlib
-import gc
 import json
 import logging
 import pathlib
 import shutil
-import sys
 from typing import Callable
 
 import numpy as np
 
 import corpora
 from experiment import checkpoints, config as config_lib, lock, records
+from experiment.run_files import (check_meta, checked_origin, checked_stream, first_line, quiet_abandoned_reads,
+                                  write_atomically)
 from experiment.runtime import distributed
 
 log = logging.getLogger(__name__)
@@ -101,15 +105,23 @@ class RunDir:
         return self.path / ".lock"
 
     def exists(self) -> bool:
-        """A run lives here (its config.json has been written)."""
+        """A run has been set up here (its config.json has been written)."""
         return self.config_path.exists()
+
+    def has_checkpoint(self) -> bool:
+        """A run lives here: it has a checkpoint, so its config can no longer change (RESUMABLE_KEYS aside)."""
+        return self.latest_step() is not None
 
     # --- lock --------------------------------------------------------------------------------
     @contextlib.contextmanager
     def locked(self, purpose: str):
         """Hold the run directory exclusively for `purpose` ('training', 'evaluation'); a second
         process (or a second RunDir of this one) gets WorkdirBusy at once, naming the holder."""
-        self.path.mkdir(parents=True, exist_ok=True)
+        try:
+            self.path.mkdir(parents=True, exist_ok=True)
+        except OSError as e:
+            raise RunError(f"cannot create {self.path} ({e.strerror}); give a --workdir in a folder you can "
+                           f"write") from None
         release = lock.acquire(self.lock_path, purpose)
         self.held = True
         try:
@@ -120,32 +132,71 @@ class RunDir:
 
     # --- config ------------------------------------------------------------------------------
     def load_config(self) -> config_lib.Config:
-        """The run's config (read once per RunDir; the one this object saved, if it saved one)."""
+        """The run's config (read once per RunDir; the one this object saved, if it saved one),
+        checked like any config: a damaged config.json is a RunError naming it."""
         if self._config is None:
             self.require_run()
-            self._config = config_lib.load_config(self.config_path)
+            try:
+                config = config_lib.load_config(self.config_path)
+                config_lib.check_domains(config)
+            except (ValueError, TypeError, KeyError, AttributeError) as e:
+                raise self._damaged_config(e) from None
+            self._config = config
         return self._config
 
-    def check_config(self, config) -> None:
-        """An existing run must have been made with `config` (up to RESUMABLE_KEYS)."""
+    def _saved_config(self) -> dict | None:
+        """config.json as a dict, None if there is none; a damaged one is a RunError."""
         if not self.exists():
+            return None
+        try:
+            return config_lib.read_saved_config(self.config_path)
+        except ValueError as e:
+            raise self._damaged_config(e) from None
+
+    def _damaged_config(self, error: Exception) -> RunError:
+        detail = first_line(error)
+        if not self.has_checkpoint():
+            return RunError(f"{self.config_path} is damaged ({detail}); no checkpoint depends on it: the train.py "
+                            f"command of this run writes it again")
+        return RunError(f"{self.config_path} is damaged ({detail}); it describes the checkpoints in "
+                        f"{self.checkpoints_dir} and cannot be rebuilt from them: put back a copy of it, or delete "
+                        f"{self.path} and train again (python train.py --config ... --workdir {self.path})")
+
+    def check_config(self, config) -> None:
+        """A run with a checkpoint must be resumed with its own config (up to RESUMABLE_KEYS);
+        before its first checkpoint, any config replaces the attempt (`clear_leftovers`)."""
+        if not self.has_checkpoint():
             return
-        diffs = config_lib.config_differences(config_lib.read_saved_config(self.config_path), config.to_dict())
+        self.load_config()  # a damaged config.json is named, not compared
+        diffs = config_lib.config_differences(self._saved_config() or {}, config.to_dict())
         if diffs:
             raise RunError(f"{self.path} holds a run with a different config ({'; '.join(diffs)}); "
                            f"use a new --workdir, or delete this one to start over")
 
-    def clear_leftovers(self) -> None:
-        """Before a run is created here: remove what an attempt that failed before writing
-        config.json left behind (its tokenizer or streams may come from other data)."""
-        if self.exists():
+    def clear_leftovers(self, config) -> None:
+        """Before a run's first checkpoint: remove what an earlier attempt left (metrics, records,
+        TensorBoard files, an empty checkpoints folder, init_from.json; and its config.json,
+        tokenizer and token streams unless that attempt read the same data with the same
+        tokenizer), so that the corrected command starts clean."""
+        if self.has_checkpoint():
             return
-        for target in (self.tokenizer_path, self.streams_dir, self.checkpoints_dir, self.metrics_path,
-                       self.eval_dir, self.tensorboard_dir, self.init_from_path):
+        try:
+            saved = self._saved_config()
+        except RunError:
+            saved = None  # a damaged config.json: nothing of the attempt is kept
+        new = config.to_dict()
+        same_data = (saved is not None and isinstance(saved.get("data"), dict)
+                     and not config_lib.config_differences({"data": saved["data"]}, {"data": new["data"]})
+                     and (saved.get("train") or {}).get("init_from") == new["train"]["init_from"])
+        targets = [self.checkpoints_dir, self.metrics_path, self.eval_dir, self.tensorboard_dir, self.init_from_path]
+        if not same_data:
+            targets += [self.config_path, self.tokenizer_path, self.streams_dir]
+        for target in targets:
             if target.is_dir():
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
+        self._manager = None
 
     def save_config(self, config: config_lib.Config) -> None:
         config_lib.save_config(config, self.config_path)
@@ -167,7 +218,11 @@ class RunDir:
         """The run's tokenizer: read from the run directory, or (`write`) built from the train split's
         lines (`train_lines()`, byte tokenizers need none) and saved there."""
         if self.tokenizer_path.exists():
-            return corpora.load_tokenizer(self.tokenizer_path)
+            try:
+                return corpora.load_tokenizer(self.tokenizer_path)
+            except Exception as e:  # noqa: BLE001 - JSON, keys, the tokenizers library: all mean damaged
+                raise RunError(f"{self.tokenizer_path} is damaged ({first_line(e)}); "
+                               f"{self._tokenizer_repair(data_cfg)}") from None
         if not write:
             raise RunError(f"{self.tokenizer_path} is missing; the run directory is incomplete (train again "
                            f"with the same command to rebuild it)")
@@ -185,7 +240,13 @@ class RunDir:
         path = self.stream_path(split)
         meta = path.with_suffix(".json")
         if path.exists() and meta.exists():
-            return np.load(path), int(json.loads(meta.read_text())["words"])
+            try:
+                return checked_stream(path, meta, tokenizer.vocab_size)
+            except ValueError as e:
+                if not write:
+                    raise RunError(f"{path} is damaged ({e}); delete it and {meta.name} beside it: the next "
+                                   f"evaluation or train.py command encodes the {split} split again") from None
+                log.warning("%s is damaged (%s); encoding the %s split again", path, e, split)
         if lines is None:
             lines = corpora.load_lines(data_cfg, split)
         stream, words = tokenizer.encode_lines(lines), corpora.count_words(lines)
@@ -194,8 +255,19 @@ class RunDir:
             tmp = path.with_suffix(".tmp.npy")
             np.save(tmp, stream)
             tmp.replace(path)
-            meta.write_text(json.dumps({"words": words, "tokens": int(len(stream))}))
+            write_atomically(meta, json.dumps({"words": words, "tokens": int(len(stream))}))
         return stream, words
+
+    def _tokenizer_repair(self, data_cfg) -> str:
+        """How to put back a damaged tokenizer.json: from where the run's tokenizer came."""
+        base = self._config.train.init_from if self._config is not None else ""
+        if data_cfg.tokenizer == "pretrained":
+            return ("it came with the imported checkpoint: import it again (python import_hf.py CHECKPOINT "
+                    "--workdir NEW)")
+        if base:
+            return f"it came from the run this one started from: cp {base}/tokenizer.json {self.tokenizer_path}"
+        return (f"delete it and run this run's train.py command again: it is rebuilt from the train split (a "
+                f"vocabulary that does not fit the checkpoint is refused)")
 
     # --- checkpoints ---------------------------------------------------------------------------
     def manager(self):
@@ -222,20 +294,25 @@ class RunDir:
         failed: list[tuple[int, Exception]] = []
         for step in steps:
             try:
-                with _quiet_abandoned_reads():
+                with quiet_abandoned_reads():
                     restored = checkpoints.restore(mngr, params, opt_state, step=step)
+                check_meta(restored[2], step)
             except Exception as e:  # noqa: BLE001 - unreadable: try the one before
                 failed.append((step, e))
                 continue
             for bad, error in failed:
                 log.warning("the checkpoint at step %d in %s cannot be read (%s); using step %d%s", bad,
-                            self.checkpoints_dir, _first_line(error), step,
+                            self.checkpoints_dir, first_line(error), step,
                             " and deleting the damaged one" if drop_damaged else "")
                 if drop_damaged:
                     mngr.delete(bad)
             return restored
         if failed:
-            raise failed[0][1]
+            newest = self.checkpoints_dir / str(failed[0][0])
+            raise RunError(f"no checkpoint in {self.checkpoints_dir} can be read with this run's config.json ("
+                           + "; ".join(f"step {s}: {first_line(e)}" for s, e in failed[:3])
+                           + f"); if their files are damaged, delete them (rm -r {newest} ...): the same train.py "
+                             f"command then starts the run again") from failed[0][1]
         raise RunError(f"{self.path} has no checkpoint yet; train first")
 
     # --- metrics ---------------------------------------------------------------------------------
@@ -248,9 +325,9 @@ class RunDir:
             try:
                 if line.strip() and json.loads(line)["step"] <= last_step:
                     kept.append(line)
-            except (ValueError, KeyError):  # a line cut short by a crash
+            except (ValueError, KeyError, TypeError):  # a line cut short by a crash, or not a record
                 continue
-        self.metrics_path.write_text("".join(line + "\n" for line in kept))
+        write_atomically(self.metrics_path, "".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
     def records(self, kind: str) -> list[dict]:
@@ -281,10 +358,30 @@ class RunDir:
     # --- origin ----------------------------------------------------------------------------------
     def origin(self) -> dict | None:
         """The run this one started from ({workdir, step, scheme, train_length}), if any."""
-        return json.loads(self.init_from_path.read_text()) if self.init_from_path.exists() else None
+        if not self.init_from_path.exists():
+            return None
+        try:
+            origin = checked_origin(self.init_from_path)
+        except ValueError as e:
+            raise RunError(f"{self.init_from_path} is damaged ({first_line(e)}); it only labels where the run "
+                           f"started (reports show 'from base@step'): delete it (rm {self.init_from_path}) and the "
+                           f"run is shown without its origin") from None
+        return origin
 
     def record_origin(self, origin: dict) -> None:
-        self.init_from_path.write_text(json.dumps(origin, indent=1))
+        write_atomically(self.init_from_path, json.dumps(origin, indent=1))
+
+
+def refuse_folders_of_runs(workdirs: list, out: str) -> None:
+    """A folder given where a run is expected that is not one but holds runs (a sweep's root, given
+    for `ROOT/*`) is refused with the command that names its runs."""
+    for workdir in map(pathlib.Path, workdirs):
+        if not workdir.is_dir() or RunDir(workdir).exists():
+            continue
+        inside = [p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists()]
+        if inside:
+            raise RunError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
+                           f"runs, python report.py {workdir}/* --out {out}")
 
 
 @contextlib.contextmanager
@@ -299,28 +396,3 @@ def opened(workdir: "str | pathlib.Path | RunDir", purpose: str):
         return
     with run.locked(purpose):
         yield run
-
-
-@contextlib.contextmanager
-def _quiet_abandoned_reads():
-    """A failed orbax restore leaves its other reads' coroutines unawaited; Python would print each
-    one's error with a page of TensorStore spec whenever they are collected (often much later).
-    From the first failed restore on, those (and only those) are dropped quietly."""
-    try:
-        yield
-    except Exception:
-        if not getattr(sys.unraisablehook, "drops_orbax_reads", False):
-            previous = sys.unraisablehook
-
-            def hook(unraisable):
-                code = getattr(unraisable.object, "cr_code", None)
-                if code is None or "orbax" not in code.co_filename:
-                    previous(unraisable)
-            hook.drops_orbax_reads = True
-            sys.unraisablehook = hook
-        gc.collect()
-        raise
-
-
-def _first_line(error: BaseException | None) -> str:
-    return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""

@@ -20,6 +20,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 import posenc
+from posenc import domains
+from posenc.domains import at_least, one_of, positive, satisfies, unit_interval
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention.blockwise import blockwise_attention
 from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, is_long
@@ -96,6 +98,20 @@ class ModelConfig:
     mlp_bias: bool = True           # biases of the MLP's projections
     scale_embeddings: bool = True   # embeddings x sqrt(d_model)
     parallel_residual: bool = False # x + attn(ln1 x) + mlp(ln2 x)
+    # Each option's values (posenc/domains.py; `check_block` checks how they combine).
+    DOMAINS = {"num_layers": at_least(1), "d_model": at_least(1), "num_heads": at_least(1), "mlp_dim": at_least(1),
+               "activation": one_of(*ACTIVATIONS), "dropout": unit_interval(hi_open=True),
+               "attention_dropout": unit_interval(hi_open=True), "activation_dropout": unit_interval(hi_open=True),
+               "adaptive_cutoffs": satisfies(lambda v, _: all(isinstance(c, int) and not isinstance(c, bool) and c >= 1
+                                                              for c in v) and list(v) == sorted(set(v)),
+                                             "increasing whole numbers >= 1, e.g. 20000,60000 (() = off)", ()),
+               "adaptive_factor": at_least(1), "adaptive_tail_capacity": unit_interval(note="0: every token always"),
+               "attention": one_of(*PATHS), "attention_block": at_least(1), "dtype": one_of(*DTYPES),
+               "norm": one_of(*NORMS), "norm_eps": positive(), "mlp": one_of(*MLPS),
+               "num_kv_heads": at_least(0, note="0 = num_heads"),
+               "head_dim": at_least(0, note="0 = d_model / num_heads"),
+               "attention_sinks": at_least(0, note="0 = off"),
+               "attention_window": at_least(0, note="0 = the training length")}
 
     @property
     def head_size(self) -> int:
@@ -114,8 +130,9 @@ class ModelConfig:
         unknown = set(given) - fields
         if unknown:
             raise ValueError(f"unknown model option(s) {sorted(unknown)}; valid: {sorted(fields)}")
-        if "adaptive_cutoffs" in given:
-            given["adaptive_cutoffs"] = tuple(int(c) for c in given["adaptive_cutoffs"])
+        if isinstance(given.get("adaptive_cutoffs"), list):  # config.json reads tuples back as lists
+            given["adaptive_cutoffs"] = tuple(given["adaptive_cutoffs"])
+        domains.check(cls, given, "model")
         cfg = cls(vocab_size=vocab_size, **given)
         if cfg.adaptive_cutoffs and cfg.adaptive_cutoffs[-1] >= vocab_size:
             raise ValueError(f"model.adaptive_cutoffs={cfg.adaptive_cutoffs} must lie below the vocabulary "
@@ -130,9 +147,6 @@ class ModelConfig:
                              f"set model.head_dim")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.kv_heads}")
-        if self.attention_sinks < 0 or self.attention_window < 0:
-            raise ValueError(f"model.attention_sinks={self.attention_sinks} and model.attention_window="
-                             f"{self.attention_window} must be >= 0 (0: off / the training length)")
         for name, valid in (("activation", ACTIVATIONS), ("attention", PATHS), ("dtype", DTYPES),
                             ("norm", NORMS), ("mlp", MLPS)):
             if getattr(self, name) not in valid:

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, check_table_length, register
+from posenc.domains import at_least, one_of, positive
 
 
 @register("nope")
@@ -59,6 +60,7 @@ FAIRSEQ_POSITION_OFFSET = 2  # fairseq numbers positions from padding_idx + 1, a
 class SinusoidalOptions:
     base: float = 10000.0
     layout: str = "fairseq"  # "fairseq": the ALiBi paper's baseline; "vaswani": interleaved, from 0
+    DOMAINS = {"base": positive(), "layout": one_of("fairseq", "vaswani")}
 
 
 @register("sinusoidal")
@@ -100,6 +102,7 @@ class Sinusoidal(Scheme):
 @dataclasses.dataclass(frozen=True)
 class LearnedOptions:
     max_length: int = 0  # rows of the table; 0 means the training length
+    DOMAINS = {"max_length": at_least(0, note="0 = the training length")}
 
 
 @register("learned")

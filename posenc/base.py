@@ -17,6 +17,8 @@ import jax.numpy as jnp
 from flax import nnx
 import ml_collections
 
+from posenc import domains
+
 log = logging.getLogger(__name__)
 
 
@@ -100,7 +102,8 @@ class NoOptions:
 
 
 class Scheme(nnx.Module):
-    """Base class: every hook is a no-op. Subclasses set `Options` (a frozen dataclass of defaults)."""
+    """Base class: every hook is a no-op. Subclasses set `Options` (a frozen dataclass of defaults,
+    with `DOMAINS` saying what each option may hold: posenc/domains.py)."""
 
     name: ClassVar[str] = ""
     family: ClassVar[str] = ""        # "absolute" | "relative" | "none" | ...
@@ -202,6 +205,7 @@ def register(name: str):
                              f"(LEGACY_NAMES): saved runs would resolve it to that one")
         if not dataclasses.is_dataclass(cls.Options):
             raise TypeError(f"{cls.__name__}.Options must be a frozen dataclass")
+        domains.domains_of(cls.Options)  # its DOMAINS name its fields (posenc/domains.py)
         cls.name = name
         _REGISTRY[name] = cls
         return cls
@@ -316,6 +320,16 @@ def check_option_key(posenc_cfg: Any, dotted: str) -> None:
                          + (f"no option {parts[2]!r}; valid: {', '.join(valid)}" if valid else "no options"))
 
 
+def check_options(posenc_cfg: Any) -> None:
+    """Every option of every scheme the block runs has its type and lies in its declared domain
+    (posenc/domains.py: `Options.DOMAINS`); a DomainError names `posenc.<scheme>.<option>` and a
+    valid value. Blocks of schemes the run does not use are not looked at (they have no effect)."""
+    for name in used_schemes(posenc_cfg):
+        given = posenc_cfg.get(name, None) or {}
+        given = given.to_dict() if hasattr(given, "to_dict") else dict(given)
+        domains.check(get(name).Options, given, f"posenc.{name}")
+
+
 def build(posenc_cfg: Any, dims: ModelDims, *, rngs: nnx.Rngs) -> Scheme:
     """Instantiate the scheme named in a `posenc` config block (ConfigDict or plain dict)."""
     name = posenc_cfg["name"]
@@ -326,6 +340,7 @@ def build(posenc_cfg: Any, dims: ModelDims, *, rngs: nnx.Rngs) -> Scheme:
     if unknown:
         raise ValueError(f"unknown option(s) {sorted(unknown)} for positional scheme {name!r}; "
                                           f"valid options: {sorted(valid) or 'none'}")
+    domains.check(cls.Options, given, f"posenc.{name}")
     if getattr(cls, "wraps_scheme", False):  # wrappers build their inner scheme from the same block
         return cls(cls.Options(**given), dims, rngs=rngs, posenc_cfg=posenc_cfg)
     return cls(cls.Options(**given), dims, rngs=rngs)

@@ -9,6 +9,7 @@ import numpy as np
 from flax import nnx
 
 from posenc.base import BiasFunction, ModelDims, Scheme, register
+from posenc.domains import above, at_least
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -52,6 +53,15 @@ def _alibi_tile(shared, slope, q_pos_Qx1, k_pos_1xS):
     return -slope * (q_pos_Qx1 - k_pos_1xS).astype(jnp.float32)
 
 
+T5_MAX_EXACT = "the exact distances, num_buckets // 2 (// 4 when bidirectional)"
+
+
+def t5_max_exact(options) -> int:
+    """The distances T5's buckets hold one by one; max_distance must exceed it (the log-spaced
+    buckets divide by log(max_distance / max_exact))."""
+    return options["num_buckets"] // (4 if options["bidirectional"] else 2)
+
+
 def t5_relative_position_bucket(relative_position, bidirectional: bool = True,
                                 num_buckets: int = 32, max_distance: int = 128):
     """T5's bucket of relative_position = key position - query position (Raffel et al. 2020).
@@ -80,6 +90,7 @@ class T5Options:
     num_buckets: int = 32
     max_distance: int = 128
     bidirectional: bool = False  # a causal decoder only sees the past
+    DOMAINS = {"num_buckets": at_least(2), "max_distance": above(t5_max_exact, T5_MAX_EXACT)}
 
 
 @register("t5")

@@ -12,6 +12,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import at_least
 
 
 def causal_conv(x_BxTxD: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -36,6 +37,7 @@ def causal_conv(x_BxTxD: jax.Array, kernel: jax.Array) -> jax.Array:
 class ConvOptions:
     kernel_size: int = 3    # tokens each output sees (the current one and K-1 before it)
     depthwise: bool = True  # one filter per feature (K x D); False: a full K x D x D convolution
+    DOMAINS = {"kernel_size": at_least(1)}
 
 
 @register("conv")

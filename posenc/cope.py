@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import at_least
 
 
 def contextual_positions(gates_BxHxTxS: jax.Array) -> jax.Array:
@@ -32,6 +33,7 @@ def interpolate_logits(z_BxHxTxP: jax.Array, p_BxHxTxS: jax.Array) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class CopeOptions:
     max_positions: int = 0  # rows of e (P); 0 means train_length + 1, every count seen in training
+    DOMAINS = {"max_positions": at_least(0, note="0 = train_length + 1")}
 
 
 @register("cope")

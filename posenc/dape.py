@@ -11,7 +11,8 @@ from flax import nnx
 
 from posenc.base import ModelDims, register
 from posenc.fire import _torch_linear_init
-from posenc.wrappers import Wrapper
+from posenc.domains import at_least
+from posenc.wrappers import REGISTERED, Wrapper
 
 LEAKY_SLOPE = 0.01  # PyTorch's nn.LeakyReLU default, the reference's activation
 
@@ -20,6 +21,7 @@ LEAKY_SLOPE = 0.01  # PyTorch's nn.LeakyReLU default, the reference's activation
 class DapeOptions:
     base: str = "kerple_log"  # the bias refined: the paper's ALiBi, KERPLE (its best) or FIRE; any scheme works
     hidden: int = 32          # the MLP's width (the reference's mlp_width)
+    DOMAINS = {"base": REGISTERED, "hidden": at_least(1)}
 
 
 @register("dape")
@@ -55,8 +57,6 @@ class Dape(Wrapper):
         super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
         if self.inner.transforms_logits or self.inner.normalization != "softmax":
             raise ValueError(f"dape cannot wrap {options.base!r}: it already transforms logits or is not a softmax")
-        if options.hidden < 1:
-            raise ValueError(f"dape.hidden must be >= 1, got {options.hidden}")
         self.per_layer, self.transforms_logits = True, True  # whatever the base: one MLP per layer
         h, width = dims.num_heads, options.hidden
         self.w1 = nnx.Param(_torch_linear_init(rngs.params(), 2 * h, (2 * h, width)))

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import BiasFunction, ModelDims, Scheme, register
+from posenc.domains import at_least, positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +17,8 @@ class FireOptions:
     c_init: float = 0.1            # initial c of psi(x) = log(|c x| + 1) (reference: 0.1)
     threshold_init: float = 512.0  # L_0 of the threshold L = |m L_0|, m learned from 1 (reference:
                                    # 512); 0 means the training length
+    DOMAINS = {"hidden": at_least(1), "c_init": positive(),
+               "threshold_init": at_least(0, note="0 = the training length")}
 
 
 def _torch_linear_init(key: jax.Array, fan_in: int, shape: tuple[int, ...]) -> jax.Array:

@@ -13,6 +13,7 @@ from flax import nnx
 
 from posenc.absolute import sinusoidal_table
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import at_least
 
 
 def rk4_positions(dynamics: Callable[[jax.Array, jax.Array], jax.Array], p0_D: jax.Array,
@@ -48,6 +49,8 @@ class FloaterOptions:
     steps_per_unit: int = 4   # RK4 steps per unit of position (accuracy vs sequential cost)
     hidden_dim: int = 0       # width of the MLP h; 0 means d_model
     extra_positions: int = 0  # integrate this far beyond T-1 under jit (for offset positions)
+    DOMAINS = {"steps_per_unit": at_least(1), "hidden_dim": at_least(0, note="0 = d_model"),
+               "extra_positions": at_least(0)}
 
 
 @register("floater")

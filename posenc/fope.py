@@ -12,6 +12,7 @@ import numpy as np
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import above, at_least
 
 
 def fope_frequencies(head_dim: int, train_length: int, base: float = 10000.0, floor_ratio: float = 1.0) -> np.ndarray:
@@ -53,6 +54,8 @@ class FopeOptions:
     init_gain: float = 0.3    # gain of the random coefficients beside the identity (reference: 0.3)
     floor_ratio: float = 1.0  # frequencies below floor_ratio * 2 pi / L_train are clipped to zero
     seed: int = 0             # the coefficients' draw (fixed, not trained, as in the reference)
+    DOMAINS = {"base": above(lambda o: 1, "1"), "init_gain": at_least(0, note="0 = RoPE with clipped frequencies"),
+               "floor_ratio": at_least(0, note="0 = keep every frequency"), "seed": at_least(0)}
 
 
 @register("fope")
@@ -87,14 +90,6 @@ class Fope(Scheme):
         super().__init__(options, dims, rngs=rngs)
         if dims.head_dim % 2:
             raise ValueError(f"fope rotates feature pairs; the head size must be even, got {dims.head_dim}")
-        if options.base <= 1:
-            raise ValueError(f"fope.base must be > 1 (RoPE's 10000), got {options.base}")
-        if options.init_gain < 0:
-            raise ValueError(f"fope.init_gain must be >= 0 (the reference's 0.3; 0 = RoPE with clipped frequencies), "
-                             f"got {options.init_gain}")
-        if options.floor_ratio < 0:
-            raise ValueError(f"fope.floor_ratio must be >= 0 (1: clip below one turn per training length; 0: keep "
-                             f"every frequency), got {options.floor_ratio}")
         # Python numbers, not arrays: an array attribute would be state, and trained
         self.frequencies = tuple(float(w) for w in fope_frequencies(dims.head_dim, dims.train_length, options.base,
                                                                     options.floor_ratio))

@@ -8,12 +8,14 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import between
 
 
 @dataclasses.dataclass(frozen=True)
 class FoxOptions:
     gate_bias_init: float = 0.0  # b's initial value: 0 in the authors' code (f starts near 1/2);
                                  # x-transformers' data-dependent ALiBi starts it at 5 (f near 0.99)
+    DOMAINS = {"gate_bias_init": between(note="sigmoid(b) is the forget gate's starting value")}
 
 
 @register("fox")

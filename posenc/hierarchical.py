@@ -8,6 +8,7 @@ import jax.numpy as jnp
 
 from posenc.absolute import Learned
 from posenc.base import LengthError, register
+from posenc.domains import at_least, between
 
 
 def hierarchical_positions(table_NxD: jnp.ndarray, positions, alpha: float) -> jnp.ndarray:
@@ -27,6 +28,8 @@ def hierarchical_positions(table_NxD: jnp.ndarray, positions, alpha: float) -> j
 class HierarchicalOptions:
     max_length: int = 0  # n, rows of the learned table; 0 means the training length
     alpha: float = 0.4   # evaluation-time: the weight of the "high digit" i
+    DOMAINS = {"max_length": at_least(0, note="0 = the training length"),
+               "alpha": between(0, 1, lo_open=True, hi_open=True)}
 
 
 @register("hierarchical")

@@ -8,6 +8,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import BiasFunction, ModelDims, Scheme, register
+from posenc.domains import above, between, positive, satisfies
 
 
 def inverse_softplus(y: jax.Array) -> jax.Array:
@@ -31,6 +32,8 @@ class KerpleLogOptions:
     r2_init_max: float = 1.0  # r2 starts uniform in (init_min, r2_init_max), one per head
     init_min: float = 0.01
     per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
+    DOMAINS = {"init_min": positive(), "r1_init_max": above(lambda o: o["init_min"], "init_min"),
+               "r2_init_max": above(lambda o: o["init_min"], "init_min")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,6 +42,9 @@ class KerplePowerOptions:
     r2_init_max: float = 1.99  # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
     init_min: float = 0.01
     per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
+    DOMAINS = {"init_min": between(0, 2, lo_open=True, hi_open=True),
+               "r1_init_max": above(lambda o: o["init_min"], "init_min"),
+               "r2_init_max": satisfies(lambda v, o: o["init_min"] < v < 2, "in (init_min, 2)", 1.99)}
 
 
 def _uniform_per_head(rngs: nnx.Rngs, num_heads: int, low: float, high: float) -> jax.Array:

@@ -8,6 +8,7 @@ from flax import nnx
 
 from posenc.absolute import sinusoidal_table
 from posenc.base import ModelDims, Scheme, check_table_length, register
+from posenc.domains import at_least, between, one_of, positive
 
 
 @dataclasses.dataclass(frozen=True)
@@ -16,6 +17,8 @@ class MultiplicativeOptions:
     base: float = 10000.0      # of the sinusoidal table (also the learned table's initial value)
     max_length: int = 0        # rows of the learned table; 0 means the training length
     offset: float = 0.0        # x * (offset + PE(p)); 0 is the literature's x * PE(p)
+    DOMAINS = {"table": one_of("sinusoidal", "learned"), "base": positive(),
+               "max_length": at_least(0, note="0 = the training length"), "offset": between()}
 
 
 @register("multiplicative")

@@ -15,6 +15,7 @@ import jax
 import jax.numpy as jnp
 
 from posenc.base import LengthError, ModelDims, Scheme, register
+from posenc.domains import between, one_of
 
 
 def add_to_first_features(x_BxTxD: jax.Array, values_BxTxF: jax.Array) -> jax.Array:
@@ -43,6 +44,7 @@ class NormalizedOptions:
     # "train_length": p / (L_train - 1). "row": p / (largest position of the row), the textbook
     # definition; it makes a token's encoding depend on the length of its window (see the class).
     denominator: str = "train_length"
+    DOMAINS = {"denominator": one_of("train_length", "row")}
 
 
 @register("normalized")
@@ -89,6 +91,7 @@ def binary_digits(positions: jax.Array, num_bits: int) -> jax.Array:
 @dataclasses.dataclass(frozen=True)
 class BinaryOptions:
     max_bits: int = 16  # digits on the first max_bits features: positions 0 .. 2**max_bits - 1
+    DOMAINS = {"max_bits": between(1, 30, note="and <= d_model")}
 
 
 @register("binary")

@@ -9,6 +9,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import above, one_of
 
 BIAS_INITS = ("zeros", "uniform")
 
@@ -29,6 +30,7 @@ def polar(x_BxTxHxK: jax.Array, angles_BxTxHxK: jax.Array) -> jax.Array:
 class PopeOptions:
     base: float = 10000.0      # theta_c = base^(-c/K)
     bias_init: str = "zeros"   # the phase bias delta: "zeros" (x-transformers' default) or "uniform" on [-2 pi, 0]
+    DOMAINS = {"base": above(lambda o: 1, "1"), "bias_init": one_of(*BIAS_INITS)}
 
 
 @register("pope")
@@ -61,10 +63,6 @@ class Pope(Scheme):
 
     def __init__(self, options: PopeOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
-        if options.base <= 1:
-            raise ValueError(f"pope.base must be > 1 (the paper's 10000), got {options.base}")
-        if options.bias_init not in BIAS_INITS:
-            raise ValueError(f"unknown pope.bias_init {options.bias_init!r}; valid: {', '.join(BIAS_INITS)}")
         shape = (dims.num_heads, dims.head_dim)
         if options.bias_init == "uniform":
             bias = jax.random.uniform(rngs.params(), shape, jnp.float32, -2 * math.pi, 0.0)

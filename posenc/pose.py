@@ -9,7 +9,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, register
-from posenc.wrappers import Wrapper
+from posenc.domains import at_least
+from posenc.wrappers import REGISTERED, Wrapper
 
 
 def pose_positions(positions_BxT: jax.Array, first_chunk_B: jax.Array, skip_B: jax.Array) -> jax.Array:
@@ -34,6 +35,7 @@ def sample_chunks(key: jax.Array, batch: int, length: int, target_length: int) -
 class PoseOptions:
     base: str = "rope"       # the wrapped scheme (the paper's models use RoPE)
     target_length: int = 0   # L_t, the length simulated in training; 0 means 16 x train_length
+    DOMAINS = {"base": REGISTERED, "target_length": at_least(0, note="0 = 16 x train_length; else >= it")}
 
 
 @register("pose")

@@ -15,7 +15,8 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, check_table_length, register
-from posenc.bias import t5_relative_position_bucket
+from posenc.domains import above, at_least, one_of, positive
+from posenc.bias import T5_MAX_EXACT, t5_max_exact, t5_relative_position_bucket
 
 
 def _gather_rows(scores_BxHxTxR: jax.Array, index_BxTxS: jax.Array) -> jax.Array:
@@ -41,6 +42,7 @@ def _sum_by_row(probs_BxHxTxS: jax.Array, index_BxTxS: jax.Array, rows: int) -> 
 class ShawOptions:
     max_relative_position: int = 16  # k: distances are clipped to [-k, k] (the paper's k = 16)
     value_term: bool = True          # also add sum_j a_ij R^V_{ij} to the output (the paper's eq. 3)
+    DOMAINS = {"max_relative_position": at_least(0)}
 
 
 @register("shaw")
@@ -94,6 +96,7 @@ class Shaw(Scheme):
 @dataclasses.dataclass(frozen=True)
 class TransformerXLOptions:
     base: float = 10000.0  # wavelength base of the sinusoidal relative encodings R
+    DOMAINS = {"base": positive()}
 
 
 def txl_inverse_frequencies(d_model: int, base: float = 10000.0) -> jax.Array:
@@ -156,6 +159,7 @@ class TransformerXL(Scheme):
 class DebertaOptions:
     max_relative_positions: int = 512  # k: 2k relative embeddings (released DeBERTa: k = 512)
     p2c_index: str = "code"  # "code": K^c_j . Q^r at i - j + k (released code); "paper": j - i + k
+    DOMAINS = {"max_relative_positions": at_least(1), "p2c_index": one_of("code", "paper")}
 
 
 @register("deberta")
@@ -232,6 +236,8 @@ class TupeOptions:
     num_buckets: int = 32      # of b_{j-i}, as T5
     max_distance: int = 128
     bidirectional: bool = False  # a causal decoder only sees the past
+    DOMAINS = {"max_length": at_least(0, note="0 = the training length"), "num_buckets": at_least(2),
+               "max_distance": above(t5_max_exact, T5_MAX_EXACT)}
 
 
 @register("tupe")

@@ -12,6 +12,9 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+from posenc.domains import above, at_least, between, each, one_of, positive, unit_interval
+
+
 def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
     """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021), computed as
     1 / base^(2i / rotary_dim) in float32 as HF transformers does (to within an ulp for a traced
@@ -59,6 +62,19 @@ class RopeOptions:
     xpos_scale_base: float = 512.0  # gamma
     p_rope: float = 1.0           # p-RoPE: share of the frequency pairs that rotate, the highest ones;
                                   # the others get frequency 0 (position-free). 1 = off (plain RoPE)
+    # Each option alone (validate_rope_options checks how they combine).
+    DOMAINS = {"base": positive(), "fraction": unit_interval(), "pi_factor": positive(note="L_train / L_target"),
+               "ntk_alpha": positive(), "dynamic_ntk_factor": at_least(1),
+               "yarn_scale": at_least(1, note="L_target / L_train; 1 = off"), "yarn_beta_fast": positive(),
+               "yarn_beta_slow": between(0, lo_open=True, note="and < yarn_beta_fast"),
+               "yarn_ramp": one_of("index", "turns"), "original_length": at_least(0, note="0 = the training length"),
+               "llama3_factor": at_least(1, note="1 = off"), "llama3_low_freq_factor": positive(),
+               "llama3_high_freq_factor": above(lambda o: o["llama3_low_freq_factor"], "llama3_low_freq_factor"),
+               "longrope_short_factor": each(positive()), "longrope_long_factor": each(positive()),
+               "longrope_factor": positive(), "longrope_attention_factor": at_least(0, note="0 = HF's default"),
+               "rerope_window": at_least(0, note="0 = off"), "self_extend_window": at_least(0, note="0 = off"),
+               "self_extend_group": at_least(1), "xpos_gamma0": positive(), "xpos_scale_base": positive(),
+               "p_rope": unit_interval(note="1 = plain RoPE")}
 
 
 YARN_RAMPS = ("index", "turns")

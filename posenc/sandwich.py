@@ -8,6 +8,7 @@ import jax.numpy as jnp
 import numpy as np
 
 from posenc.base import BiasFunction, Scheme, register
+from posenc.domains import positive, satisfies
 
 
 def sandwich_compression(num_heads: int) -> np.ndarray:
@@ -65,6 +66,9 @@ class SandwichOptions:
     dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias;
                            # 0 means the head dimension (NeMo's choice)
     base: float = 10000.0
+    DOMAINS = {"dim": satisfies(lambda v, _: v == 0 or (v >= 2 and v % 2 == 0),
+                                "0 (the head dimension) or an even number >= 2"),
+               "base": positive()}
 
 
 @register("sandwich")

@@ -6,6 +6,7 @@ import dataclasses
 from flax import nnx
 
 from posenc.base import ModelDims, Scheme, register
+from posenc.domains import one_of
 
 
 @dataclasses.dataclass(frozen=True)
@@ -14,6 +15,7 @@ class StickbreakingOptions:
                                   # reference kernels' default: no)
     remainder: str = "value"      # where the stick left over goes: "value", the query's own value
                                   # (the authors' reference test, o + rem * v), or "none" (dropped)
+    DOMAINS = {"remainder": one_of("value", "none")}
 
 
 @register("stickbreaking")
@@ -47,5 +49,3 @@ class StickBreaking(Scheme):
 
     def __init__(self, options: StickbreakingOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
-        if options.remainder not in ("value", "none"):
-            raise ValueError(f"stickbreaking.remainder must be 'value' or 'none', got {options.remainder!r}")

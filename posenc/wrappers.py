@@ -15,7 +15,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, build, get, register
+from posenc.base import LengthError, ModelDims, Scheme, build, canonical_name, get, names, register
+from posenc.domains import at_least, one_of, positive, satisfies
 
 
 class Wrapper(Scheme):
@@ -85,9 +86,14 @@ def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
     return jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
 
 
+REGISTERED = satisfies(lambda v, _: canonical_name(v) in names(),
+                       lambda _: f"a registered positional scheme ({', '.join(names())})", "rope")
+
+
 @dataclasses.dataclass(frozen=True)
 class LognOptions:
     base: str = "rope"  # the wrapped scheme (RoPE: the pairing of Su 2021 and later long-context LMs)
+    DOMAINS = {"base": REGISTERED}
 
 
 @register("logn")
@@ -128,6 +134,7 @@ class SsmaxOptions:
     base: str = "rope"    # the wrapped scheme (the paper's models use RoPE)
     s_init: float = 0.43  # s of every head at initialisation (the reference's default)
     bias: bool = False    # the paper's variant with a learned b per head: (s log n + b) z
+    DOMAINS = {"base": REGISTERED, "s_init": positive(note="the reference's 0.43")}
 
 
 @register("ssmax")
@@ -156,8 +163,6 @@ class SSMax(Wrapper):
     per_layer = True
 
     def __init__(self, options: SsmaxOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
-        if not (math.isfinite(options.s_init) and options.s_init > 0):
-            raise ValueError(f"ssmax.s_init must be a positive number (the reference's 0.43), got {options.s_init}")
         super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
         self.per_layer = True  # s is per layer, whatever the inner scheme shares
         self.s = nnx.Param(jnp.full((dims.num_heads,), options.s_init, jnp.float32))
@@ -186,6 +191,8 @@ class RandomizedOptions:
     base: str = "rope"    # the wrapped scheme
     max_length: int = 0   # L, the range positions are drawn from; 0 means 16 x train_length
     eval_positions: str = "sampled"  # "sampled" (the reference's) or "consecutive" (0 .. T-1)
+    DOMAINS = {"base": REGISTERED, "max_length": at_least(0, note="0 = 16 x train_length"),
+               "eval_positions": one_of("sampled", "consecutive")}
 
 
 @register("randomized")

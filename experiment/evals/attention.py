@@ -21,6 +21,7 @@ import corpora
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
 from experiment.evals.common import window_positions
 from experiment.run import RunDir
+from experiment.runtime import interrupts
 from models.attention.statistics import attention_statistics
 
 log = logging.getLogger(__name__)
@@ -60,8 +61,11 @@ def evaluate_attention(workdir: str | pathlib.Path | RunDir, lengths: list[int] 
         scoring = load_checkpoint(run, config, spec.lengths, spec.overrides, what="attention statistics")
         stream, _ = run.stream(scoring.config.data, spec.split, scoring.tokenizer, write=False)
         rows = int(batch_tokens or scoring.config.eval.batch_tokens)
-        new = [_statistics(scoring, spec, length, first_windows(stream, length, max_windows, scoring.tokenizer.eos_id),
-                           (block, rows)) for length in scoring.lengths]
+        new = []
+        for length in scoring.lengths:  # written together at the end: a Ctrl-C keeps none of them
+            inputs = first_windows(stream, length, max_windows, scoring.tokenizer.eos_id)
+            new.append(_statistics(scoring, spec, length, inputs, (block, rows)))
+            interrupts.check(lambda: scoring.interrupted("attention", [], length))
         scoring.write("attention", new)
     return new
 

@@ -94,7 +94,9 @@ def apply_overrides(config, overrides: dict[str, str]) -> Config:
                 as_dict.posenc[parents[1]] = defaults[parents[1]].to_dict()
             as_dict.posenc[parents[1]][leaf] = defaults[parents[1]][leaf]
         config_lib.set_typed(as_dict, dotted, raw)
-    return config_lib.typed(as_dict)
+    config = config_lib.typed(as_dict)
+    config_lib.check_domains(config)  # --set posenc.rope.yarn_scale=0.5 is refused by name, as in training
+    return config
 
 
 # --- the checkpoint, loaded once for scoring ---------------------------------------------------
@@ -134,6 +136,13 @@ class Scoring:
         """Merge records of `kind` into the run's file (the writing process only)."""
         if self.run.writer and records:
             self.run.add_records(kind, records)
+
+    def interrupted(self, kind: str, done: list[int], length: int) -> str:
+        """What a Ctrl-C while scoring `length` leaves: the records of the lengths `done`."""
+        path = self.run.records_path(kind)
+        kept = (f"the records of L={', '.join(map(str, done))} are in {path}" if done
+                else f"no {kind} record of this evaluation was written")
+        return f"interrupted while scoring {kind} at L={length}; {kept}: the same command evaluates again"
 
 
 @contextlib.contextmanager

@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from corpora import passkey as task
 from experiment.evals.common import Scoring, apply_overrides, load_checkpoint, opened_for_scoring, window_positions
 from experiment.run import RunDir
-from experiment.runtime import sharding
+from experiment.runtime import interrupts, sharding
 
 log = logging.getLogger(__name__)
 
@@ -82,26 +82,38 @@ class PasskeySpec:
     digits: int | None = None  # None: the run's data.passkey_digits
 
 
-def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int], spec: PasskeySpec = PasskeySpec(),
+def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int] | None = None,
+                     spec: PasskeySpec = PasskeySpec(),
                      *, batch_tokens: int | None = None, skip_impossible: bool = False,
                      overrides: dict[str, str] | None = None) -> list[dict]:
-    """Passkey accuracy of the run's newest checkpoint at each (length, depth); records written to
-    WORKDIR/eval/passkey.json and returned. A length the scheme cannot encode raises its
-    LengthError, or is skipped with a warning when `skip_impossible`; a length too short for the
-    task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
-    lengths, depths = [int(length) for length in lengths], [float(d) for d in spec.depths]
-    if not lengths or spec.per_cell < 1 or not depths:
-        raise ValueError(f"need lengths, depths and per_cell >= 1, got {lengths}, {depths}, {spec.per_cell}")
+    """Passkey accuracy of the run's newest checkpoint at each (length, depth; lengths None: the
+    run's config.eval.lengths); records written to WORKDIR/eval/passkey.json and returned. A
+    length the scheme cannot encode raises its LengthError, or is skipped with a warning when
+    `skip_impossible`; a length too short for the task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
     overrides = dict(overrides or {})
     with opened_for_scoring(workdir, "evaluation") as (run, config):
-        checked = apply_overrides(config, overrides)
-        digits = int(checked.data.passkey_digits if spec.digits is None else spec.digits)
-        tokenizer = run.tokenizer(checked.data, write=False)
-        for length in lengths:  # a too-short length is refused before the checkpoint is read
-            task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
+        lengths = [int(length) for length in (lengths or config.eval.lengths)]
+        spec = checked_spec(run, config, lengths, spec, overrides)
         scoring = load_checkpoint(run, config, lengths, overrides, skip_impossible=skip_impossible, what="passkey")
-        spec = dataclasses.replace(spec, depths=tuple(depths), digits=digits)
         return _evaluate_passkey(scoring, spec, batch_tokens or scoring.config.eval.batch_tokens)
+
+
+def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, overrides: dict) -> PasskeySpec:
+    """`spec` with its digits resolved (the run's data.passkey_digits where None), every value
+    checked before any checkpoint is read: depths in [0, 1], per_cell and digits >= 1, and each
+    length long enough for the task (PasskeyError)."""
+    depths = tuple(float(d) for d in spec.depths)
+    if not lengths or not depths or spec.per_cell < 1 or any(not 0 <= d <= 1 for d in depths):
+        raise ValueError(f"passkey needs lengths, depths in [0, 1] (0 = start, 1 = just before the question) and "
+                         f"per_cell >= 1, got lengths {lengths}, depths {list(depths)}, per_cell {spec.per_cell}")
+    checked = apply_overrides(config, overrides)
+    digits = int(checked.data.passkey_digits if spec.digits is None else spec.digits)
+    if digits < 1:
+        raise ValueError(f"passkey digits must be >= 1, got {digits}")
+    tokenizer = run.tokenizer(checked.data, write=False)
+    for length in lengths:
+        task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
+    return dataclasses.replace(spec, depths=depths, digits=digits)
 
 
 def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) -> list[dict]:
@@ -118,8 +130,9 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
     batch_sharding = sharding.batch_sharding(scoring.mesh)
     fields = {**scoring.header(), "digits": spec.digits, "seed": spec.seed, "chance": 10.0 ** -spec.digits,
               "passkey_fraction": float(config.data.passkey_fraction)}
-    results = []
+    results, done = [], []
     for length, batch in batches.items():
+        interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         size = scoring.rows_per_batch(length, batch_tokens, at_most=len(batch))
 
         def fn(inputs, rows):
@@ -129,6 +142,8 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
         cells = cell_records(batch, score_examples(fn, batch, size), length, **fields)
         log.info("passkey %s L=%d: accuracy %s", config.posenc.name, length,
                  ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells))
+        interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         results.extend(cells)
         scoring.write("passkey", cells)  # each length kept as it finishes
+        done.append(length)
     return results

@@ -27,7 +27,7 @@ from experiment import records
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
 from experiment.evals.common import window_positions
 from experiment.run import RunDir
-from experiment.runtime import sharding
+from experiment.runtime import interrupts, sharding
 from experiment.tensorboard import EventWriter
 
 log = logging.getLogger(__name__)
@@ -55,7 +55,9 @@ def evaluate(workdir: str | pathlib.Path | RunDir, lengths: list[int] | None = N
 
 def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]:
     run, config = scoring.run, scoring.config
-    stream, words = run.stream(config.data, spec.split, scoring.tokenizer, write=run.writer)
+    with interrupts.immediate(f"interrupted while reading the {spec.split} split; no record was written: the "
+                              f"same command evaluates again"):
+        stream, words = run.stream(config.data, spec.split, scoring.tokenizer, write=run.writer)
     if spec.max_tokens and spec.max_tokens < len(stream):
         stream = stream[:spec.max_tokens]
         words = corpora.count_words_in_text(scoring.tokenizer.decode(stream))
@@ -71,7 +73,8 @@ def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]
     results = []
     with EventWriter(run.tensorboard_dir) if run.writer else contextlib.nullcontext() as board:
         for length in scoring.lengths:
-            record = _score_length(scoring, spec, length, (stream, words), score, batch_tokens)
+            stop = functools.partial(scoring.interrupted, "perplexity", [r["eval_length"] for r in results], length)
+            record = _score_length(scoring, spec, length, (stream, words), score, batch_tokens, stop)
             results.append(record)
             scoring.write("perplexity", [record])  # each length kept as it finishes
             if board is not None:
@@ -79,8 +82,10 @@ def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]
     return results
 
 
-def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, score, batch_tokens: int) -> dict:
-    """One evaluation length's record. `text`: (token stream, its word count)."""
+def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, score, batch_tokens: int,
+                  stop) -> dict:
+    """One evaluation length's record. `text`: (token stream, its word count); `stop()`: what a
+    Ctrl-C between two batches leaves (experiment/runtime/interrupts.py)."""
     stream, words = text
     config, tokenizer = scoring.config, scoring.tokenizer
     batch_sharding = sharding.batch_sharding(scoring.mesh)
@@ -94,6 +99,7 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
             corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
             total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
             unit="batch", dynamic_ncols=True, disable=None if scoring.run.writer else True, leave=False)):
+        interrupts.check(stop)
         window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
         arrays = sharding.global_batch(
             batch_sharding, inputs.shape,
@@ -103,6 +109,7 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
         pos_nll += nll_pos
         pos_count += w_pos
         count += float(w_pos.sum())
+    interrupts.check(stop)  # pressed during the last batch: its record is not written
     elapsed = time.perf_counter() - t0
     nll = total / count
     record = {**scoring.header(), "eval_length": length, "stride": s, "split": spec.split, "tokens": int(count),

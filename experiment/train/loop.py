@@ -13,8 +13,6 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-import signal
-import threading
 from typing import NamedTuple
 
 import jax
@@ -27,9 +25,9 @@ from experiment import checkpoints
 from experiment.config import Config, ConfigError, resolve, typed
 from experiment.model import abstract_model, build_model
 from experiment.run import RunDir, opened
-from experiment.runtime import accelerator, distributed, sharding
+from experiment.runtime import accelerator, distributed, interrupts, sharding
 from experiment.train import init_from
-from experiment.train.metrics import MetricsLog, Throughput
+from experiment.train.metrics import MetricsLog, Throughput, TrainingDiverged
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import is_stochastic, make_train_step, micro_batching
 from models.attention.choice import runs_per_device
@@ -74,7 +72,17 @@ def train(config, workdir: str | pathlib.Path | RunDir, *, max_steps: int | None
     corpora.check_splits(config.data, sorted({config.data.train_split, config.eval.split}))
     with opened(workdir, "training") as run:
         tokenizer, stream, tx, state = _set_up(config, run, mesh)
+        interrupts.check(lambda: _kept(run, "interrupted before training started"))
         return _train_loop(config, run, _Setup(mesh, micro_steps, tokenizer, stream, tx), state, max_steps)
+
+
+def _kept(run: RunDir, when: str) -> str:
+    """What an interruption `when` leaves: the newest checkpoint, or nothing of the run."""
+    step = run.latest_step()
+    if step is None:
+        return (f"{when}; no checkpoint exists yet (the run is not saved): the same command (or a corrected "
+                f"one) starts it over")
+    return f"{when}; the checkpoint at step {step} is kept: the same command resumes from it"
 
 
 class _Setup(NamedTuple):
@@ -91,11 +99,16 @@ def _set_up(config: Config, run: RunDir, mesh):
     base = init_from.base_of(config) if fresh else None
     if run.writer:
         run.check_config(config)
-        run.clear_leftovers()
+        run.clear_leftovers(config)
         if base is not None:
             init_from.take_tokenizer(base, run)
     distributed.barrier("lengthx_workdir")
-    tokenizer, stream = _load_data(config, run)
+    with interrupts.immediate(_kept(run, "interrupted while reading the data")):  # writes files whole only
+        tokenizer, stream = _load_data(config, run)
+    if len(stream) < config.train.seq_len + 2:  # corpora.train_batch's windows of L + 1 tokens, at two starts
+        raise ConfigError(f"the training split ({config.data.train_split}) has {len(stream):,} tokens, too few for "
+                          f"train.seq_len={config.train.seq_len}; set --config.train.seq_len={max(1, len(stream) - 2)} "
+                          f"or less, or train on more text")
     tx = make_optimizer(config.train)
     state = init_state(config, tokenizer.vocab_size, tx, mesh)  # checks the model and its length
     if config.data.passkey_fraction:  # the task fits L and the vocabulary
@@ -136,27 +149,6 @@ def _load_data(config: Config, run: RunDir):
 def _scalar(value: int, mesh) -> jax.Array:
     """A replicated int32 scalar that every process of the job agrees on."""
     return jax.make_array_from_callback((), NamedSharding(mesh, P()), lambda _: np.int32(value))
-
-
-@contextlib.contextmanager
-def _interrupts_between_steps():
-    """Ctrl-C (SIGINT) takes effect between steps: a step has donated its inputs' buffers once it
-    is dispatched, so stopping inside it would leave nothing to save. Yields `requested()`; a
-    second Ctrl-C stops at once."""
-    if threading.current_thread() is not threading.main_thread():
-        yield lambda: False
-        return
-    requested = []
-
-    def handler(signum, frame):
-        if requested:
-            raise KeyboardInterrupt
-        requested.append(True)
-    previous = signal.signal(signal.SIGINT, handler)
-    try:
-        yield lambda: bool(requested)
-    finally:
-        signal.signal(signal.SIGINT, previous)
 
 
 @contextlib.contextmanager
@@ -223,6 +215,7 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
     if start < end:  # compile first, and refuse a step that cannot fit before running it
         with _out_of_memory_explained(advice_args):
             compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
+        interrupts.check(lambda: _kept(run, "interrupted while compiling the training step"))
         advice = accelerator.memory_advice(accelerator.program_bytes(compiled),
                                            accelerator.device_memory_limit(), **advice_args)
         if advice:
@@ -232,15 +225,15 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
     mngr = run.manager()
 
     def save(step):
+        metrics.check_finite(step)  # a diverged step is never saved
         checkpoints.save(mngr, step, params, opt_state, {"step": step, "data_position": step, "seed": config.seed})
 
     step = start
     with MetricsLog(run, config, start, throughput) as metrics:
-        try:
-            with _out_of_memory_explained(advice_args), _interrupts_between_steps() as interrupted:
+        try:  # Ctrl-C takes effect between steps: a dispatched step has donated its inputs' buffers
+            with _out_of_memory_explained(advice_args), interrupts.deferred():
                 while step < end:
-                    if interrupted():
-                        raise KeyboardInterrupt
+                    interrupts.check("")  # the message is written below, once the checkpoint is
                     params, opt_state, step_metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
                     metrics.add(step_metrics)
                     step += 1
@@ -248,14 +241,25 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
                         metrics.log(step)
                     if step % tc.checkpoint_every == 0 or step == end:
                         save(step)
-        except KeyboardInterrupt:
+                interrupts.check("")  # pressed during the last step or checkpoint write
+        except KeyboardInterrupt:  # Interrupted at a safe point, or raised by code between two steps
             metrics.bar.close()
             if metrics.pending:
                 metrics.log(step)  # the steps since the last line are kept with the checkpoint
             if step > start and mngr.latest_step() != step:
                 save(step)
-            log.warning("interrupted at step %d; checkpoint saved, the same command resumes", step)
-            raise
+            if step == start:
+                raise interrupts.Interrupted(_kept(run, "interrupted before the first step")) from None
+            then = ("training is complete: the same command goes on to what follows it (evaluation)"
+                    if step >= tc.steps else "the same command resumes from it")
+            raise interrupts.Interrupted(f"interrupted at step {step} of {tc.steps}; checkpoint saved at step "
+                                         f"{step}: {then}") from None
+        except TrainingDiverged as e:
+            kept = run.latest_step()
+            raise TrainingDiverged(
+                f"{e}; no checkpoint was written, so the corrected command starts the run over (the same --workdir)"
+                if kept is None else f"{e}; the checkpoints up to step {kept} are kept, but a run's train.lr is "
+                f"fixed once it has one: train with a lower train.lr in a new --workdir") from None
     if step < tc.steps:
         log.info("stopped at step %d of %d (--max_steps=%d); the run is unfinished: the same command "
                  "resumes it", step, tc.steps, max_steps)

@@ -13,12 +13,18 @@ import jax
 import numpy as np
 from tqdm.auto import tqdm
 
+from experiment.config import ConfigError
 from experiment.run import RunDir
 from experiment.runtime import accelerator
 from experiment.tensorboard import EventWriter
 from experiment.train.optimizer import lr_at
 
 log = logging.getLogger(__name__)
+
+
+class TrainingDiverged(ConfigError):
+    """The loss or the gradient became infinite or NaN: the learning rate (or its warm-up) is too
+    high for the model; the message says which value and step."""
 
 
 @dataclasses.dataclass(frozen=True)
@@ -84,5 +90,16 @@ class MetricsLog:
             log.info("step %d/%d  loss %.4f  lr %.3g  %.0f tokens/s%s  %.2f GB", step, self.train_cfg.steps,
                      record["loss"], record["lr"], tokens_per_s, f"  mfu {mfu:.1%}" if mfu else "", memory_gb)
         self.pending, self.last = [], now
-        if not np.isfinite(record["loss"]):
-            raise FloatingPointError(f"loss is {record['loss']} at step {step}; lower train.lr")
+        self._refuse_non_finite(values, step)
+
+    def check_finite(self, step: int) -> None:
+        """Before a checkpoint: the steps since the last record kept the loss and gradient finite."""
+        self._refuse_non_finite(jax.device_get(self.pending), step)
+
+    def _refuse_non_finite(self, values: list, step: int) -> None:
+        for name in ("loss", "grad_norm"):
+            bad = [float(m[name]) for m in values if not np.isfinite(m[name])]
+            if bad:
+                raise TrainingDiverged(f"training diverged: the {name.replace('_', ' ')} is {bad[0]} by step {step} "
+                                       f"(train.lr={self.train_cfg.lr:g}); lower train.lr (or raise "
+                                       f"train.warmup_steps)")

@@ -4,9 +4,7 @@ from __future__ import annotations
 import jax
 import optax
 
-from experiment.config import ConfigError, TrainConfig
-
-OPTIMIZERS = ("adamw", "nag")
+from experiment.config import OPTIMIZERS, ConfigError, TrainConfig
 
 
 def lr_schedule(train_cfg: TrainConfig) -> optax.Schedule:

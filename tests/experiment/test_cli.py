@@ -113,9 +113,11 @@ def test_sequence_override_parses(monkeypatch, path, key, text, expected):
 
 @pytest.mark.parametrize("path", CONFIGS)
 def test_sequence_override_as_separate_argument_and_repeated(monkeypatch, path):
+    """A key given twice takes its last value, as a scalar key does (ml_collections joined the tuples)."""
     config = parse_config(monkeypatch, path, "--config.eval.lengths", "32,64", "--config.eval.length_multipliers=2",
-                          "--config.eval.length_multipliers=3")
-    assert config.eval.lengths == (32, 64) and config.eval.length_multipliers == (2, 3)
+                          "--config.eval.length_multipliers=3", "--config.eval.lengths=64,128", "--config.eval.lengths",
+                          "256")
+    assert config.eval.lengths == (256,) and config.eval.length_multipliers == (3,)
 
 
 @pytest.mark.parametrize("path,key", SEQUENCE_KEYS, ids=[f"{p[8:-3]}:{k}" for p, k in SEQUENCE_KEYS])
@@ -144,3 +146,51 @@ def test_sequence_override_reaches_the_run(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     config = json.loads((tmp_path / "config.json").read_text())
     assert config["eval"]["lengths"] == [64, 128] and config["model"]["adaptive_cutoffs"] == [100, 200]
+
+
+def parse_numbers(monkeypatch, capsys, *args: str) -> str:
+    """stderr of parsing `args` against flags defined with define_numbers, as eval_extrapolate.py does."""
+    from experiment.cli import define_numbers
+    from posenc.domains import at_least, unit_interval
+    flag_values = flags.FlagValues()
+    define_numbers("lengths", None, "", domain=at_least(1), example="--lengths=64,128", flag_values=flag_values)
+    define_numbers("passkey_depths", [0.5], "", kind=float, domain=unit_interval(), example="--passkey_depths=0,1",
+                   flag_values=flag_values)
+    define_numbers("stride", None, "", domain=at_least(0), example="--stride=32", sequence=False,
+                   flag_values=flag_values)
+    monkeypatch.delenv("LX_TRACEBACK", raising=False)
+    try:
+        parse_flags(["eval_extrapolate.py", *args], flag_values)
+    except SystemExit as exit_:
+        assert exit_.code == 2
+        return capsys.readouterr().err
+    return repr((flag_values.lengths, flag_values.passkey_depths, flag_values.stride))
+
+
+@pytest.mark.parametrize("args,expected", [
+    (["--lengths=16,abc"], "error: flag --lengths=16,abc: 'abc' is not a whole number >= 1 (e.g. --lengths=64,128)"),
+    (["--lengths=0"], "'0' is not a whole number >= 1"),
+    (["--passkey_depths=x"], "error: flag --passkey_depths=x: 'x' is not a number in [0, 1]"),
+    (["--passkey_depths=0,1.5"], "'1.5' is not a number in [0, 1]"),
+    (["--stride=-1"], "error: flag --stride=-1: '-1' is not a whole number >= 0"),
+    (["--lengths=64,128", "--passkey_depths=0,1", "--stride=0"], "([64, 128], [0.0, 1.0], 0)"),
+], ids=["lengths", "length 0", "depths", "depth 1.5", "stride", "valid"])
+def test_number_flags_are_checked_as_they_are_parsed_naming_the_flag(monkeypatch, capsys, args, expected):
+    """Issue 22, item 13: `invalid literal for int() with base 10: 'abc'`, without the flag."""
+    assert expected in parse_numbers(monkeypatch, capsys, *args)
+
+
+@pytest.mark.parametrize("body,expected", [
+    ("return {'seed': 0, 'train': {'steps': 2}}", "get_config() returned a dict; return an ml_collections.ConfigDict"),
+    ("return ml_collections.ConfigDict({'seed': 0, 'train': {'steps': 2}})", "get_config(): the config has no "
+     "posenc section"),
+    ("c = defaults(); c.model = ml_collections.ConfigDict(); c.model.nosuch = 1; return c", "model.nosuch"),
+], ids=["a dict", "no posenc", "an unknown key"])
+def test_a_config_file_of_the_wrong_shape_is_one_line(monkeypatch, capsys, tmp_path, body, expected):
+    """Issue 22, item 14: ~45-line tracebacks from the first use of the config."""
+    path = tmp_path / "odd.py"
+    path.write_text(f"import ml_collections\nfrom experiment.config import defaults\ndef get_config():\n    {body}\n")
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(monkeypatch, str(path))
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and expected in err and "Traceback" not in err, err

@@ -6,7 +6,8 @@ import sys
 
 import pytest
 
-from experiment import evaluate, records, train
+from experiment import config as config_lib, evaluate, records, train
+from experiment.train.metrics import TrainingDiverged
 from experiment.run import RunDir, WorkdirBusy, opened
 from tests.conftest import REPO, run_entry, tiny_config
 
@@ -47,6 +48,8 @@ def test_a_second_train_on_a_busy_workdir_refuses_and_writes_nothing(tmp_path):
 
 
 def test_a_failed_first_attempt_does_not_block_the_corrected_command(tmp_path):
+    """A run exists once it has a checkpoint: before that, any corrected command replaces the attempt
+    (issue 22, item 10: a diverged run and a too short train split blocked the fix)."""
     config = tiny_config("alibi")
     config.train.steps = 2
     bad = tiny_config("alibi")
@@ -59,7 +62,48 @@ def test_a_failed_first_attempt_does_not_block_the_corrected_command(tmp_path):
     with pytest.raises(ValueError, match="max_length"):
         train(too_long, tmp_path / "run")
     assert not (tmp_path / "run" / "config.json").exists()
+    short = tmp_path / "short"
+    short.mkdir()
+    for split in ("train", "valid"):
+        (short / f"{split}.txt").write_text("hi\n")
+    too_short = tiny_config("alibi")
+    too_short.data.update(source="local", path=str(short))
+    with pytest.raises(ValueError, match=r"has 3 tokens, too few for train.seq_len=16; set --config.train.seq_len=1"):
+        train(too_short, tmp_path / "run")
+    diverging = tiny_config("alibi")
+    diverging.train.update(lr=1e6, steps=4, warmup_steps=0, checkpoint_every=100)
+    with pytest.raises(TrainingDiverged, match=r"training diverged: .* by step \d \(train.lr=1e\+06\); lower train.lr"
+                                               r".*no checkpoint was written, so the corrected command starts"):
+        train(diverging, tmp_path / "run")
+    assert (tmp_path / "run" / "config.json").exists() and not RunDir(tmp_path / "run").has_checkpoint()
     assert train(config, tmp_path / "run")["done"]  # accepted in the same workdir
+    steps = [json.loads(line)["step"] for line in RunDir(tmp_path / "run").metrics_path.read_text().splitlines()]
+    assert steps == [1, 2]  # nothing of the diverged attempt is kept
+    assert config_lib.load_config(tmp_path / "run" / "config.json").train.lr == config.train.lr
+
+
+def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, monkeypatch):
+    """Issue 22, item 11: a 26-line OSError from the lock file (train, eval, passkey)."""
+    import errno
+    import os
+
+    from experiment import lock
+    real_open = os.open
+
+    def read_only(path, *args):
+        if str(path).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args)
+    monkeypatch.setattr(lock.os, "open", read_only)
+    with pytest.raises(lock.NotWritable, match=rf"cannot write in {tmp_path} \(Read-only file system\): training "
+                                               rf"and evaluation write .*\(cp -r {tmp_path} NEW\)"):
+        with RunDir(tmp_path).locked("evaluation"):
+            pass
+    (tmp_path / ".lock").mkdir()
+    monkeypatch.setattr(lock.os, "open", real_open)
+    with pytest.raises(lock.NotWritable, match=r"\.lock cannot be opened as the run directory's lock file .* rm -r"):
+        with RunDir(tmp_path).locked("evaluation"):
+            pass
 
 
 def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, caplog):
@@ -103,8 +147,8 @@ def test_training_without_a_terminal_logs_loss_lines_and_says_when_it_stops_earl
 @pytest.mark.parametrize("args, expected", [
     (["--config.posenc.rope.pi_factor=2"], "has no effect: this run uses alibi, not rope"),
     (["--config.posenc.alibi.nosuch=1"], "positional scheme 'alibi' has no options"),
-    (["--config.train.batch_size=-4"], "train.batch_size must be a positive integer"),
-    (["--config.train.steps=0"], "train.steps must be a positive integer"),
+    (["--config.train.batch_size=-4"], "train.batch_size must be >= 1, got -4; a valid value: train.batch_size=32"),
+    (["--config.train.steps=0"], "train.steps must be >= 1"),
 ])
 def test_bad_training_options_are_refused_before_anything_is_written(tmp_path, args, expected):
     out = run_entry("train.py", "--config", "configs/demo.py", "--workdir", str(tmp_path / "run"), *args)
@@ -119,7 +163,7 @@ def test_workdir_and_out_that_are_files_are_refused_in_one_line(tmp_path):
     out = run_entry("train.py", "--config", "configs/demo.py", "--workdir", str(file))
     assert out.returncode == 2 and "is a file; give a folder" in out.stderr and "Traceback" not in out.stderr
     out = run_entry("sweep.py", "--config", "configs/demo.py", "--workdir", str(tmp_path), "--train_lengths", "0")
-    assert out.returncode == 2 and "--train_lengths must be positive" in out.stderr
+    assert out.returncode == 2 and "flag --train_lengths=0: '0' is not a whole number >= 1" in out.stderr
 
 
 def test_an_evaluation_override_for_a_scheme_the_run_does_not_use_is_refused():
@@ -139,7 +183,7 @@ def test_help_exits_0_listing_config_keys_and_schemes_and_a_bad_config_arg_is_on
     assert "Traceback" not in out.stderr
 
 
-def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
+def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path, monkeypatch):
     from experiment import config as config_lib
     config = tiny_config("sinusoidal")
     saved = config.to_dict()
@@ -147,6 +191,7 @@ def test_a_run_saved_before_an_option_existed_keeps_its_old_behaviour(tmp_path):
     (tmp_path / "config.json").write_text(json.dumps(saved))
     loaded = config_lib.load_config(tmp_path / "config.json")
     assert loaded.posenc.sinusoidal.layout == "vaswani" and loaded.posenc.kerple_log.per_layer is True
+    monkeypatch.setattr(RunDir, "has_checkpoint", lambda self: True)  # its config is fixed once it has one
     with pytest.raises(ValueError, match="posenc.sinusoidal.layout: 'vaswani' -> 'fairseq'"):
         RunDir(tmp_path).check_config(config_lib.resolve(config))
 

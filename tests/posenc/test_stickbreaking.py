@@ -58,7 +58,7 @@ def test_stickbreaking_refuses_dropout_and_a_bad_remainder():
     with pytest.raises(ValueError, match="attention_dropout=0"):
         dense_attention(q, q, q, positions(1, 4), positions(1, 4), scheme, jnp.tril(jnp.ones((4, 4), bool)),
                         Dropout(0.1, jax.random.key(0)))
-    with pytest.raises(ValueError, match="remainder must be 'value' or 'none'"):
+    with pytest.raises(ValueError, match="stickbreaking.remainder must be one of value, none"):
         build("stickbreaking", DIMS, stickbreaking__remainder="bias")
 
 

@@ -91,7 +91,7 @@ def test_wrappers_take_on_what_their_inner_scheme_needs():
     assert not build("logn").needs_full_rows and not build("logn").carries_bias
     with pytest.raises(ValueError, match="wraps itself"):
         build("logn", logn__base="logn")
-    with pytest.raises(ValueError, match="unknown positional scheme"):
+    with pytest.raises(ValueError, match=r"posenc.randomized.base must be a registered positional scheme \(alibi, "):
         build("randomized", randomized__base="ropee")
 
 

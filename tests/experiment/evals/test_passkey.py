@@ -9,9 +9,10 @@ import pytest
 from corpora import passkey as pk
 from experiment import PasskeySpec, evaluate_passkey, train
 from experiment.evals.passkey import cell_records, score_examples
+from experiment.evals.request import Request, check_request
 from experiment.report import passkey as passkey_report
 from experiment.run import RunDir
-from tests.conftest import tiny_config
+from tests.conftest import run_entry, tiny_config
 
 
 def test_scorer_gives_an_oracle_one_and_a_context_blind_model_chance(tokenizers):
@@ -57,6 +58,14 @@ def test_evaluate_passkey_end_to_end_and_report(tmp_path):
     json.loads((run / "eval" / "passkey.json").read_text())
     with pytest.raises(pk.PasskeyError, match="length >= 18"):
         evaluate_passkey(run, [16])
+    with pytest.raises(pk.PasskeyError, match="length >= 18"):  # checked before perplexity runs (issue 22, item 16)
+        check_request(run, Request(("perplexity", "passkey"), lengths=(16, 32)))
+    with pytest.raises(ValueError, match=r"depths in \[0, 1\]"):
+        check_request(run, Request(("passkey",), lengths=(32,), passkey=PasskeySpec(depths=(1.5,))))
+    out = run_entry("eval_extrapolate.py", "--workdir", str(run), "--passkey", "--lengths", "32",
+                    "--passkey_depths", "0.25", "--passkey_per_cell", "1")  # passkey alone, no perplexity first
+    assert out.returncode == 0 and "passkey L=    32  depth 0.25" in out.stdout, out.stderr[-2000:]
+    assert not RunDir(run).records("perplexity") and len(RunDir(run).records("passkey")) == 6
     out = passkey_report.write([run], tmp_path / "report")
     assert all((tmp_path / "report" / name).stat().st_size > 0 for name in ("passkey_vs_length.png", "passkey.md"))
     assert len(out["heatmaps"]) == 2  # 4 and 2 digits

@@ -1,0 +1,103 @@
+"""Ctrl-C (SIGINT) at any moment: the command stops at the next safe point with rc 130 and a line
+that says what is saved, and nothing is left half-written.
+
+Why deferred: Python raises KeyboardInterrupt wherever the main thread happens to be, which may be
+inside JAX's tracing and lowering (MLIR state left half-built: a segmentation fault at exit), in a
+finaliser (where the exception is printed and swallowed, and the run trains on), or inside a
+checkpoint write. So while `deferred()` is on (the entry points turn it on for the whole command,
+experiment/cli.py; the training loop for its steps), the first Ctrl-C only records the request and
+`check(saved)` raises `Interrupted(saved)` at the safe points: between set-up phases, after the
+step is compiled, between steps, after a checkpoint is written, between evaluation batches and
+lengths, between the runs of a sweep. Where stopping at once is harmless (reading data, encoding
+tokens: every file written there is replaced atomically), `immediate(saved)` makes the first
+Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
+a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
+
+Before this module is imported (the seconds in which an entry point imports JAX), each entry point
+sets a handler of its own first thing: Ctrl-C there ends with rc 130 and one line, not a traceback
+from inside an import.
+"""
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import sys
+import threading
+from typing import Callable
+
+EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+
+
+class Interrupted(KeyboardInterrupt):
+    """Ctrl-C took effect at a safe point; `saved` says what is on disk and how to go on."""
+
+    def __init__(self, saved: str):
+        super().__init__(saved)
+        self.saved = saved
+
+
+_state = {"on": False, "requested": False, "immediate": None, "exit_on_second": False}
+
+
+def _exit_at_once(message: str):
+    def handler(signum, frame):
+        sys.stderr.write(f"{message}\n")
+        sys.stderr.flush()
+        os._exit(EXIT_CODE)
+    return handler
+
+
+def _handler(signum, frame):
+    if _state["requested"] and not _state["exit_on_second"]:
+        raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
+    if _state["requested"]:
+        _exit_at_once("second Ctrl-C: stopped at once; every file is as a kill leaves it (the newest complete "
+                      "checkpoint and records are kept): the same command goes on from there")(signum, frame)
+    _state["requested"] = True
+    if _state["immediate"] is not None:
+        raise Interrupted(_state["immediate"])
+    sys.stderr.write("\nCtrl-C: stopping at the next safe point (after the current step, compilation or write); "
+                     "Ctrl-C again to stop at once\n")
+    sys.stderr.flush()
+
+
+@contextlib.contextmanager
+def deferred(*, exit_on_second: bool = False):
+    """Ctrl-C is recorded, not raised, inside this block (see the module docstring); nested
+    blocks and other threads than the main one change nothing. A second Ctrl-C raises
+    KeyboardInterrupt at once, or with `exit_on_second` (the entry points) ends the process."""
+    if _state["on"] or threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    previous = signal.signal(signal.SIGINT, _handler)
+    _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
+        _state.update(on=False, requested=False, immediate=None, exit_on_second=False)
+
+
+@contextlib.contextmanager
+def immediate(saved: str):
+    """Inside a `deferred()` block: the first Ctrl-C raises Interrupted(saved) at once (for work
+    that writes nothing, or only files replaced atomically). A request made before is raised on entry."""
+    check(saved)
+    outer = _state["immediate"]
+    _state["immediate"] = saved
+    try:
+        yield
+    finally:
+        _state["immediate"] = outer
+
+
+def requested() -> bool:
+    return _state["requested"]
+
+
+def check(saved: str | Callable[[], str]) -> None:
+    """At a safe point: raise Interrupted if Ctrl-C was pressed; `saved` (or what it returns) says
+    what is on disk and what the same command will do."""
+    if _state["requested"]:
+        raise Interrupted(saved() if callable(saved) else saved)

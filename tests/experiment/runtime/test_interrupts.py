@@ -1,0 +1,145 @@
+"""Ctrl-C at any moment (experiment/runtime/interrupts.py): rc 130, a line that says what is saved,
+nothing damaged. Each phase gets a real SIGINT, sent to the process from inside the call that
+marks the phase (a wrapper patches that call to signal its own process), so the moment is exact;
+start-up gets one from outside. Subprocesses cost seconds each: one runs by default, the rest
+are marked slow."""
+import json
+import os
+import signal
+import subprocess
+import sys
+import threading
+import time
+
+import pytest
+
+from experiment.run import RunDir
+from experiment.runtime import interrupts
+from tests.conftest import REPO
+
+TINY = ["--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.mlp_dim=64",
+        "--config.train.batch_size=4", "--config.train.seq_len=16", "--config.train.log_every=1",
+        "--config.eval.length_multipliers=1,2", "--config.eval.max_tokens=512"]
+
+# Sends SIGINT to its own process at the `nth` call of AT (module:attribute) made after ARMED_BY
+# (module:attribute, or '-') has been called, then runs the entry point with the remaining arguments.
+WRAPPER = """
+import importlib, os, runpy, signal, sys
+at, nth, armed_by, entry, *args = sys.argv[1:]
+def patch(path, before):
+    module, _, attr = path.partition(":")
+    owner = importlib.import_module(module)
+    real = getattr(owner, attr)
+    def wrapper(*a, **k):
+        before()
+        return real(*a, **k)
+    setattr(owner, attr, wrapper)
+state = {"armed": armed_by == "-", "calls": 0}
+def fire():
+    if state["armed"]:
+        state["calls"] += 1
+        if state["calls"] == int(nth):
+            os.kill(os.getpid(), signal.SIGINT)
+patch(at, fire)
+if armed_by != "-":
+    patch(armed_by, lambda: state.update(armed=True))
+sys.argv = [entry, *args]
+runpy.run_path(entry, run_name="__main__")
+"""
+
+
+def sigint_at(at: str, entry: str, *args: str, nth: int = 1, armed_by: str = "-") -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k != "LX_TRACEBACK"}
+    return subprocess.run([sys.executable, "-c", WRAPPER, at, str(nth), armed_by, entry, *args], cwd=REPO,
+                          capture_output=True, text=True, env=env, timeout=300)
+
+
+def assert_stopped(out: subprocess.CompletedProcess, *needles: str) -> str:
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 130, out.stderr[-3000:]
+    assert "Traceback" not in out.stderr and "Fatal Python error" not in out.stderr, out.stderr[-3000:]
+    for needle in needles:
+        assert needle in last, last
+    return last
+
+
+def test_a_ctrl_c_is_held_to_the_next_safe_point_and_a_second_one_stops_at_once():
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers belong to the main thread")
+    before = signal.getsignal(signal.SIGINT)
+    with interrupts.deferred():
+        os.kill(os.getpid(), signal.SIGINT)  # recorded only: no exception here
+        assert interrupts.requested()
+        with pytest.raises(interrupts.Interrupted, match="step 3 saved"):
+            interrupts.check(lambda: "step 3 saved")
+        with pytest.raises(KeyboardInterrupt):  # a second one (a library call: raised, the process lives)
+            os.kill(os.getpid(), signal.SIGINT)
+            time.sleep(0.05)
+    with interrupts.deferred():
+        with pytest.raises(interrupts.Interrupted, match="while reading"):
+            with interrupts.immediate("interrupted while reading"):
+                os.kill(os.getpid(), signal.SIGINT)
+                time.sleep(0.05)
+    assert signal.getsignal(signal.SIGINT) is before and not interrupts.requested()
+
+
+def test_ctrl_c_while_the_training_step_compiles_saves_nothing_and_says_so(tmp_path):
+    """Issue 22, item 12: a segmentation fault after "checkpoint saved" (nothing was), or the run
+    trained to the end. The SIGINT comes inside JAX's lowering of the training step."""
+    out = sigint_at("jax._src.interpreters.mlir:lower_jaxpr_to_module", "train.py", "--config", "configs/demo.py",
+                    *TINY, "--config.train.steps=3", "--workdir", str(tmp_path),
+                    armed_by="experiment.train.loop:make_train_step")
+    assert_stopped(out, "interrupted while compiling the training step; no checkpoint exists yet")
+    assert not RunDir(tmp_path).has_checkpoint() and not (tmp_path / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_start_up_writes_nothing(tmp_path):
+    proc = subprocess.Popen([sys.executable, "train.py", "--config", "configs/demo.py", *TINY,
+                             "--workdir", str(tmp_path / "run")], cwd=REPO, stderr=subprocess.PIPE, text=True)
+    time.sleep(1.0)  # importing JAX
+    proc.send_signal(signal.SIGINT)
+    err = proc.stderr.read()
+    assert proc.wait(timeout=60) == 130 and err.strip().splitlines()[-1] == (
+        "interrupted during start-up; nothing was written"), err
+    assert not (tmp_path / "run").exists()
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_checkpoint_write_finishes_it_and_the_run_resumes(tmp_path):
+    args = ["train.py", "--config", "configs/demo.py", *TINY, "--config.train.steps=4",
+            "--config.train.checkpoint_every=2", "--workdir", str(tmp_path)]
+    out = sigint_at("experiment.checkpoints:save", *args)
+    assert_stopped(out, "interrupted at step 2 of 4; checkpoint saved at step 2: the same command resumes")
+    assert sorted(RunDir(tmp_path).manager().all_steps()) == [2]
+    resumed = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-2000:]
+    steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
+    assert steps == [1, 2, 3, 4]
+    final = sigint_at("experiment.checkpoints:save", *args[:-2], "--config.train.steps=6", "--workdir",
+                      str(tmp_path))  # the last checkpoint (step 6): training is complete, the evaluation not run
+    assert_stopped(final, "interrupted at step 6 of 6; checkpoint saved at step 6: training is complete")
+    assert {r["step"] for r in RunDir(tmp_path).records("perplexity")} == {4}  # step 6 not evaluated yet
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_evaluation_keeps_the_lengths_scored(tmp_path):
+    subprocess.run([sys.executable, "train.py", "--config", "configs/demo.py", *TINY, "--config.train.steps=3",
+                    "--max_steps=2", "--workdir", str(tmp_path)], cwd=REPO, check=True, capture_output=True)
+    out = sigint_at("experiment.evals.perplexity:_score_length", "eval_extrapolate.py", "--workdir", str(tmp_path),
+                    "--lengths", "16,32,64", nth=2)
+    assert_stopped(out, "interrupted while scoring perplexity at L=32; the records of L=16 are in")
+    assert [r["eval_length"] for r in RunDir(tmp_path).records("perplexity")] == [16]
+    out = sigint_at("experiment.evals.passkey:_evaluate_passkey", "eval_extrapolate.py", "--workdir", str(tmp_path),
+                    "--passkey", "--lengths", "32,64", "--passkey_per_cell", "1")
+    assert_stopped(out, "interrupted while scoring passkey at L=32; no passkey record of this evaluation")
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_sweep_says_which_runs_are_done_and_the_same_command_goes_on(tmp_path):
+    args = ["sweep.py", "--config", "configs/demo.py", *TINY, "--config.train.steps=2", "--schemes", "alibi,rope",
+            "--workdir", str(tmp_path)]
+    out = sigint_at("experiment.train.loop:_train_loop", *args, nth=2)
+    assert_stopped(out, f"sweep {tmp_path}: 1 of 2 runs done; in rope_L16: interrupted")
+    again = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "complete, skipping" in again.stderr, again.stderr[-2000:]

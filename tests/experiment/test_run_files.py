@@ -1,0 +1,98 @@
+"""Every file of a run directory that is not a report input is either valid or reported as damaged
+by name with the command that repairs it (experiment/run.py, experiment/run_files.py); a cache is
+rebuilt. One run is trained for the module; each test damages a copy of it."""
+import json
+import shutil
+
+import numpy as np
+import pytest
+
+from experiment import config as config_lib, train
+from experiment.evals.common import load_checkpoint
+from experiment.run import RunDir, RunError, refuse_folders_of_runs
+from tests.conftest import tiny_config
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("trained")
+    for split in ("train", "valid"):  # a local folder loads faster than the built-in corpus
+        (folder / f"{split}.txt").write_text("the grass is green. the sky is blue. here we go.\n" * 40)
+    config = tiny_config("alibi")
+    config.data.update(dict(source="local", path=str(folder)))
+    config.train.update(dict(steps=2, batch_size=2))
+    train(config, folder / "run")
+    return folder / "run", config
+
+
+@pytest.fixture
+def run(trained, tmp_path):
+    copy = tmp_path / "run"
+    shutil.copytree(trained[0], copy, ignore=shutil.ignore_patterns(".lock"))
+    return RunDir(copy)
+
+
+@pytest.mark.parametrize("text,detail", [('{"seed": 0, "train": ', "Expecting value"), ("[]", "found a list"),
+                                          (None, "train.lr must be > 0, got -1.0")], ids=["cut", "a list", "a value"])
+def test_a_damaged_config_json_is_named_by_every_command(run, trained, text, detail):
+    saved = json.loads(run.config_path.read_text())
+    saved["train"]["lr"] = -1.0
+    run.config_path.write_text(text if text is not None else json.dumps(saved))
+    expected = rf"{run.config_path} is damaged \(.*{detail}.*\); it describes the checkpoints in .* put back a copy"
+    with pytest.raises(RunError, match=expected):
+        RunDir(run.path).load_config()  # what evaluation and reports read
+    with pytest.raises(RunError, match=expected):
+        train(trained[1], run.path)  # resuming
+
+
+def test_a_damaged_tokenizer_is_named_with_how_to_rebuild_it(run):
+    run.tokenizer_path.write_text('{"kind": "word"}')
+    with pytest.raises(RunError, match=rf"{run.tokenizer_path} is damaged \(no 'words' in it\); delete it and run "
+                                       r"this run's train.py command again: it is rebuilt from the train split"):
+        run.tokenizer(run.load_config().data, write=False)
+
+
+def test_a_damaged_token_stream_is_encoded_again_or_named(run, caplog):
+    config, tokenizer = run.load_config(), run.tokenizer(run.load_config().data, write=False)
+    good, words = run.stream(config.data, "train", tokenizer, write=False)
+    stream = good.copy()
+    stream[3] = tokenizer.vocab_size  # an id the vocabulary does not have
+    np.save(run.stream_path("train"), stream)
+    with pytest.raises(RunError, match=r"train.npy is damaged \(token ids outside the vocabulary of 256\); delete it"):
+        run.stream(config.data, "train", tokenizer, write=False)  # a process that does not write
+    again, again_words = run.stream(config.data, "train", tokenizer)  # the writer encodes the split again
+    assert "train.npy is damaged" in caplog.text and np.array_equal(again, good) and again_words == words
+    run.stream_path("train").write_bytes(run.stream_path("train").read_bytes()[:100])  # cut short
+    assert np.array_equal(run.stream(config.data, "train", tokenizer)[0], good)
+
+
+def test_a_checkpoint_with_a_damaged_meta_item_is_not_used(run):
+    meta = next(run.checkpoints_dir.glob("2/meta/metadata"))
+    meta.write_text(json.dumps({"data_position": 2}))
+    config = run.load_config()
+    with pytest.raises(RunError, match=r"no checkpoint in .* can be read with this run's config.json \(step 2: its "
+                                       r"meta item is damaged .*rm -r .*checkpoints/2"):
+        load_checkpoint(run, config, [16], {})
+
+
+def test_damaged_init_from_json_and_lock_file_name_themselves(run):
+    run.init_from_path.write_text('{"workdir": 3}')
+    with pytest.raises(RunError, match=rf"{run.init_from_path} is damaged .* delete it \(rm {run.init_from_path}\)"):
+        run.origin()
+
+
+def test_a_failed_attempt_with_a_damaged_config_json_is_cleared(tmp_path):
+    run = RunDir(tmp_path)
+    run.config_path.write_text("{")
+    run.tokenizer_path.write_text("{}")  # built by that attempt, from data nobody can tell now
+    (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
+    run.clear_leftovers(config_lib.resolve(tiny_config("alibi")))
+    assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_a_sweep_folder_given_for_its_runs_says_how_to_name_them(run, tmp_path):
+    """Issue 22, item 15: report.py SWEEP_ROOT advised evaluating the root."""
+    with pytest.raises(RunError, match=rf"{tmp_path} is not a run but holds 1 runs .*python report.py {tmp_path}/\* "
+                                       r"--out out"):
+        refuse_folders_of_runs([run.path, tmp_path], "out")
+    refuse_folders_of_runs([run.path], "out")  # a run is fine
