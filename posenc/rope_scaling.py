@@ -1,7 +1,7 @@
 """RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
 base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
 each, as their authors' code and HF transformers compute them), and the options of ReRoPE,
-Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
+Self-Extend, Dual Chunk Attention and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
 """
 from __future__ import annotations
 
@@ -54,6 +54,8 @@ class RopeOptions:
     rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
     self_extend_window: int = 0   # Self-Extend: W, exact relative positions while m - n < W (0 = off)
     self_extend_group: int = 1    # G: beyond W, q at m // G + W - W // G and k at n // G
+    dca_chunk_size: int = 0       # Dual Chunk Attention: s, keys in chunks of c = s - w positions (0 = off)
+    dca_local_window: int = 0     # w: the successive chunk's queries sit at most s from its keys
     xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
     xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
     xpos_scale_base: float = 512.0  # gamma
@@ -100,6 +102,7 @@ def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -
         raise ValueError("rope.xpos_scale_base and rope.xpos_gamma0 must be positive")
     _validate_llama3_longrope(options, rotary_dim)
     _validate_self_extend(options)
+    _validate_dual_chunk(options)
 
 
 def _validate_llama3_longrope(options: RopeOptions, rotary_dim: int | None) -> None:
@@ -151,6 +154,23 @@ def _validate_self_extend(options: RopeOptions) -> None:
     for name, on, why in clashes:
         if on:
             raise ValueError(f"rope.self_extend_window cannot be combined with {name} ({why})")
+
+
+def _validate_dual_chunk(options: RopeOptions) -> None:
+    size, window = options.dca_chunk_size, options.dca_local_window
+    if size < 0:
+        raise ValueError(f"rope.dca_chunk_size must be >= 0 (0 = off), got {size}")
+    if not size:
+        return
+    if not 0 <= window < size:
+        raise ValueError(f"rope.dca_local_window must lie in [0, rope.dca_chunk_size) = [0, {size}), got {window}")
+    clashes = [("rope.rerope_window", options.rerope_window != 0), ("rope.self_extend_window",
+               options.self_extend_window != 0), ("rope.xpos", options.xpos), ("rope.dynamic_ntk", options.dynamic_ntk),
+               ("LongRoPE (rope.longrope_short_factor/long_factor)", longrope_on(options))]
+    for name, on in clashes:
+        if on:
+            raise ValueError(f"rope.dca_chunk_size cannot be combined with {name} (each replaces the far "
+                             f"logits, or the bias of a tile cannot know its row's frequencies)")
 
 
 def rotary_dim_of(options: RopeOptions, head_dim: int) -> int:

@@ -12,32 +12,10 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
 from models.attention import pallas
-from models.attention.dense import tile_logits
 from posenc.rope_scaling import RopeOptions, llama3_inverse_frequencies, longrope_mscale
-
-CFG = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
-TRAIN_LENGTH = 16
-
-
-def rope_cfg(**options):
-    cfg = posenc.default_config("rope")
-    cfg.rope.update(options)
-    return cfg
-
-
-def build(head_dim=16, heads=2, train_length=TRAIN_LENGTH, **options):
-    dims = posenc.ModelDims(d_model=head_dim * heads, num_heads=heads, head_dim=head_dim, num_layers=1,
-                            train_length=train_length)
-    return posenc.build(rope_cfg(**options), dims, rngs=nnx.Rngs(0))
-
-
-def qk(t, s, heads=2, head_dim=16, seed=0, batch=1):
-    kq, kk = jax.random.split(jax.random.key(seed))
-    return (jax.random.normal(kq, (batch, t, heads, head_dim)),
-            jax.random.normal(kk, (batch, s, heads, head_dim)))
-
+from tests.posenc.helpers import (CFG, ROPE_TRAIN_LENGTH as TRAIN_LENGTH, build_rope as build, logits_through_hooks,
+                                  numpy_rope, qk, rope_cfg, rope_model as model, tokens)
 
 # --- the references, transcribed ---------------------------------------------------------------------
 
@@ -86,19 +64,6 @@ def hf_longrope(dim, base, short_factor, long_factor, factor, original, seq_len,
     return (1.0 / (ext * np.float32(base) ** shape)).astype(np.float32), attention_factor
 
 
-def numpy_rope(x_TxHxK, positions_T, inv_freq, mscale=1.0):
-    """HF's apply_rotary_pos_emb (rotate half) at explicit positions, float64; features beyond
-    2 * len(inv_freq) pass unrotated (partial rotary)."""
-    x = np.asarray(x_TxHxK, np.float64)
-    r = 2 * len(inv_freq)
-    angles = np.asarray(positions_T, np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None]
-    emb = np.concatenate([angles, angles], -1)[:, None, :]
-    cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
-    rot = x[..., :r]
-    half = np.concatenate([-rot[..., r // 2:], rot[..., :r // 2]], -1)
-    return np.concatenate([rot * cos + half * sin, x[..., r:]], -1)
-
-
 def self_extend_reference(q_TxHxK, k_TxHxK, positions_T, inv_freq, group, window, mscale=1.0):
     """LongLM's self_extend_forward (prefill, q_len == kv_seq_len) up to the softmax: H x T x T
     logits, neighbour logits inside the authors' neighbour mask, grouped logits elsewhere (the
@@ -115,11 +80,6 @@ def self_extend_reference(q_TxHxK, k_TxHxK, positions_T, inv_freq, group, window
     if t - window > 0:
         neighbor_mask[window:, :-window] -= np.tril(np.ones((t - window, t - window)))
     return np.where(neighbor_mask.astype(bool), neighbor, grouped)
-
-
-def logits_through_hooks(scheme, q, k, pos):
-    qr, kr = scheme.rotate(q, k, pos, pos)
-    return tile_logits(qr, kr, pos, pos, scheme)
 
 
 # --- Llama 3 -------------------------------------------------------------------------------------------
@@ -302,15 +262,6 @@ def test_self_extend_bias_tile_is_block_of_full_bias():
     tile = scheme.bias(qr[:, 7:11], kr[:, 1:6], pos[:, 7:11], pos[:, 1:6])
     np.testing.assert_allclose(full[:, :, 7:11, 1:6], tile, atol=1e-5)
     assert not pallas.supports(scheme, pos, pos)  # a bias without bias_fn: the kernel refuses it
-
-
-def model(attention="dense", **options):
-    cfg = ModelConfig(**{**CFG.__dict__, "attention": attention, "attention_block": 16})
-    return DecoderLM(cfg, rope_cfg(**options), train_length=TRAIN_LENGTH, rngs=nnx.Rngs(0))
-
-
-def tokens(t, seed=0):
-    return jax.random.randint(jax.random.key(seed), (2, t), 0, CFG.vocab_size)
 
 
 def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():
