@@ -23,7 +23,7 @@ import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention.blockwise import blockwise_attention
 from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, is_long
-from models.attention.dense import Dropout, dense_attention, fused_attention
+from models.attention.dense import Dropout, attends, dense_attention, fused_attention
 from models.attention.pallas import pallas_attention
 from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
@@ -48,7 +48,8 @@ class ModelConfig:
     - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
       models/adaptive.py) for large word vocabularies.
     - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
-      and `attention_block`, the tile width of the long-sequence paths.
+      and `attention_block`, the tile width of the long-sequence paths; `attention_window`, a
+      sliding window (the last W keys, as Mistral's `sliding_window`) on every path but Pallas.
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
       in bfloat16).
     - the block (defaults: this project's block, as fairseq's; models/hf.py sets them for Llama,
@@ -79,6 +80,8 @@ class ModelConfig:
     attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
                                     # chooses, and what each is, in models/attention/choice.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
+    attention_window: int = 0       # each query attends to the last W keys only (Mistral's sliding_window);
+                                    # 0: every earlier key
     dtype: str = "float32"          # compute dtype; parameters stay float32
     norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
     norm_eps: float = 1e-6          # epsilon of every norm
@@ -122,6 +125,8 @@ class ModelConfig:
         if self.d_model % self.num_heads and not self.head_dim:
             raise ValueError(f"model.d_model={self.d_model} is not divisible by model.num_heads={self.num_heads}; "
                              f"set model.head_dim")
+        if self.attention_window < 0:
+            raise ValueError(f"model.attention_window must be >= 0 (0 = no window), got {self.attention_window}")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.kv_heads}")
         for name, valid in (("activation", ACTIVATIONS), ("attention", PATHS), ("dtype", DTYPES),
@@ -188,17 +193,17 @@ class Attention(nnx.Module):
         q, k, v = self.project(x_BxTxD)
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
-        pos = positions_BxT
+        pos, window = positions_BxT, self.cfg.attention_window
         if kind == "pallas":
             out = pallas_attention(q, k, v, pos, pos, self.scheme, drop)
         elif kind == "fused":
-            out = fused_attention(q, k, v, pos, pos, self.scheme)
+            out = fused_attention(q, k, v, pos, pos, self.scheme, window)
         elif kind == "triangular":
-            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop)
+            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop, window)
         elif kind == "blockwise":
-            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block)
+            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block, window)
         else:
-            mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
+            mask_TxT = attends(jnp.arange(t), jnp.arange(t), window)
             out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop)
         return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
 

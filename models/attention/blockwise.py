@@ -5,7 +5,7 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.attention.dense import NEG_INF, tile_logits
+from models.attention.dense import NEG_INF, attends, tile_logits
 from posenc import Scheme
 
 
@@ -16,7 +16,7 @@ def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
 
 
 def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
-                        block_size: int = 512) -> jax.Array:
+                        block_size: int = 512, window: int = 0) -> jax.Array:
     """Causal self-attention in (query block, key block) tiles with an online softmax.
 
     Memory is O(T * block) instead of O(T^2): only one B x H x block x block tile of logits exists
@@ -28,7 +28,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     `carried_bias(q, k, q_pos, k_pos, carry_BxHxQ) -> (bias, carry)`: key tiles are then visited
     from the diagonal down to the first (the online softmax does not mind the order), with a
     per-query carry that starts at zero. Numerically equal to `dense_attention` up to float32
-    rounding.
+    rounding. `window` > 0: each query attends to the last `window` keys only (`attends`).
     """
     if needs_whole_rows(scheme):
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
@@ -62,7 +62,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
                     bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
                 s = tile_logits(q, k, q_pos, k_pos, scheme, bias)
                 q_idx, k_idx = i * block_size + idx, j * block_size + idx
-                allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
+                allowed = attends(q_idx, k_idx, window) & (k_idx[None, :] < t)
                 s = jnp.where(allowed, s, NEG_INF)
                 m_new = jnp.maximum(m_BxHxQ, s.max(-1))
                 p = jnp.exp(s - m_new[..., None])

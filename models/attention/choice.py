@@ -64,13 +64,16 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     for `auto`, whether the triangular path and the Pallas kernel can take the scheme (probed at
     trace time), then `attention_path`. An explicit path that cannot drop out attention
     probabilities while `dropping` raises."""
-    auto = cfg.attention == "auto"
+    auto, window = cfg.attention == "auto", _setting(cfg, "attention_window", 0)
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, positions_BxT.shape[1],
                           dropping=dropping,
                           triangular=auto and triangular_supports(scheme, positions_BxT, positions_BxT),
-                          pallas=auto and not pallas.interpreted()
+                          pallas=auto and not window and not pallas.interpreted()
                           and pallas.supports(scheme, positions_BxT, positions_BxT)
                           and pallas.available(scheme, dtype))
+    if kind == "pallas" and window:
+        raise ValueError("model.attention=pallas has no sliding window (model.attention_window); use auto, "
+                         "dense, triangular, blockwise or fused")
     if dropping and kind in NO_DROPOUT_PATHS:
         raise ValueError(f"model.attention={kind} does not implement attention dropout; "
                          f"set --config.model.attention=dense (or auto) for training with it")
@@ -102,4 +105,5 @@ def runs_per_device(model_cfg: Any, scheme: Scheme, devices: int) -> bool:
     if devices < 2 or pallas.interpreted():
         return False
     kind, positions = _setting(model_cfg, "attention", DEFAULT_PATH), jnp.zeros((1, 1), jnp.int32)
-    return kind == "pallas" or (kind == "auto" and pallas.supports(scheme, positions, positions))
+    windowed = bool(_setting(model_cfg, "attention_window", 0))
+    return kind == "pallas" or (kind == "auto" and not windowed and pallas.supports(scheme, positions, positions))

@@ -12,6 +12,15 @@ from posenc import Scheme
 NEG_INF = -1e30  # the logit of a masked (query, key) pair, for every attention path
 
 
+def attends(q_idx, k_idx, window: int = 0):
+    """Q x S: whether the query at sequence index q_idx may attend to the key at k_idx: the causal
+    order (k_idx <= q_idx) and, with a `window` W > 0 (Mistral's sliding_window), q_idx - k_idx < W,
+    the last W keys, itself included. Indices, not position values (a scheme may move positions).
+    numpy or jax arrays alike (the triangular path builds its masks with numpy)."""
+    causal = q_idx[:, None] >= k_idx[None, :]
+    return causal & (q_idx[:, None] - k_idx[None, :] < window) if window else causal
+
+
 @dataclasses.dataclass(frozen=True)
 class Dropout:
     """Attention dropout: the rate, and the key to draw its mask from (None: evaluation, no dropout)."""
@@ -70,10 +79,12 @@ def adds_value_term(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) 
     return scheme.value_bias(probe, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is not None
 
 
-def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
+def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
+                    window: int = 0) -> jax.Array:
     """Causal attention through `jax.nn.dot_product_attention` (cuDNN's fused kernel on GPU, an XLA
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
-    bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence."""
+    bias: no `logit_scale`, no `value_bias`. The bias is materialised for the whole sequence.
+    `window` > 0: the last `window` keys only (its local_window_size)."""
     if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or scheme.needs_full_rows
             or adds_value_term(scheme, q_pos_BxT, k_pos_BxT)):
         raise ValueError(f"positional scheme {scheme.name!r} scales logits, adds a value term or needs "
@@ -83,4 +94,5 @@ def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, schem
     if bias is not None:
         b, t, h, _ = q_BxTxHxK.shape
         bias = jnp.broadcast_to(bias, (b, h, t, t)).astype(q_BxTxHxK.dtype)
-    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias, is_causal=True)
+    return jax.nn.dot_product_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, bias=bias, is_causal=True,
+                                        local_window_size=(window - 1, 0) if window else None)

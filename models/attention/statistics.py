@@ -31,7 +31,7 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.attention.blockwise import needs_whole_rows
-from models.attention.dense import NEG_INF, tile_logits
+from models.attention.dense import NEG_INF, attends, tile_logits
 
 
 def _update(state, s_BxHxQxS, allowed_QxS, dist_QxS):
@@ -48,9 +48,10 @@ def _update(state, s_BxHxQxS, allowed_QxS, dist_QxS):
 
 
 def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Array, k_pos_BxT: jax.Array,
-                  scheme, block: int = 512) -> tuple[jax.Array, jax.Array]:
+                  scheme, block: int = 512, window: int = 0) -> tuple[jax.Array, jax.Array]:
     """(mean distance, entropy), each float32 B x H x T, of causal self-attention between queries
-    and keys of one sequence (before the scheme's `rotate`, which runs here), tile by tile."""
+    and keys of one sequence (before the scheme's `rotate`, which runs here), tile by tile; with a
+    `window`, over the last `window` keys only (`attends`)."""
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, _ = q_BxTxHxK.shape
     block = max(1, min(block, t))
@@ -80,7 +81,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
         if whole_rows:  # the bias needs every key of a row: B x H x block x T at once
             k_idx = jnp.arange(t)
             s = tile_logits(q, k_BxTxHxK, q_pos, k_pos_BxT, scheme)
-            allowed = q_idx[:, None] >= k_idx[None, :]
+            allowed = attends(q_idx, k_idx, window)
             return finish(_update(init, s, allowed, (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)))
 
         def tile(carry, step):
@@ -93,7 +94,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
                 if carried:
                     bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
                 s = tile_logits(q, k, q_pos, k_pos, scheme, bias)
-                allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
+                allowed = attends(q_idx, k_idx, window) & (k_idx[None, :] < t)
                 dist = (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)
                 return _update(state, s, allowed, dist), row_BxHxQ
             return jax.lax.cond(j <= i, compute, lambda c: c, carry), None
@@ -114,7 +115,8 @@ def layer_statistics(attn_module, x_BxTxD: jax.Array, positions_BxT: jax.Array,
     its input (after ln1): q and k from the module's own qkv projection, as `Attention.__call__`
     computes them, and its scheme."""
     q, k, _ = attn_module.project(x_BxTxD)
-    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block)
+    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block,
+                         attn_module.cfg.attention_window)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

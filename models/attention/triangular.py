@@ -22,7 +22,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout, adds_value_term
+from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout, adds_value_term, attends
 from posenc import Scheme
 
 TILES = 4                        # row tiles per sequence, within the bounds below
@@ -46,9 +46,10 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
 
 
 def triangular_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
-                         dropout: Dropout = NO_DROPOUT) -> jax.Array:
-    """softmax(scale * q k^T / sqrt(K) + bias) v under the causal mask, equal to `dense_attention`
-    up to float32 rounding. Logits, softmax and dS are float32; matmul inputs keep q's dtype."""
+                         dropout: Dropout = NO_DROPOUT, window: int = 0) -> jax.Array:
+    """softmax(scale * q k^T / sqrt(K) + bias) v under the causal mask (and `window`, `attends`),
+    equal to `dense_attention` up to float32 rounding. Logits, softmax and dS are float32; matmul
+    inputs keep q's dtype."""
     if not supports(scheme, q_pos_BxT, k_pos_BxT):
         raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key or needs "
                          f"whole rows; model.attention=triangular cannot express it: use dense or auto")
@@ -70,26 +71,23 @@ def triangular_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, 
         if dropping:
             keep = jax.random.bernoulli(jax.random.fold_in(dropout.key, start), 1.0 - dropout.rate,
                                         (b, h, end - start, end))
-        outs.append(_tile_attention(start, dropout.rate if dropping else 0.0, q_BxHxTxK[:, :, start:end],
-                                    k_BxHxTxK[:, :, :end], v_BxHxTxK[:, :, :end], bias, keep))
+        rate = dropout.rate if dropping else 0.0
+        outs.append(_tile_attention(start, rate, window, q_BxHxTxK[:, :, start:end], k_BxHxTxK[:, :, :end],
+                                    v_BxHxTxK[:, :, :end], bias, keep))
     return jnp.swapaxes(jnp.concatenate(outs, axis=2), 1, 2)
 
 
-def _causal_mask(start: int, rows: int, cols: int) -> np.ndarray:
-    return (start + np.arange(rows))[:, None] >= np.arange(cols)[None, :]
-
-
-@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1))
-def _tile_attention(start, rate, q_BxHxQxK, k_BxHxSxK, v_BxHxSxK, bias, keep_BxHxQxS):
+@functools.partial(jax.custom_vjp, nondiff_argnums=(0, 1, 2))
+def _tile_attention(start, rate, window, q_BxHxQxK, k_BxHxSxK, v_BxHxSxK, bias, keep_BxHxQxS):
     """Rows start .. start+Q of causal attention against keys 0 .. S (q already scaled)."""
-    return _tile_forward(start, rate, q_BxHxQxK, k_BxHxSxK, v_BxHxSxK, bias, keep_BxHxQxS)[0]
+    return _tile_forward(start, rate, window, q_BxHxQxK, k_BxHxSxK, v_BxHxSxK, bias, keep_BxHxQxS)[0]
 
 
-def _tile_forward(start, rate, q, k, v, bias, keep):
+def _tile_forward(start, rate, window, q, k, v, bias, keep):
     s = jnp.einsum("bhqk,bhsk->bhqs", q, k, preferred_element_type=jnp.float32)
     if bias is not None:
         s = s + bias
-    s = jnp.where(_causal_mask(start, q.shape[2], k.shape[2]), s, NEG_INF)
+    s = jnp.where(attends(start + np.arange(q.shape[2]), np.arange(k.shape[2]), window), s, NEG_INF)
     p = jnp.exp(s - s.max(-1, keepdims=True))
     p = p / p.sum(-1, keepdims=True)
     p_used = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
@@ -97,7 +95,7 @@ def _tile_forward(start, rate, q, k, v, bias, keep):
     return out, (q, k, v, bias, keep, p, out)
 
 
-def _tile_backward(start, rate, residuals, d_out):
+def _tile_backward(start, rate, window, residuals, d_out):
     q, k, v, bias, keep, p, out = residuals
     p_used = p if keep is None else jnp.where(keep, p / (1.0 - rate), 0.0)
     d_v = jnp.einsum("bhqs,bhqk->bhsk", p_used.astype(d_out.dtype), d_out)
@@ -121,4 +119,4 @@ def _sum_to_shape(x: jax.Array, shape: tuple) -> jax.Array:
     return x.sum(axis=axes, keepdims=True) if axes else x
 
 
-_tile_attention.defvjp(lambda start, rate, *args: _tile_forward(start, rate, *args), _tile_backward)
+_tile_attention.defvjp(lambda start, rate, window, *args: _tile_forward(start, rate, window, *args), _tile_backward)

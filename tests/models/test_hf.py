@@ -41,6 +41,35 @@ def test_logits_equal_transformers(arch, case):
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=0)
 
 
+def test_mistral_sliding_window_gives_transformers_logits_and_exports(tmp_path):
+    """mistral/: llama's weights as MistralForCausalLM with sliding_window=16, and transformers' logits
+    for 256 tokens (which differ from llama's beyond the window): model.attention_window."""
+    folder = tmp_path / "mistral"
+    shutil.copytree(FIXTURES / "mistral", folder)
+    shutil.copyfile(FIXTURES / "llama" / "model.safetensors", folder / "model.safetensors")
+    model, _ = hf.load(folder)
+    assert model.cfg.attention_window == 16
+    ids, expected = reference("mistral", "default")
+    out = logits(model, ids)
+    print(f"mistral/default: largest absolute logit difference {np.abs(out - expected).max():.3g}")
+    np.testing.assert_allclose(out, expected, atol=1e-4, rtol=0)
+    exported = hf.export(model, tmp_path / "exported")
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["MistralForCausalLM"] and config["sliding_window"] == 16
+    np.testing.assert_array_equal(logits(hf.load(exported)[0], ids), out)
+
+
+def test_qwen2_sliding_window_is_named_at_load(tmp_path, caplog):
+    """Qwen2's window (use_sliding_window, from layer max_window_layers on) is not applied: a warning."""
+    folder = variant(tmp_path, "qwen2")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 32}))
+    with caplog.at_level("WARNING"):
+        hf.load(folder)
+    assert any("sliding_window=32" in r.getMessage() and "exact only up to 32" in r.getMessage()
+               for r in caplog.records)
+
+
 def test_tokenizer_encodes_the_text_to_its_ids():
     """tokenized.json holds the text and the first 256 of its ids (the logits' input)."""
     _, tokenizer = hf.load(FIXTURES / "llama")
