@@ -261,16 +261,24 @@ def llama3_inverse_frequencies(inv_freq: jax.Array, factor: float, low_freq_fact
     `_compute_llama3_parameters`), in the reference's float32 operations and order: with wavelength
     lambda_i = 2 pi / theta_i, theta_i / factor where lambda_i > L / low_freq_factor, theta_i where
     lambda_i < L / high_freq_factor, and between them (1 - s) theta_i / factor + s theta_i with
-    s = (L / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor), L = original_length."""
+    s = (L / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor), L = original_length.
+    torch evaluates a number divided by a tensor (2 pi / theta, L / lambda) as the tensor's reciprocal
+    times the number, which rounds otherwise than a division (1 ulp in some frequencies, e.g. rotary
+    dim 32 at factor 16): so here, each step behind a barrier that keeps XLA from folding it back."""
     low_freq_wavelen = original_length / low_freq_factor
     high_freq_wavelen = original_length / high_freq_factor
-    # (behind a barrier, or XLA rewrites L / (2 pi / theta) as L theta / (2 pi), rounded otherwise)
-    wavelen = jax.lax.optimization_barrier(2 * math.pi / inv_freq)
+    wavelen = jax.lax.optimization_barrier(_reciprocal(inv_freq) * np.float32(2 * math.pi))
     scaled = jnp.where(wavelen > low_freq_wavelen, _divided(inv_freq, factor), inv_freq)
-    smooth = _divided(original_length / wavelen - low_freq_factor, high_freq_factor - low_freq_factor)
+    per_wavelength = jax.lax.optimization_barrier(_reciprocal(wavelen) * np.float32(original_length))
+    smooth = _divided(per_wavelength - low_freq_factor, high_freq_factor - low_freq_factor)
     smoothed = _divided((1 - smooth) * scaled, factor) + smooth * scaled
     medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return jnp.where(medium, smoothed, scaled)
+
+
+def _reciprocal(x: jax.Array) -> jax.Array:
+    """1 / x, correctly rounded, kept from being fused with what follows (an optimization barrier)."""
+    return jax.lax.optimization_barrier(1.0 / x)
 
 
 def _divided(x: jax.Array, divisor: float) -> jax.Array:

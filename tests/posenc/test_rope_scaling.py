@@ -26,13 +26,16 @@ def hf_default_inv_freq(dim, base):
 
 
 def hf_llama3(inv_freq, factor, low_freq_factor, high_freq_factor, old_context_len):
-    """HF's _compute_llama3_parameters after the default frequencies (numpy float32, same order)."""
+    """HF's _compute_llama3_parameters after the default frequencies (numpy float32, same order). A
+    number divided by a torch tensor is the tensor's reciprocal times the number (Tensor.__rtruediv__),
+    which rounds otherwise than numpy's division: written out so here."""
     inv_freq = np.asarray(inv_freq, np.float32)
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
+    rtruediv = lambda number, tensor: (np.float32(1) / tensor).astype(np.float32) * np.float32(number)
+    wavelen = rtruediv(2 * math.pi, inv_freq)
     inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth_factor = (rtruediv(old_context_len, wavelen) - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
     is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return np.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), wavelen
@@ -90,6 +93,7 @@ LLAMA3_CASES = [  # (rotary dim, base, factor, low, high, original length)
     (16, 10000.0, 4.0, 1.0, 4.0, 64),        # small: every regime at d = 16
     (32, 10000.0, 2.0, 2.0, 8.0, 256),
     (128, 500000.0, 6.0, 1.5, 5.0, 8192),    # divisors that are not powers of 2
+    (32, 10000.0, 16.0, 1.0, 4.0, 64),       # 2 pi / theta_3 rounds otherwise than torch's reciprocal x 2 pi
 ]
 
 
