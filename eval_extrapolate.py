@@ -9,7 +9,7 @@ Results are merged into DIR/eval/extrapolation.json; --passkey adds passkey retr
 from absl import app, flags
 
 from experiment import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
-from experiment.cli import parse_flags, run_cleanly
+from experiment.cli import overrides_from_flags, parse_flags, run_cleanly
 from experiment.run import RunDir
 
 flags.DEFINE_string("workdir", None, "run directory with a checkpoint")
@@ -39,10 +39,7 @@ def main(argv):
 
     def go():
         lengths = [int(x) for x in FLAGS.lengths] if FLAGS.lengths else None
-        bad = [s for s in FLAGS.set if "=" not in s]
-        if bad:
-            raise ValueError(f"--set takes KEY=VALUE, got {bad[0]!r}")
-        overrides = dict(s.split("=", 1) for s in FLAGS.set)
+        overrides = overrides_from_flags(FLAGS.set)
         for r in evaluate(FLAGS.workdir, lengths, FLAGS.stride, FLAGS.split, FLAGS.batch_tokens,
                           max_tokens=FLAGS.max_tokens, overrides=overrides):
             extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""

@@ -16,6 +16,7 @@ valid ones. A run saved before an option existed is read with the behaviour it w
 """
 from __future__ import annotations
 
+import ast
 import dataclasses
 import json
 import pathlib
@@ -205,16 +206,26 @@ def set_typed(config, dotted: str, raw, *, option: str = "--set") -> None:
         value = str(raw).lower() in ("1", "true", "yes")
     elif old is None or isinstance(raw, type(old)):
         value = raw
-    elif isinstance(old, (tuple, list)):
-        value = tuple(type(old[0])(v) if old else v for v in _as_list(raw))
+    elif isinstance(old, (tuple, list)):  # an empty default (LongRoPE's factor lists): numbers where they are
+        kind = float if any(isinstance(v, float) for v in old) else type(old[0]) if old else _number_or_text
+        value = tuple(kind(v) for v in _as_list(raw))
     else:
         value = type(old)(raw)
     node[leaf] = value
 
 
+def _number_or_text(text):
+    text = text.strip() if isinstance(text, str) else text
+    try:
+        value = ast.literal_eval(text) if isinstance(text, str) else text
+    except (ValueError, SyntaxError):
+        return text
+    return value if isinstance(value, (int, float)) and not isinstance(value, bool) else text
+
+
 def _as_list(value) -> list:
     if isinstance(value, str):
-        return [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+        return [v for v in value.translate(str.maketrans("", "", "()[]")).split(",") if v.strip()]
     if isinstance(value, (int, float)):
         return [value]
     return list(value)

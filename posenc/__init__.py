@@ -6,7 +6,8 @@ saved `posenc` block to the registered names).
 Importing this package registers every scheme family below.
 """
 from posenc.base import (LEGACY_NAMES, BiasFunction, LengthError, ModelDims, Scheme, build, canonical_config,
-                         canonical_name, check_option_key, default_config, get, names, register, used_schemes)
+                         canonical_name, check_option_key, default_config, get, names, register, used_schemes,
+                         wrapped, wrapper_names)
 from posenc.absolute import fairseq_sinusoidal_table, sinusoidal_table
 from posenc.rope_scaling import rope_inverse_frequencies, rope_mscale, scaled_inverse_frequencies, yarn_mscale
 from posenc.rotary import apply_rotary, xpos_zeta
@@ -18,7 +19,7 @@ from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their 
 
 __all__ = [
     "BiasFunction", "LengthError", "ModelDims", "Scheme", "build", "check_option_key", "default_config", "get", "names",
-    "register", "used_schemes", "LEGACY_NAMES", "canonical_name", "canonical_config",
+    "register", "used_schemes", "wrapped", "wrapper_names", "LEGACY_NAMES", "canonical_name", "canonical_config",
     "sinusoidal_table", "fairseq_sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
     "xpos_zeta", "yarn_mscale", "rope_mscale", "alibi_slopes", "t5_relative_position_bucket",
     "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",
