@@ -2,7 +2,8 @@
 
 Nonoverlapping by default (every token scored once); --stride S < L_valid gives the sliding window
 (each window re-encodes L_valid - S tokens of context and scores S new ones). Eval-time knobs
-switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise.
+switch on without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise; --set
+posenc.name=logn puts log-n scaling (a wrapper that adds no parameters) around the run's scheme.
 Results are merged into DIR/eval/extrapolation.json; --passkey adds passkey retrieval
 (eval/passkey.json), --attention attention statistics (eval/attention.json).
 """
@@ -19,7 +20,8 @@ flags.DEFINE_enum("split", None, ["train", "valid", "test"], "split to score (de
 flags.DEFINE_integer("batch_tokens", None, "tokens per evaluation batch (default: config.eval.batch_tokens)")
 flags.DEFINE_integer("max_tokens", None, "score only the first N tokens of the split (0 = all of it; "
                      "default: config.eval.max_tokens)")
-flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
+flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4, or posenc.name=logn "
+                          "(log-n around the run's scheme) (repeatable)")
 flags.DEFINE_boolean("attention", False, "also write each layer's and head's mean attention distance and "
                      "entropy by query position to DIR/eval/attention.json (first --attention_windows windows)")
 flags.DEFINE_alias("attention_stats", "attention")  # the flag's name before 2026-11

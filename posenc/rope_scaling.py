@@ -12,17 +12,23 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
+def rope_powers(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
+    """base^(2i / rotary_dim), i = 0 .. rotary_dim/2 - 1, float32, as HF transformers computes them:
+    for a base known before tracing, on the host, the float64 power rounded to float32 (torch's float32
+    power is correctly rounded, numpy's is not: 13 of 64 entries differ by an ulp at rotary dim 128,
+    base 500000, Llama 3's); a traced base (dynamic NTK) behind a barrier that keeps XLA from rewriting
+    1 / b^x as b^-x under jit, so that compiled and eager frequencies agree (to within an ulp of torch's)."""
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
+    if isinstance(base, (int, float)):
+        return jnp.asarray((np.float64(base) ** exponents.astype(np.float64)).astype(np.float32))
+    return jax.lax.optimization_barrier(base ** jnp.asarray(exponents))
+
+
 def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
     """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021), computed as
-    1 / base^(2i / rotary_dim) in float32 as HF transformers does (to within an ulp for a traced
-    base): the angles of late positions then agree, which Hugging Face checkpoints' logits need
-    (tests/models/test_hf.py)."""
-    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
-    if isinstance(base, (int, float)):  # known before tracing: computed on the host, as torch does
-        return jnp.asarray(np.float32(1.0) / np.float32(base) ** exponents)
-    # A traced base (dynamic NTK): the barrier keeps XLA from rewriting 1 / b^x as b^-x under jit,
-    # so that compiled and eager frequencies agree.
-    return 1.0 / jax.lax.optimization_barrier(base ** jnp.asarray(exponents))
+    1 / base^(2i / rotary_dim) in float32 as HF transformers does (`rope_powers`): the angles of late
+    positions then agree, which Hugging Face checkpoints' logits need (tests/models/test_hf.py)."""
+    return 1.0 / rope_powers(rotary_dim, base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -238,9 +244,10 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
         base = ntk_base(base, alpha, rotary_dim)[..., None]
     elif options.ntk_alpha != 1.0:
         base = ntk_base(base, options.ntk_alpha, rotary_dim)
-    inv_freq = rope_inverse_frequencies(rotary_dim, base)
-    if longrope_on(options):
-        inv_freq = inv_freq / longrope_factors(options, train_length, length)
+    if longrope_on(options):  # 1 / (f_i base^(2i/d)), in HF's order
+        inv_freq = _reciprocal(longrope_factors(options, train_length, length) * rope_powers(rotary_dim, base))
+    else:
+        inv_freq = rope_inverse_frequencies(rotary_dim, base)
     if options.llama3_factor != 1.0:  # (factor 1 would still round the band between the wavelengths)
         inv_freq = llama3_inverse_frequencies(inv_freq, options.llama3_factor, options.llama3_low_freq_factor,
                                               options.llama3_high_freq_factor, train_length)

@@ -15,8 +15,10 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+import posenc
 from models import hf
 from models.hf_mapping import rope_options
+from posenc.rope_scaling import RopeOptions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
@@ -68,6 +70,17 @@ def test_qwen2_sliding_window_is_named_at_load(tmp_path, caplog):
         hf.load(folder)
     assert any("sliding_window=32" in r.getMessage() and "exact only up to 32" in r.getMessage()
                for r in caplog.records)
+
+
+def test_inverse_frequencies_equal_transformers_bit_for_bit():
+    """inverse_frequencies.json: transformers' own default, llama3 and longrope frequencies (rotary dim
+    up to 128, theta up to 500000: Llama 3's sizes), which our rope options give to the last bit."""
+    stored = json.loads((FIXTURES / "inverse_frequencies.json").read_text())
+    for case in stored["cases"]:
+        options = RopeOptions(**rope_options({"max_position_embeddings": 256}, case["rope_parameters"]))
+        got = posenc.scaled_inverse_frequencies(options, case["rotary_dim"], options.original_length or 256,
+                                                case.get("seq_len"))
+        np.testing.assert_array_equal(np.asarray(got), np.float32(case["inv_freq"]), err_msg=str(case["rope_parameters"]))
 
 
 def test_tokenizer_encodes_the_text_to_its_ids():

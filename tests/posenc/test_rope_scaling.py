@@ -19,9 +19,15 @@ from tests.posenc.helpers import (CFG, ROPE_TRAIN_LENGTH as TRAIN_LENGTH, build_
 
 # --- the references, transcribed ---------------------------------------------------------------------
 
+def torch_power(base, exponents_float32):
+    """torch's float32 power of a number: correctly rounded (numpy's float32 power is not), i.e. the
+    float64 power rounded to float32 (tests/models/test_hf.py checks it on transformers' own values)."""
+    return (np.float64(base) ** np.asarray(exponents_float32, np.float64)).astype(np.float32)
+
+
 def hf_default_inv_freq(dim, base):
     """HF's _compute_default_rope_parameters, in float32: 1 / base^(arange(0, dim, 2) / dim)."""
-    return (1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    return (np.float32(1.0) / torch_power(base, np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)
             ).astype(np.float32)
 
 
@@ -64,7 +70,7 @@ def hf_longrope(dim, base, short_factor, long_factor, factor, original, seq_len,
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     ext = np.array(long_factor if seq_len and seq_len > original else short_factor, np.float32)
     shape = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
-    return (1.0 / (ext * np.float32(base) ** shape)).astype(np.float32), attention_factor
+    return (np.float32(1.0) / (ext * torch_power(base, shape))).astype(np.float32), attention_factor
 
 
 def self_extend_reference(q_TxHxK, k_TxHxK, positions_T, inv_freq, group, window, mscale=1.0):
@@ -279,7 +285,8 @@ def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():
 
 VARIANTS = [dict(llama3_factor=8.0), dict(longrope_short_factor=[1.5] * 4, longrope_long_factor=[2.0] * 4,
                                           longrope_factor=4.0, original_length=8),
-            dict(self_extend_window=3, self_extend_group=2)]
+            dict(self_extend_window=3, self_extend_group=2),
+            dict(dca_chunk_size=4, dca_local_window=1)]  # chunks of 3: intra, successive and inter in 12
 
 
 @pytest.mark.parametrize("options", VARIANTS, ids=lambda o: ",".join(o))

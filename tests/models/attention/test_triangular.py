@@ -50,17 +50,19 @@ def test_triangular_gradients_equal_dense(name):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-4)
 
 
-@pytest.mark.parametrize("start", [0, 16])
-def test_tile_backward_with_dropout_and_bias_equals_autodiff(start):
+@pytest.mark.parametrize("start,window", [(0, 0), (16, 0), (16, 5)])
+def test_tile_backward_with_dropout_and_bias_equals_autodiff(start, window):
     """The custom backward pass (dS = P * (dP - rowsum(dO * O))) against JAX's autodiff of the same
-    forward formula, with the same dropout mask and a bias that receives a gradient."""
+    forward formula, with the same dropout mask and a bias that receives a gradient (and a sliding
+    window of the last `window` keys)."""
     b, h, q_rows, s, d, rate = 2, 3, 8, start + 8, 4, 0.25
     keys = jax.random.split(jax.random.key(0), 5)
     q = jax.random.normal(keys[0], (b, h, q_rows, d))
     k, v = (jax.random.normal(kk, (b, h, s, d)) for kk in keys[1:3])
     bias = jax.random.normal(keys[3], (1, h, q_rows, s))
     keep = jax.random.bernoulli(keys[4], 1 - rate, (b, h, q_rows, s))
-    mask = (start + np.arange(q_rows))[:, None] >= np.arange(s)[None, :]
+    distance = (start + np.arange(q_rows))[:, None] - np.arange(s)[None, :]
+    mask = (distance >= 0) & ((distance < window) if window else True)
 
     def reference(q, k, v, bias):
         logits = jnp.where(mask, jnp.einsum("bhqk,bhsk->bhqs", q, k) + bias, -1e30)
@@ -70,7 +72,7 @@ def test_tile_backward_with_dropout_and_bias_equals_autodiff(start):
     def loss(fn):
         return lambda *args: (fn(*args) * jnp.cos(jnp.arange(d))).sum()
 
-    ours = lambda q, k, v, bias: _tile_attention(start, rate, q, k, v, bias, keep)
+    ours = lambda q, k, v, bias: _tile_attention(start, rate, window, q, k, v, bias, keep)
     np.testing.assert_allclose(ours(q, k, v, bias), reference(q, k, v, bias), atol=1e-5)
     g_ours = jax.grad(loss(ours), argnums=(0, 1, 2, 3))(q, k, v, bias)
     g_ref = jax.grad(loss(reference), argnums=(0, 1, 2, 3))(q, k, v, bias)
