@@ -5,7 +5,8 @@ Perplexity by default: nonoverlapping (every token scored once); --stride S < L_
 sliding window (each window re-encodes L_valid - S tokens of context and scores S new ones).
 --passkey scores passkey retrieval (eval/passkey.json) and --attention attention statistics
 (eval/attention.json) instead; add --perplexity to score it as well. Eval-time knobs switch on
-without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise. Every flag is
+without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise; --set
+posenc.name=logn puts log-n scaling (a wrapper that adds no parameters) around the run's scheme. Every flag is
 checked, for every kind asked, before any of them runs. Results are merged into DIR/eval/.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
@@ -16,7 +17,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 from absl import app, flags
 
 from experiment import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
-from experiment.cli import define_numbers, parse_flags, run_cleanly
+from experiment.cli import define_numbers, overrides_from_flags, parse_flags, run_cleanly
 from experiment.evals.request import Request, check_request
 from posenc.domains import at_least, between, unit_interval
 
@@ -31,7 +32,8 @@ define_numbers("batch_tokens", None, "tokens per evaluation batch (default: conf
                domain=at_least(1), example="--batch_tokens=16384", sequence=False)
 define_numbers("max_tokens", None, "perplexity: score only the first N tokens of the split (0 = all of it; "
                "default: config.eval.max_tokens)", domain=at_least(0), example="--max_tokens=100000", sequence=False)
-flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
+flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4, or posenc.name=logn "
+                          "(log-n around the run's scheme) (repeatable)")
 flags.DEFINE_boolean("perplexity", None, "score perplexity: the default when neither --passkey nor --attention "
                      "is given; add it to them to score it too")
 flags.DEFINE_boolean("attention", False, "write each layer's and head's mean attention distance and entropy by "
@@ -75,13 +77,10 @@ def main(argv):
     del argv
 
     def go():
-        bad = [s for s in FLAGS.set if "=" not in s]
-        if bad:
-            raise ValueError(f"--set takes KEY=VALUE, got {bad[0]!r}")
         passkey = PasskeySpec(tuple(FLAGS.passkey_depths), FLAGS.passkey_per_cell, FLAGS.passkey_seed,
                               FLAGS.passkey_digits)
         request = Request(requested_kinds(), FLAGS.lengths, FLAGS.stride, FLAGS.split, FLAGS.max_tokens,
-                          dict(s.split("=", 1) for s in FLAGS.set), passkey, FLAGS.attention_windows)
+                          overrides_from_flags(FLAGS.set), passkey, FLAGS.attention_windows)
         check_request(FLAGS.workdir, request)  # every kind's flags, before any of them runs
         lengths, overrides = request.lengths, request.overrides
         if "perplexity" in request.kinds:

@@ -1,7 +1,8 @@
 """Export a run's newest checkpoint in Hugging Face's format: python export_hf.py WORKDIR --out DIR
 
-DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and, for a run
-imported with import_hf.py, the checkpoint's tokenizer.json (experiment/hf_runs.py).
+DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and the run's
+tokenizer as tokenizer.json (experiment/hf_runs.py). --set switches eval-time rope options on for the
+export, as eval_extrapolate.py's --set does: --set posenc.rope.yarn_scale=4 exports YaRN x4.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -10,10 +11,11 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 
 from absl import app, flags
 
-from experiment.cli import parse_flags, run_cleanly
+from experiment.cli import overrides_from_flags, parse_flags, run_cleanly
 from experiment.hf_runs import export_hf
 
 flags.DEFINE_string("out", None, "folder for the Hugging Face checkpoint")
+flags.DEFINE_multi_string("set", [], "eval-time rope option KEY=VALUE to export with, e.g. posenc.rope.yarn_scale=4")
 flags.mark_flags_as_required(["out"])
 FLAGS = flags.FLAGS
 
@@ -23,7 +25,7 @@ def main(argv):
         raise app.UsageError("give one WORKDIR: python export_hf.py WORKDIR --out DIR")
 
     def go():
-        print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out)}")
+        print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out, overrides_from_flags(FLAGS.set))}")
     run_cleanly(go, at_once="interrupted; the export folder may be incomplete: the same command writes it again")
 
 

@@ -3,7 +3,8 @@ byte-level BPE trained locally on the train split with HF `tokenizers`, and a pr
 checkpoint's own tokenizer.json (`pretrained`, made by import_hf.py).
 
 All turn a list of lines into one flat stream with an end-of-line token after every line (the
-pretrained kind: the checkpoint's end-of-sequence token).
+pretrained kind: the checkpoint's end-of-sequence token). Each also has a `hf_tokenizer()`, the
+same encoding of a line as a `tokenizers.Tokenizer`, which export_hf.py writes as tokenizer.json.
 """
 from __future__ import annotations
 
@@ -32,6 +33,25 @@ class ByteTokenizer:
 
     def to_json(self) -> dict:
         return {"kind": "byte"}
+
+    def hf_tokenizer(self):
+        """The same encoding as a `tokenizers.Tokenizer` (for a Hugging Face export): byte-level
+        pre-tokenisation (each byte one character of GPT-2's byte alphabet) and a BPE model without
+        merges whose vocabulary gives each byte's character the byte's value as its id."""
+        from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+        vocab = {char: byte for byte, char in byte_alphabet().items()}
+        tok = Tokenizer(models.BPE(vocab=vocab, merges=[]))
+        tok.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        tok.decoder = decoders.ByteLevel()
+        return tok
+
+
+def byte_alphabet() -> dict[int, str]:
+    """GPT-2's byte -> character table (what byte-level BPE's pre-tokeniser maps each byte to): the
+    printable Latin-1 bytes stand for themselves, the other 68 for the characters from U+0100 on."""
+    printable = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]  # "!".."~", "¡".."¬", "®".."ÿ"
+    others = [b for b in range(256) if b not in printable]
+    return {**{b: chr(b) for b in printable}, **{b: chr(256 + i) for i, b in enumerate(others)}}
 
 
 class WordTokenizer:
@@ -80,6 +100,13 @@ class WordTokenizer:
     def to_json(self) -> dict:
         return {"kind": "word", "words": self.words[2:]}
 
+    def hf_tokenizer(self):
+        """The same encoding as a `tokenizers.Tokenizer`: whitespace split, word-level vocabulary."""
+        from tokenizers import Tokenizer, models, pre_tokenizers
+        tok = Tokenizer(models.WordLevel(vocab=self.index, unk_token=self.UNK))
+        tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
+        return tok
+
 
 class BPETokenizer:
     """Byte-level BPE (GPT-2 style pre-tokenisation) trained on the train split; `<eos>` ends lines."""
@@ -118,6 +145,9 @@ class BPETokenizer:
     def to_json(self) -> dict:
         return {"kind": "bpe", "tokenizer": self.tokenizer.to_str()}
 
+    def hf_tokenizer(self):
+        return self.tokenizer
+
 
 class PretrainedTokenizer:
     """A pretrained checkpoint's tokenizer.json (a `tokenizers.Tokenizer`), as import_hf.py takes it.
@@ -155,6 +185,9 @@ class PretrainedTokenizer:
     def to_json(self) -> dict:
         return {"kind": "pretrained", "tokenizer": self.tokenizer.to_str(), "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id}
+
+    def hf_tokenizer(self):
+        return self.tokenizer
 
 
 def build_tokenizer(kind: str, train_lines: list[str] | None = None, vocab_size: int = 0):

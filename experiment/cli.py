@@ -66,6 +66,14 @@ def _stop(code: int, message: str) -> None:
     sys.exit(code)
 
 
+def overrides_from_flags(values: list[str]) -> dict[str, str]:
+    """`--set KEY=VALUE` flags (eval_extrapolate.py, export_hf.py) as {KEY: VALUE}."""
+    bad = [v for v in values if "=" not in v]
+    if bad:
+        raise ValueError(f"--set takes KEY=VALUE, got {bad[0]!r}")
+    return dict(v.split("=", 1) for v in values)
+
+
 def check_scheme_options(argv: list[str], posenc_blocks: list) -> None:
     """Every --config.posenc.<scheme>.<option> in `argv` must act on one of the runs (a `posenc`
     block each): an option of a scheme no run uses would be recorded in config.json and ignored."""

@@ -293,7 +293,7 @@ def _number(text: str, where: str, kind: str, example) -> int | float:
 
 def _as_list(value) -> list:
     if isinstance(value, str):
-        return [v for v in value.replace("(", "").replace(")", "").split(",") if v.strip()]
+        return [v for v in value.translate(str.maketrans("", "", "()[]")).split(",") if v.strip()]
     if isinstance(value, (int, float)):
         return [value]
     return list(value)

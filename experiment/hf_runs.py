@@ -9,8 +9,10 @@ kind, corpora/tokenizers.py); checkpoints/ holds step 0: the parameters, a fresh
 and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports and a fine-tune
 from it (`train.init_from=WORKDIR`) then work on it as on any run.
 
-`export_hf(workdir, out)` writes the run's newest checkpoint in HF's format (models/hf.py), its
-rope options as HF's rope_parameters, and a pretrained-kind run's tokenizer.json beside it.
+`export_hf(workdir, out, overrides)` writes the run's newest checkpoint in HF's format
+(models/hf.py), its rope options (with any eval-time overrides) as HF's rope_parameters, and its
+tokenizer as tokenizer.json beside it: an imported run, a fine-tune of one, or a run trained here
+with a Llama-family or GPT-NeoX block (any tokenizer kind).
 """
 from __future__ import annotations
 
@@ -28,7 +30,7 @@ import corpora
 import posenc
 from experiment import checkpoints, config as config_lib
 from experiment.config import Config
-from experiment.evals.common import load_checkpoint
+from experiment.evals.common import apply_overrides, load_checkpoint
 from experiment.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models import hf
@@ -73,8 +75,9 @@ def pretrained_tokenizer(folder: pathlib.Path, config: dict) -> corpora.Pretrain
     if tokenizer.get_vocab_size() > vocab:
         log.warning("the tokenizer has %d tokens, the model's vocabulary %d: ids past it cannot be scored",
                     tokenizer.get_vocab_size(), vocab)
+    eos = eos_id_of(folder, config, tokenizer)
     try:
-        return corpora.PretrainedTokenizer(tokenizer, vocab, eos_id_of(folder, config, tokenizer))
+        return corpora.PretrainedTokenizer(tokenizer, vocab, eos)
     except ValueError as e:
         raise HFError(f"{folder}: {e}") from None
 
@@ -182,30 +185,39 @@ def hf_rope_parameters(posenc_cfg: ml_collections.ConfigDict, max_length: int) -
     options = posenc_cfg.rope
     params = _candidate(options, max_length)
     full = {**params, "rope_theta": float(options.base), "partial_rotary_factor": float(options.fraction)}
-    read_back = {**posenc.default_config("rope").rope.to_dict(),
-                 **rope_options({"max_position_embeddings": max_length}, full)}
+    expressed = rope_options({"max_position_embeddings": max_length}, full)
+    read_back = {**posenc.default_config("rope").rope.to_dict(), **expressed}
+    # original_length matters only to the scalings that scale from it (not to default and linear)
     differ = sorted(k for k in options.keys() if k in read_back and not _close(options[k], read_back[k])
-                    and not (k == "original_length" and not options[k]))
+                    and not (k == "original_length" and (not options[k] or k not in expressed)))
     if differ:
         raise HFError(f"rope option(s) {', '.join(f'{k}={options[k]}' for k in differ)} have no Hugging Face "
                       f"rope_parameters form (closest: {params['rope_type']}); export a run without them")
     return params
 
 
-def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path) -> pathlib.Path:
-    """The run's newest checkpoint in HF's format in `out` (config.json with rope_parameters from the
-    run's rope options, model.safetensors; tokenizer.json and eos_token_id for a pretrained-kind run)."""
+def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: dict | None = None) -> pathlib.Path:
+    """The run's newest checkpoint in HF's format in `out`: config.json with rope_parameters from the
+    run's rope options (with `overrides`, eval-time options as eval_extrapolate.py's --set takes
+    them: a run trained with plain RoPE exported with YaRN switched on), model.safetensors, and the
+    run's tokenizer as tokenizer.json with its end-of-sequence id as eos_token_id (every tokenizer
+    kind has a `tokenizers` form, corpora/tokenizers.py) and a tokenizer_config.json naming it, so
+    that import_hf.py and transformers' AutoTokenizer take the export back."""
     run = RunDir(workdir)
     run.require_checkpoint()
+    overrides = dict(overrides or {})
     config = run.load_config()
-    rope = hf_rope_parameters(config.posenc, int(config.train.seq_len))
-    scoring = load_checkpoint(run, config, [], {})
+    rope = hf_rope_parameters(apply_overrides(config, overrides).posenc, int(config.train.seq_len))
+    scoring = load_checkpoint(run, config, [], overrides)
     out = hf.export(scoring.model(), out, rope_parameters=rope)
     tokenizer = scoring.tokenizer
-    if tokenizer.kind == "pretrained":
-        (out / "tokenizer.json").write_text(tokenizer.tokenizer.to_str())
-        exported = json.loads((out / "config.json").read_text())
-        exported["eos_token_id"] = tokenizer.eos_id
-        (out / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
+    hf_tokenizer = tokenizer.hf_tokenizer()
+    (out / "tokenizer.json").write_text(hf_tokenizer.to_str())
+    # the generic fast tokenizer, so that transformers' AutoTokenizer takes tokenizer.json as it is
+    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                           "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
+    exported = json.loads((out / "config.json").read_text())
+    exported["eos_token_id"] = tokenizer.eos_id
+    (out / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
     log.info("exported %s at step %d to %s", run.path, scoring.step, out)
     return out

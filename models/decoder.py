@@ -52,7 +52,8 @@ class ModelConfig:
       models/adaptive.py) for large word vocabularies.
     - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
       and `attention_block`, the tile width of the long-sequence paths; `attention_sinks` and
-      `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme).
+      `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme); the
+      window alone is a sliding window (the last W keys, Mistral's `sliding_window`).
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
       in bfloat16).
     - the block (defaults: this project's block, as fairseq's; models/hf.py sets them for Llama,
@@ -85,8 +86,10 @@ class ModelConfig:
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
     attention_sinks: int = 0        # LM-Infinite's Lambda mask (models/attention/lambda_mask.py): the first
                                     # tokens every query also sees beyond its window, as if from distance L
-    attention_window: int = 0       # ... and each query's local window (0: the training length L); both 0:
-                                    # plain causal attention. No parameters: switchable with --set
+    attention_window: int = 0       # ... and each query's local window, the last W keys (0: the training
+                                    # length L where sinks are set); sinks 0 and a window: a sliding window
+                                    # (Mistral's sliding_window); both 0: plain causal attention. No
+                                    # parameters: switchable with --set
     dtype: str = "float32"          # compute dtype; parameters stay float32
     norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
     norm_eps: float = 1e-6          # epsilon of every norm
@@ -111,7 +114,7 @@ class ModelConfig:
                "num_kv_heads": at_least(0, note="0 = num_heads"),
                "head_dim": at_least(0, note="0 = d_model / num_heads"),
                "attention_sinks": at_least(0, note="0 = off"),
-               "attention_window": at_least(0, note="0 = the training length")}
+               "attention_window": at_least(0, note="0 = none, or the training length with sinks")}
 
     @property
     def head_size(self) -> int:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import logging
 from pathlib import Path
 from typing import Any
 
@@ -26,9 +27,11 @@ from safetensors.flax import save_file
 import posenc
 from models.decoder import DTYPES, DecoderLM
 from models.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture_of, hf_config, model_config,
-                               read_config, rope_options, rows)
+                               read_config, rope_options, rows, unapplied_window)
 
 __all__ = ["load", "export", "HFError", "ARCHITECTURES", "posenc_config"]
+
+log = logging.getLogger(__name__)
 
 HUB_FILES = ["config.json", "*.safetensors", "model.safetensors.index.json", "tokenizer.json",
              "tokenizer_config.json"]
@@ -134,6 +137,10 @@ def load(path: str | Path, rope_parameters: dict | None = None, dtype: str = "fl
         raise HFError(f"dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
     folder = resolve(path)
     config = read_config(folder)
+    window = unapplied_window(config)
+    if window:
+        log.warning("%s: Qwen2's sliding_window=%d (from layer max_window_layers on) is not applied: logits are "
+                    "exact only up to %d tokens", folder.name, window, window)
     cfg = model_config(config, dtype)
     block = posenc_config(config, rope_parameters)
     length = config["max_position_embeddings"]

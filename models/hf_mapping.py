@@ -153,6 +153,15 @@ def read_config(folder: Path) -> dict:
     return config
 
 
+def unapplied_window(config: dict) -> int:
+    """A sliding window the decoder does not apply (0: none): Qwen2's where `use_sliding_window`, which
+    holds only from layer `max_window_layers` on. Such a model is exact only up to the window
+    (models/hf.py warns at load). Mistral's `sliding_window` is applied (model.attention_window)."""
+    if config["architectures"][0] == "Qwen2ForCausalLM" and config.get("use_sliding_window", False):
+        return int(config.get("sliding_window") or 0)
+    return 0
+
+
 def model_config(config: dict, dtype: str) -> ModelConfig:
     """The ModelConfig of a HF config.json (block options as that architecture builds its layers)."""
     architecture = config["architectures"][0]
@@ -172,9 +181,11 @@ def model_config(config: dict, dtype: str) -> ModelConfig:
     else:
         bias = bool(config.get("attention_bias", False))
         qwen = architecture == "Qwen2ForCausalLM"  # Qwen2: q/k/v biases always, none on o_proj
+        window = int(config.get("sliding_window") or 0) if architecture == "MistralForCausalLM" else 0
         cfg = ModelConfig(**common, norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="gated",
                           num_kv_heads=config.get("num_key_value_heads") or heads, qkv_bias=qwen or bias,
-                          out_bias=bias and not qwen, mlp_bias=bool(config.get("mlp_bias", False)))
+                          out_bias=bias and not qwen, mlp_bias=bool(config.get("mlp_bias", False)),
+                          attention_window=window)
     try:
         cfg.check_block()
     except ValueError as e:
@@ -263,9 +274,15 @@ def architecture_of(cfg: ModelConfig) -> str:
     if cfg.scale_embeddings or cfg.adaptive_cutoffs or not (neox or llama):
         raise HFError("this model's block is none of " + ", ".join(ARCHITECTURES) + " (model.norm, model.mlp, "
                       "model.scale_embeddings, biases); it cannot be exported")
+    qwen = cfg.qkv_bias and not cfg.out_bias and not cfg.mlp_bias
+    if cfg.attention_window and (neox or cfg.qkv_bias or cfg.out_bias or cfg.mlp_bias):
+        raise HFError("a sliding window (model.attention_window) exports only as MistralForCausalLM: a Llama "
+                      "block without biases")
     if neox:
         return "GPTNeoXForCausalLM"
-    return "Qwen2ForCausalLM" if cfg.qkv_bias and not cfg.out_bias and not cfg.mlp_bias else "LlamaForCausalLM"
+    if cfg.attention_window:
+        return "MistralForCausalLM"
+    return "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"
 
 
 def hf_config(cfg: ModelConfig, max_length: int, rope: dict) -> dict:
@@ -282,6 +299,7 @@ def hf_config(cfg: ModelConfig, max_length: int, rope: dict) -> dict:
         return {**config, "model_type": "gpt_neox", "layer_norm_eps": cfg.norm_eps, "attention_bias": cfg.qkv_bias,
                 "use_parallel_residual": cfg.parallel_residual,
                 "rotary_pct": rope.get("partial_rotary_factor", 1.0)}
-    model_type = "qwen2" if architecture == "Qwen2ForCausalLM" else "llama"
+    model_type = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}.get(architecture, "llama")
+    window = {"sliding_window": cfg.attention_window} if architecture == "MistralForCausalLM" else {}
     return {**config, "model_type": model_type, "rms_norm_eps": cfg.norm_eps, "num_key_value_heads": cfg.kv_heads,
-            "attention_bias": cfg.qkv_bias, "mlp_bias": cfg.mlp_bias}
+            "attention_bias": cfg.qkv_bias, "mlp_bias": cfg.mlp_bias, **window}

@@ -7,7 +7,7 @@ Importing this package registers every scheme family below.
 """
 from posenc.base import (LEGACY_NAMES, BiasFunction, LengthError, ModelDims, Scheme, build, canonical_config,
                          canonical_name, check_option_key, check_options, default_config, get, names, register,
-                         used_schemes)
+                         used_schemes, wrapped, wrapper_names)
 from posenc.domains import DomainError
 from posenc.absolute import fairseq_sinusoidal_table, sinusoidal_table
 from posenc.rope_scaling import rope_inverse_frequencies, rope_mscale, scaled_inverse_frequencies, yarn_mscale
@@ -21,7 +21,7 @@ from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their 
 __all__ = [
     "BiasFunction", "DomainError", "LengthError", "ModelDims", "Scheme", "build", "check_option_key", "check_options",
     "default_config", "get", "names",
-    "register", "used_schemes", "LEGACY_NAMES", "canonical_name", "canonical_config",
+    "register", "used_schemes", "wrapped", "wrapper_names", "LEGACY_NAMES", "canonical_name", "canonical_config",
     "sinusoidal_table", "fairseq_sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
     "xpos_zeta", "yarn_mscale", "rope_mscale", "alibi_slopes", "t5_relative_position_bucket",
     "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",

@@ -296,6 +296,30 @@ def used_schemes(posenc_cfg: Any) -> list[str]:
     return used
 
 
+def wrapper_names() -> list[str]:
+    """The registered schemes that wrap another one (their option `base`): logn, randomized, ssmax, pose, dape."""
+    return [name for name in names() if getattr(_REGISTRY[name], "wraps_scheme", False)]
+
+
+def wrapped(posenc_cfg: Any, wrapper: str) -> ml_collections.ConfigDict:
+    """A copy of a `posenc` block with its scheme wrapped by `wrapper`, whose `base` is set to the
+    block's scheme: `--set posenc.name=logn` at evaluation puts log-n scaling around a run trained
+    without it. A wrapper holds its inner scheme as `inner`, so one that adds no parameters of its
+    own (logn) leaves the checkpoint's parameters fitting the model. The block's own scheme named
+    again changes nothing; a name that is not a wrapper is a ValueError naming the wrappers."""
+    block = ml_collections.ConfigDict(posenc_cfg.to_dict() if hasattr(posenc_cfg, "to_dict") else dict(posenc_cfg))
+    if canonical_name(wrapper) == canonical_name(block["name"]):
+        return block
+    if canonical_name(wrapper) not in wrapper_names():
+        get(wrapper)  # an unknown name: the registry's error
+        raise ValueError(f"posenc.name={wrapper}: the scheme of a trained run changes only to a wrapper of it "
+                         f"({', '.join(wrapper_names())}); {wrapper!r} would need new parameters or a new training run")
+    options = {**default_config(wrapper)[wrapper].to_dict(), **dict(block.get(wrapper, None) or {})}
+    block[wrapper] = {**options, "base": block["name"]}
+    block["name"] = wrapper
+    return block
+
+
 def check_option_key(posenc_cfg: Any, dotted: str) -> None:
     """`dotted` ('posenc.rope.pi_factor') must name an option of a scheme the block runs: a
     ValueError otherwise, saying which schemes the run uses and which options they have."""

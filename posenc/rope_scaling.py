@@ -1,7 +1,8 @@
 """RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
 base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
 each, as their authors' code and HF transformers compute them), p-RoPE's dropped frequencies, and
-the options of ReRoPE, Self-Extend and xPos, checked. The scheme that uses them is `rope` (posenc/rotary.py).
+the options of ReRoPE, Self-Extend, Dual Chunk Attention and xPos, checked. The scheme that uses them is
+`rope` (posenc/rotary.py).
 """
 from __future__ import annotations
 
@@ -15,17 +16,23 @@ import numpy as np
 from posenc.domains import above, at_least, between, each, one_of, positive, unit_interval
 
 
+def rope_powers(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
+    """base^(2i / rotary_dim), i = 0 .. rotary_dim/2 - 1, float32, as HF transformers computes them:
+    for a base known before tracing, on the host, the float64 power rounded to float32 (torch's float32
+    power is correctly rounded, numpy's is not: 13 of 64 entries differ by an ulp at rotary dim 128,
+    base 500000, Llama 3's); a traced base (dynamic NTK) behind a barrier that keeps XLA from rewriting
+    1 / b^x as b^-x under jit, so that compiled and eager frequencies agree (to within an ulp of torch's)."""
+    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
+    if isinstance(base, (int, float)):
+        return jnp.asarray((np.float64(base) ** exponents.astype(np.float64)).astype(np.float32))
+    return jax.lax.optimization_barrier(base ** jnp.asarray(exponents))
+
+
 def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
     """theta_i = base^(-2i / rotary_dim), i = 0 .. rotary_dim/2 - 1 (Su et al. 2021), computed as
-    1 / base^(2i / rotary_dim) in float32 as HF transformers does (to within an ulp for a traced
-    base): the angles of late positions then agree, which Hugging Face checkpoints' logits need
-    (tests/models/test_hf.py)."""
-    exponents = np.arange(0, rotary_dim, 2, dtype=np.float32) / np.float32(rotary_dim)
-    if isinstance(base, (int, float)):  # known before tracing: computed on the host, as torch does
-        return jnp.asarray(np.float32(1.0) / np.float32(base) ** exponents)
-    # A traced base (dynamic NTK): the barrier keeps XLA from rewriting 1 / b^x as b^-x under jit,
-    # so that compiled and eager frequencies agree.
-    return 1.0 / jax.lax.optimization_barrier(base ** jnp.asarray(exponents))
+    1 / base^(2i / rotary_dim) in float32 as HF transformers does (`rope_powers`): the angles of late
+    positions then agree, which Hugging Face checkpoints' logits need (tests/models/test_hf.py)."""
+    return 1.0 / rope_powers(rotary_dim, base)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -57,6 +64,8 @@ class RopeOptions:
     rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
     self_extend_window: int = 0   # Self-Extend: W, exact relative positions while m - n < W (0 = off)
     self_extend_group: int = 1    # G: beyond W, q at m // G + W - W // G and k at n // G
+    dca_chunk_size: int = 0       # Dual Chunk Attention: s, keys in chunks of c = s - w positions (0 = off)
+    dca_local_window: int = 0     # w: the successive chunk's queries sit at most s from its keys
     xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
     xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
     xpos_scale_base: float = 512.0  # gamma
@@ -74,7 +83,8 @@ class RopeOptions:
                "longrope_factor": positive(), "longrope_attention_factor": at_least(0, note="0 = HF's default"),
                "rerope_window": at_least(0, note="0 = off"), "self_extend_window": at_least(0, note="0 = off"),
                "self_extend_group": at_least(1), "xpos_gamma0": positive(), "xpos_scale_base": positive(),
-               "p_rope": unit_interval(note="1 = plain RoPE")}
+               "p_rope": unit_interval(note="1 = plain RoPE"), "dca_chunk_size": at_least(0, note="0 = off"),
+               "dca_local_window": at_least(0, note="and < dca_chunk_size")}
 
 
 YARN_RAMPS = ("index", "turns")
@@ -121,6 +131,7 @@ def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -
                          f"1 = plain RoPE, 0 = none), got {options.p_rope}")
     _validate_llama3_longrope(options, rotary_dim)
     _validate_self_extend(options)
+    _validate_dual_chunk(options)
 
 
 def _validate_llama3_longrope(options: RopeOptions, rotary_dim: int | None) -> None:
@@ -172,6 +183,21 @@ def _validate_self_extend(options: RopeOptions) -> None:
     for name, on, why in clashes:
         if on:
             raise ValueError(f"rope.self_extend_window cannot be combined with {name} ({why})")
+
+
+def _validate_dual_chunk(options: RopeOptions) -> None:
+    size, window = options.dca_chunk_size, options.dca_local_window
+    if not size:
+        return
+    if not 0 <= window < size:
+        raise ValueError(f"rope.dca_local_window must lie in [0, rope.dca_chunk_size) = [0, {size}), got {window}")
+    clashes = [("rope.rerope_window", options.rerope_window != 0), ("rope.self_extend_window",
+               options.self_extend_window != 0), ("rope.xpos", options.xpos), ("rope.dynamic_ntk", options.dynamic_ntk),
+               ("LongRoPE (rope.longrope_short_factor/long_factor)", longrope_on(options))]
+    for name, on in clashes:
+        if on:
+            raise ValueError(f"rope.dca_chunk_size cannot be combined with {name} (each replaces the far "
+                             f"logits, or the bias of a tile cannot know its row's frequencies)")
 
 
 def rotary_dim_of(options: RopeOptions, head_dim: int) -> int:
@@ -240,9 +266,10 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
         base = ntk_base(base, alpha, rotary_dim)[..., None]
     elif options.ntk_alpha != 1.0:
         base = ntk_base(base, options.ntk_alpha, rotary_dim)
-    inv_freq = rope_inverse_frequencies(rotary_dim, base)
-    if longrope_on(options):
-        inv_freq = inv_freq / longrope_factors(options, train_length, length)
+    if longrope_on(options):  # 1 / (f_i base^(2i/d)), in HF's order
+        inv_freq = _reciprocal(longrope_factors(options, train_length, length) * rope_powers(rotary_dim, base))
+    else:
+        inv_freq = rope_inverse_frequencies(rotary_dim, base)
     if options.llama3_factor != 1.0:  # (factor 1 would still round the band between the wavelengths)
         inv_freq = llama3_inverse_frequencies(inv_freq, options.llama3_factor, options.llama3_low_freq_factor,
                                               options.llama3_high_freq_factor, train_length)
@@ -273,16 +300,24 @@ def llama3_inverse_frequencies(inv_freq: jax.Array, factor: float, low_freq_fact
     `_compute_llama3_parameters`), in the reference's float32 operations and order: with wavelength
     lambda_i = 2 pi / theta_i, theta_i / factor where lambda_i > L / low_freq_factor, theta_i where
     lambda_i < L / high_freq_factor, and between them (1 - s) theta_i / factor + s theta_i with
-    s = (L / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor), L = original_length."""
+    s = (L / lambda_i - low_freq_factor) / (high_freq_factor - low_freq_factor), L = original_length.
+    torch evaluates a number divided by a tensor (2 pi / theta, L / lambda) as the tensor's reciprocal
+    times the number, which rounds otherwise than a division (1 ulp in some frequencies, e.g. rotary
+    dim 32 at factor 16): so here, each step behind a barrier that keeps XLA from folding it back."""
     low_freq_wavelen = original_length / low_freq_factor
     high_freq_wavelen = original_length / high_freq_factor
-    # (behind a barrier, or XLA rewrites L / (2 pi / theta) as L theta / (2 pi), rounded otherwise)
-    wavelen = jax.lax.optimization_barrier(2 * math.pi / inv_freq)
+    wavelen = jax.lax.optimization_barrier(_reciprocal(inv_freq) * np.float32(2 * math.pi))
     scaled = jnp.where(wavelen > low_freq_wavelen, _divided(inv_freq, factor), inv_freq)
-    smooth = _divided(original_length / wavelen - low_freq_factor, high_freq_factor - low_freq_factor)
+    per_wavelength = jax.lax.optimization_barrier(_reciprocal(wavelen) * np.float32(original_length))
+    smooth = _divided(per_wavelength - low_freq_factor, high_freq_factor - low_freq_factor)
     smoothed = _divided((1 - smooth) * scaled, factor) + smooth * scaled
     medium = ~(wavelen < high_freq_wavelen) & ~(wavelen > low_freq_wavelen)
     return jnp.where(medium, smoothed, scaled)
+
+
+def _reciprocal(x: jax.Array) -> jax.Array:
+    """1 / x, correctly rounded, kept from being fused with what follows (an optimization barrier)."""
+    return jax.lax.optimization_barrier(1.0 / x)
 
 
 def _divided(x: jax.Array, divisor: float) -> jax.Array:

@@ -3,7 +3,7 @@
 `rope` also carries the RoPE extensions that change no parameter, so that a model trained with plain
 RoPE can be evaluated with any of them (`--config.posenc.rope.<option>=...`): position
 interpolation, NTK-aware and dynamic NTK base scaling, YaRN, Llama 3 scaling, LongRoPE, ReRoPE,
-Self-Extend and xPos. `xpos` is registered as well: the same class with xPos switched on by default,
+Self-Extend, Dual Chunk Attention and xPos. `xpos` is registered as well: the same class with xPos switched on by default,
 as Sun et al. train it.
 """
 from __future__ import annotations
@@ -160,6 +160,19 @@ class Rope(Scheme):
       distance), dynamic_ntk or LongRoPE (a tile cannot know its row's alpha or factors). The
       authors' optional query scaling max(1, log(m + 1) / log(scale_base)) is not part of it; the
       `logn` wrapper around `rope` is that with scale_base = L_train.
+    - dca_chunk_size (s), dca_local_window (w): Dual Chunk Attention (An et al. 2024, "Training-Free
+      Long-Context Scaling of Large Language Models", ICML; HKUNLP/ChunkLlama's
+      `chunkllama_attn_replace.py`). Positions are cut into chunks of c = s - w; every key sits at
+      n mod c, and a query at m sees, by the relation of its chunk to the key's: the same chunk,
+      m mod c (intra-chunk: the exact relative position m - n, so plain RoPE's logit); the chunk
+      before, min(m mod c + c, s) (successive); any earlier chunk, min(2c - 1, s) (inter-chunk).
+      No relative position exceeds s, which the authors take as 3/4 of the pretraining length
+      with w = 1/16 of it (s = 48, w = 4 at L = 64). Realised as Self-Extend is, through `bias`
+      (the logits at the moved positions minus the plain ones, per tile, from explicit positions);
+      the authors' three flash-attention calls merged by their log-sum-exps are one softmax over
+      the same logits. Combines with fraction, pi_factor (their scaling_factor), ntk_alpha, YaRN
+      and Llama 3; not with rerope_window, self_extend_window, xpos, dynamic_ntk or LongRoPE. It
+      has no Hugging Face rope_parameters form (export refuses it).
     - xpos, xpos_gamma0, xpos_scale_base: xPos (Sun et al. 2022, "A Length-Extrapolatable
       Transformer"): after the rotation q_m <- q_m * zeta^(m/gamma), k_n <- k_n * zeta^(-n/gamma)
       per feature pair, zeta_i = (2i/d + gamma0)/(1 + gamma0), gamma = xpos_scale_base, so that
@@ -169,7 +182,7 @@ class Rope(Scheme):
     """
     family = "relative"
     citation = "Su et al. 2021"
-    extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE / Self-Extend at evaluation
+    extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE / Self-Extend / DCA at evaluation
     Options = RopeOptions
 
     def __init__(self, options, dims: ModelDims, *, rngs):
@@ -212,36 +225,48 @@ class Rope(Scheme):
                 apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale, mscale))
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
-        """ReRoPE's or Self-Extend's correction (see the class docstring); None when both are off."""
-        if self.rotary_dim == 0:
+        """ReRoPE's, Self-Extend's or Dual Chunk Attention's correction (see the class docstring):
+        for each of its position moves, where it applies, the logit at the moved positions minus
+        the plain one; None when all three are off."""
+        moves = self._position_moves(q_pos_BxT, k_pos_BxS) if self.rotary_dim else []
+        if not moves:
             return None
-        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
-        if self.options.rerope_window:
-            window = self.options.rerope_window
-            # q, k arrive rotated at m and n: R(w - m) R(m) q = R(w) q and R(-n) R(n) k = k. YaRN's
-            # factor, applied by `rotate`, is in both products already.
-            return jnp.where(distance_Bx1xTxS > window,
-                             self._moved_logits_change(q_BxTxHxK, k_BxSxHxK, window - q_pos_BxT, -k_pos_BxS,
-                                                       k_pos_BxS), 0.0)
-        if self.options.self_extend_window:
-            window, group = self.options.self_extend_window, self.options.self_extend_group
-            # Grouped positions m // G + W - W // G and n // G: rotate q and k on from m and n.
-            q_shift = q_pos_BxT // group + (window - window // group) - q_pos_BxT
-            k_shift = k_pos_BxS // group - k_pos_BxS
-            return jnp.where(distance_Bx1xTxS >= window,
-                             self._moved_logits_change(q_BxTxHxK, k_BxSxHxK, q_shift, k_shift, k_pos_BxS), 0.0)
-        return None
-
-    def _moved_logits_change(self, q_BxTxHxK, k_BxSxHxK, q_shift_BxT, k_shift_BxS, k_pos_BxS):
-        """(<R(a) q', R(b) k'> - <q', k'>) / sqrt(K), B x H x T x S, for rotated q', k' and per-query,
-        per-key extra angles a, b (in positions): the logit at moved positions minus the one given."""
         inv_freq = self._inv_freq(k_pos_BxS)
-        q_far = apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq)
-        k_far = apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq)
-        near_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                                  preferred_element_type=jnp.float32)
-        far_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_far, k_far, preferred_element_type=jnp.float32)
-        return (far_BxHxTxS - near_BxHxTxS) * q_BxTxHxK.shape[-1] ** -0.5
+        near_BxHxTxS = _logits(q_BxTxHxK, k_BxSxHxK)
+        bias = 0.0
+        for where_Bx1xTxS, q_shift_BxT, k_shift_BxS in moves:
+            # q, k arrive rotated at m and n (YaRN's factor in them already): rotating them on by the
+            # shifts places them at the moved positions.
+            far_BxHxTxS = _logits(apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq),
+                                  apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq))
+            bias = bias + jnp.where(where_Bx1xTxS, (far_BxHxTxS - near_BxHxTxS) * q_BxTxHxK.shape[-1] ** -0.5, 0.0)
+        return bias
+
+    def _position_moves(self, q_pos_BxT, k_pos_BxS) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
+        """[(where B x 1 x T x S, query shift B x T, key shift B x S)]: the (query, key) pairs whose
+        logit is taken at other positions, and by how much each query and key moves. Their wheres
+        are disjoint; keys after the query (masked in a decoder) are never moved."""
+        o = self.options
+        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
+        if o.rerope_window:  # q at w, k at 0: relative position w
+            return [(distance_Bx1xTxS > o.rerope_window, o.rerope_window - q_pos_BxT, -k_pos_BxS)]
+        if o.self_extend_window:  # grouped positions m // G + W - W // G and n // G
+            window, group = o.self_extend_window, o.self_extend_group
+            return [(distance_Bx1xTxS >= window, q_pos_BxT // group + (window - window // group) - q_pos_BxT,
+                     k_pos_BxS // group - k_pos_BxS)]
+        if o.dca_chunk_size:  # keys at n mod c; queries by the chunk relation
+            size, chunk = o.dca_chunk_size, o.dca_chunk_size - o.dca_local_window
+            apart_Bx1xTxS = (q_pos_BxT[:, :, None] // chunk - k_pos_BxS[:, None, :] // chunk)[:, None]
+            k_shift = k_pos_BxS % chunk - k_pos_BxS
+            successive = jnp.minimum(q_pos_BxT % chunk + chunk, size) - q_pos_BxT
+            inter = min(2 * chunk - 1, size) - q_pos_BxT
+            return [(apart_Bx1xTxS == 1, successive, k_shift), (apart_Bx1xTxS >= 2, inter, k_shift)]
+        return []
+
+
+def _logits(q_BxTxHxK, k_BxSxHxK):
+    """q k^T, float32 B x H x T x S (unscaled)."""
+    return jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32)
 
 
 @dataclasses.dataclass(frozen=True)

@@ -11,6 +11,7 @@ import contextlib
 import dataclasses
 import logging
 import pathlib
+import re
 
 import jax
 import jax.numpy as jnp
@@ -69,8 +70,9 @@ def eval_spec(config: Config, lengths=None, stride=None, split=None, max_tokens=
 
 
 def parse_overrides(text: str) -> dict[str, str]:
-    """'posenc.rope.yarn_scale=4,model.attention=blockwise' -> {key: value} (config.eval.overrides)."""
-    items = [item.strip() for item in str(text or "").split(",") if item.strip()]
+    """'posenc.rope.yarn_scale=4,model.attention=blockwise' -> {key: value} (config.eval.overrides).
+    A comma starts a new item only before KEY=, so a value may be a list: 'posenc.rope.x=1,2,y=3'."""
+    items = [item.strip() for item in re.split(r",(?=\s*[\w.]+=)", str(text or "")) if item.strip()]
     bad = [item for item in items if "=" not in item]
     if bad:
         raise ValueError(f"an evaluation override takes KEY=VALUE, got {bad[0]!r}")
@@ -79,13 +81,20 @@ def parse_overrides(text: str) -> dict[str, str]:
 
 def apply_overrides(config, overrides: dict[str, str]) -> Config:
     """The config with eval-time knobs set (scheme options that change no parameters, the attention
-    path), typed like the values they replace. An option of a scheme the run does not use is refused."""
+    path), typed like the values they replace. An option of a scheme the run does not use is refused.
+    `posenc.name` may name a wrapper (logn, randomized): the run's scheme is then evaluated inside it
+    (`posenc.wrapped`; log-n scaling on a run trained with plain RoPE), the wrapper's options and the
+    inner scheme's settable as usual."""
     config = config_lib.typed(config)
     as_dict = ml_collections.ConfigDict(config.to_dict())
+    trained = posenc.used_schemes(as_dict.posenc)
+    overrides = dict(overrides)
+    if "posenc.name" in overrides:  # first: the options below may belong to the wrapper
+        as_dict.posenc = posenc.wrapped(as_dict.posenc, overrides.pop("posenc.name"))
     for dotted, raw in overrides.items():
-        if not dotted.startswith(EVAL_OVERRIDABLE) or dotted == "posenc.name":
-            raise ValueError(f"--set {dotted}: only posenc.<scheme>.<option> and model.attention* can change "
-                             f"at evaluation (anything else needs a new training run)")
+        if not dotted.startswith(EVAL_OVERRIDABLE):
+            raise ValueError(f"--set {dotted}: only posenc.<scheme>.<option>, posenc.name=<wrapper> and "
+                             f"model.attention* can change at evaluation (anything else needs a new training run)")
         posenc.check_option_key(as_dict.posenc, dotted)
         parents, leaf = dotted.split(".")[:-1], dotted.split(".")[-1]
         if parents[:1] == ["posenc"] and len(parents) == 2 and leaf not in as_dict.posenc.get(parents[1], {}):
@@ -94,6 +103,10 @@ def apply_overrides(config, overrides: dict[str, str]) -> Config:
                 as_dict.posenc[parents[1]] = defaults[parents[1]].to_dict()
             as_dict.posenc[parents[1]][leaf] = defaults[parents[1]][leaf]
         config_lib.set_typed(as_dict, dotted, raw)
+    inner = posenc.used_schemes(as_dict.posenc)
+    if inner[len(inner) - len(trained):] != trained:
+        raise ValueError(f"--set: the run was trained with {' -> '.join(trained)}; evaluation may wrap it "
+                         f"(posenc.name=<wrapper>) but not change it (got {' -> '.join(inner)})")
     config = config_lib.typed(as_dict)
     config_lib.check_domains(config)  # --set posenc.rope.yarn_scale=0.5 is refused by name, as in training
     return config

@@ -31,8 +31,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 from models.attention.blockwise import needs_whole_rows
-from models.attention.choice import lambda_masked
 from models.attention.dense import NEG_INF, tile_logits
+
+
+def _attends(q_idx, k_idx, window: int):
+    """Q x S: causal order and, with a window W > 0, the last W keys (itself included)."""
+    causal = q_idx[:, None] >= k_idx[None, :]
+    return causal & (q_idx[:, None] - k_idx[None, :] < window) if window else causal
 
 
 def _update(state, s_BxHxQxS, allowed_QxS, dist_QxS):
@@ -49,11 +54,13 @@ def _update(state, s_BxHxQxS, allowed_QxS, dist_QxS):
 
 
 def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Array, k_pos_BxT: jax.Array,
-                  scheme, block: int = 512, context_BxTxC: jax.Array | None = None) -> tuple[jax.Array, jax.Array]:
+                  scheme, block: int = 512, context_BxTxC: jax.Array | None = None,
+                  window: int = 0) -> tuple[jax.Array, jax.Array]:
     """(mean distance, entropy), each float32 B x H x T, of causal self-attention between queries
     and keys of one sequence (before the scheme's `rotate`, which runs here), tile by tile;
-    `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one. The
-    statistics are those of a softmax: a stick-breaking scheme is refused."""
+    `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one; with a
+    `window` W > 0 (a sliding window, Mistral's), over the last W keys only. The statistics are
+    those of a softmax: a stick-breaking scheme is refused."""
     if scheme.normalization != "softmax":
         raise ValueError(f"positional scheme {scheme.name!r} is not a softmax (stick-breaking); attention "
                          f"statistics are computed for softmax attention only")
@@ -88,7 +95,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
             k_idx = jnp.arange(t)
             s = tile_logits(q, k_BxTxHxK, q_pos, k_pos_BxT, scheme,
                             context=None if cb is None else (cb[i], context_BxTxC))
-            allowed = q_idx[:, None] >= k_idx[None, :]
+            allowed = _attends(q_idx, k_idx, window)
             return finish(_update(init, s, allowed, (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)))
 
         def tile(carry, step):
@@ -101,7 +108,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
                 if carried:
                     bias, row_BxHxQ = scheme.carried_bias(q, k, q_pos, k_pos, row_BxHxQ)
                 s = tile_logits(q, k, q_pos, k_pos, scheme, bias, None if cb is None else (cb[i], cb[j]))
-                allowed = (q_idx[:, None] >= k_idx[None, :]) & (k_idx[None, :] < t)
+                allowed = _attends(q_idx, k_idx, window) & (k_idx[None, :] < t)
                 dist = (q_idx[:, None] - k_idx[None, :]).astype(jnp.float32)
                 return _update(state, s, allowed, dist), row_BxHxQ
             return jax.lax.cond(j <= i, compute, lambda c: c, carry), None
@@ -120,14 +127,16 @@ def layer_statistics(attn_module, x_BxTxD: jax.Array, positions_BxT: jax.Array,
                      block: int = 512) -> tuple[jax.Array, jax.Array]:
     """(mean distance, entropy), each float32 B x H x T, of one decoder layer's `Attention` given
     its input (after ln1): q and k from the module's own qkv projection, as `Attention.__call__`
-    computes them, its scheme and the scheme's `token_context` of the input. LM-Infinite's Lambda
-    mask is not applied here, so a layer that sets it is refused."""
-    if lambda_masked(attn_module.cfg):
-        raise ValueError("attention statistics do not apply the Lambda mask (model.attention_sinks / "
-                         "model.attention_window); evaluate them without it")
+    computes them, its scheme and the scheme's `token_context` of the input. A sliding window
+    (`model.attention_window` without sinks, Mistral's) applies; LM-Infinite's sink branch does
+    not, so a layer with `attention_sinks` is refused."""
+    if attn_module.cfg.attention_sinks:
+        raise ValueError("attention statistics do not apply LM-Infinite's sink keys (model.attention_sinks); "
+                         "evaluate them with --set model.attention_sinks=0")
     q, k, _ = attn_module.project(x_BxTxD)
     context = attn_module.scheme.token_context(x_BxTxD, positions_BxT)
-    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block, context)
+    return qk_statistics(q, k, positions_BxT, positions_BxT, attn_module.scheme, block, context,
+                         attn_module.cfg.attention_window)
 
 
 @functools.partial(jax.jit, static_argnums=(0, 4))

@@ -141,6 +141,31 @@ def test_hf_blocks_are_causal_and_every_attention_path_agrees(block):
         np.testing.assert_allclose(other(x), base, atol=2e-5, err_msg=path)
 
 
+def test_sliding_window_sees_the_last_w_keys_on_every_path():
+    """model.attention_window (Mistral's sliding_window): one layer's output at t depends on tokens
+    t - W + 1 .. t only (LM-Infinite's Lambda mask without sinks); the blockwise path gives the same
+    logits, the others refuse it by name; attention statistics see the window."""
+    from models.attention.statistics import qk_statistics
+    cfg = ModelConfig(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=48, attention_block=4,
+                      attention_window=5, **{k: v for k, v in LLAMA_BLOCK.items() if k != "tie_embeddings"})
+    rope = posenc.default_config("rope")
+    model = DecoderLM(cfg, rope, train_length=16, rngs=nnx.Rngs(0))
+    x = tokens()
+    base = model(x)
+    far = x.at[:, :4].set((x[:, :4] + 7) % 37)  # only tokens more than W - 1 = 4 back from t >= 8
+    np.testing.assert_allclose(model(far)[:, 8:], base[:, 8:], atol=1e-5)
+    assert not np.allclose(model(far)[:, 4:8], base[:, 4:8], atol=1e-3)
+    other = DecoderLM(dataclasses.replace(cfg, attention="blockwise"), rope, train_length=16, rngs=nnx.Rngs(0))
+    np.testing.assert_allclose(other(x), base, atol=2e-5)
+    for path in ("triangular", "fused", "pallas"):
+        with pytest.raises(ValueError, match="attention_window"):
+            DecoderLM(dataclasses.replace(cfg, attention=path), rope, train_length=16, rngs=nnx.Rngs(0))(x)
+    q = jax.random.normal(jax.random.key(1), (1, T, 2, 8))
+    pos = jnp.arange(T)[None]
+    dist, _ = qk_statistics(q, q, pos, pos, model.scheme, block=4, window=5)
+    assert float(dist.max()) <= 4.0 and float(dist[..., -1].min()) > 0.5
+
+
 def test_hf_block_options_are_checked():
     with pytest.raises(ValueError, match="num_kv_heads"):
         ModelConfig.from_config({"d_model": 32, "num_heads": 4, "num_kv_heads": 3}, 10)
@@ -149,3 +174,5 @@ def test_hf_block_options_are_checked():
     with pytest.raises(ValueError, match="model.mlp"):
         ModelConfig.from_config({"mlp": "swiglu"}, 10)
     assert ModelConfig.from_config({"d_model": 30, "num_heads": 4, "head_dim": 8}, 10).head_size == 8
+    with pytest.raises(ValueError, match="attention_window"):
+        ModelConfig.from_config({"attention_window": -1}, 10)

@@ -15,8 +15,10 @@ import pytest
 from flax import nnx
 from safetensors.numpy import load_file, save_file
 
+import posenc
 from models import hf
 from models.hf_mapping import rope_options
+from posenc.rope_scaling import RopeOptions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
@@ -39,6 +41,46 @@ def test_logits_equal_transformers(arch, case):
     out = logits(model, ids)
     print(f"{arch}/{case}: largest absolute logit difference {np.abs(out - expected).max():.3g}")
     np.testing.assert_allclose(out, expected, atol=1e-4, rtol=0)
+
+
+def test_mistral_sliding_window_gives_transformers_logits_and_exports(tmp_path):
+    """mistral/: llama's weights as MistralForCausalLM with sliding_window=16, and transformers' logits
+    for 256 tokens (which differ from llama's beyond the window): model.attention_window."""
+    folder = tmp_path / "mistral"
+    shutil.copytree(FIXTURES / "mistral", folder)
+    shutil.copyfile(FIXTURES / "llama" / "model.safetensors", folder / "model.safetensors")
+    model, _ = hf.load(folder)
+    assert model.cfg.attention_window == 16
+    ids, expected = reference("mistral", "default")
+    out = logits(model, ids)
+    print(f"mistral/default: largest absolute logit difference {np.abs(out - expected).max():.3g}")
+    np.testing.assert_allclose(out, expected, atol=1e-4, rtol=0)
+    exported = hf.export(model, tmp_path / "exported")
+    config = json.loads((exported / "config.json").read_text())
+    assert config["architectures"] == ["MistralForCausalLM"] and config["sliding_window"] == 16
+    np.testing.assert_array_equal(logits(hf.load(exported)[0], ids), out)
+
+
+def test_qwen2_sliding_window_is_named_at_load(tmp_path, caplog):
+    """Qwen2's window (use_sliding_window, from layer max_window_layers on) is not applied: a warning."""
+    folder = variant(tmp_path, "qwen2")
+    config = json.loads((folder / "config.json").read_text())
+    (folder / "config.json").write_text(json.dumps({**config, "use_sliding_window": True, "sliding_window": 32}))
+    with caplog.at_level("WARNING"):
+        hf.load(folder)
+    assert any("sliding_window=32" in r.getMessage() and "exact only up to 32" in r.getMessage()
+               for r in caplog.records)
+
+
+def test_inverse_frequencies_equal_transformers_bit_for_bit():
+    """inverse_frequencies.json: transformers' own default, llama3 and longrope frequencies (rotary dim
+    up to 128, theta up to 500000: Llama 3's sizes), which our rope options give to the last bit."""
+    stored = json.loads((FIXTURES / "inverse_frequencies.json").read_text())
+    for case in stored["cases"]:
+        options = RopeOptions(**rope_options({"max_position_embeddings": 256}, case["rope_parameters"]))
+        got = posenc.scaled_inverse_frequencies(options, case["rotary_dim"], options.original_length or 256,
+                                                case.get("seq_len"))
+        np.testing.assert_array_equal(np.asarray(got), np.float32(case["inv_freq"]), err_msg=str(case["rope_parameters"]))
 
 
 def test_tokenizer_encodes_the_text_to_its_ids():

@@ -1,11 +1,13 @@
 """Builders shared by several test files of tests/posenc. Each group of files builds its schemes at
 the small dimensions its tests were written against, so each group has its own builder."""
+import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
 import posenc
-from models import ModelConfig
+from models import DecoderLM, ModelConfig
+from models.attention.dense import tile_logits
 
 
 # --- absolute embeddings: test_naive, test_multiplicative, test_hierarchical -----------------------
@@ -56,3 +58,52 @@ def build_with(name, dims=DIMS, **options):
 
 def positions(b, t, start=0):
     return jnp.broadcast_to(jnp.arange(start, start + t, dtype=jnp.int32), (b, t))
+
+
+# --- RoPE's options: test_rope_scaling, test_dual_chunk ----------------------------------------------
+ROPE_TRAIN_LENGTH = 16
+
+
+def rope_cfg(**options):
+    cfg = posenc.default_config("rope")
+    cfg.rope.update(options)
+    return cfg
+
+
+def build_rope(head_dim=16, heads=2, train_length=ROPE_TRAIN_LENGTH, **options):
+    dims = posenc.ModelDims(d_model=head_dim * heads, num_heads=heads, head_dim=head_dim, num_layers=1,
+                            train_length=train_length)
+    return posenc.build(rope_cfg(**options), dims, rngs=nnx.Rngs(0))
+
+
+def qk(t, s, heads=2, head_dim=16, seed=0, batch=1):
+    kq, kk = jax.random.split(jax.random.key(seed))
+    return (jax.random.normal(kq, (batch, t, heads, head_dim)),
+            jax.random.normal(kk, (batch, s, heads, head_dim)))
+
+
+def numpy_rope(x_TxHxK, positions_T, inv_freq, mscale=1.0):
+    """HF's apply_rotary_pos_emb (rotate half) at explicit positions, float64; features beyond
+    2 * len(inv_freq) pass unrotated (partial rotary)."""
+    x = np.asarray(x_TxHxK, np.float64)
+    r = 2 * len(inv_freq)
+    angles = np.asarray(positions_T, np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None]
+    emb = np.concatenate([angles, angles], -1)[:, None, :]
+    cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
+    rot = x[..., :r]
+    half = np.concatenate([-rot[..., r // 2:], rot[..., :r // 2]], -1)
+    return np.concatenate([rot * cos + half * sin, x[..., r:]], -1)
+
+
+def logits_through_hooks(scheme, q, k, pos):
+    qr, kr = scheme.rotate(q, k, pos, pos)
+    return tile_logits(qr, kr, pos, pos, scheme)
+
+
+def rope_model(attention="dense", **options):
+    cfg = ModelConfig(**{**CFG.__dict__, "attention": attention, "attention_block": 16})
+    return DecoderLM(cfg, rope_cfg(**options), train_length=ROPE_TRAIN_LENGTH, rngs=nnx.Rngs(0))
+
+
+def tokens(t, seed=0):
+    return jax.random.randint(jax.random.key(seed), (2, t), 0, CFG.vocab_size)

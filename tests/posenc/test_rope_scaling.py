@@ -12,49 +12,36 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
 from models.attention import pallas
-from models.attention.dense import tile_logits
 from posenc.rope_scaling import RopeOptions, llama3_inverse_frequencies, longrope_mscale
-
-CFG = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
-TRAIN_LENGTH = 16
-
-
-def rope_cfg(**options):
-    cfg = posenc.default_config("rope")
-    cfg.rope.update(options)
-    return cfg
-
-
-def build(head_dim=16, heads=2, train_length=TRAIN_LENGTH, **options):
-    dims = posenc.ModelDims(d_model=head_dim * heads, num_heads=heads, head_dim=head_dim, num_layers=1,
-                            train_length=train_length)
-    return posenc.build(rope_cfg(**options), dims, rngs=nnx.Rngs(0))
-
-
-def qk(t, s, heads=2, head_dim=16, seed=0, batch=1):
-    kq, kk = jax.random.split(jax.random.key(seed))
-    return (jax.random.normal(kq, (batch, t, heads, head_dim)),
-            jax.random.normal(kk, (batch, s, heads, head_dim)))
-
+from tests.posenc.helpers import (CFG, ROPE_TRAIN_LENGTH as TRAIN_LENGTH, build_rope as build, logits_through_hooks,
+                                  numpy_rope, qk, rope_cfg, rope_model as model, tokens)
 
 # --- the references, transcribed ---------------------------------------------------------------------
 
+def torch_power(base, exponents_float32):
+    """torch's float32 power of a number: correctly rounded (numpy's float32 power is not), i.e. the
+    float64 power rounded to float32 (tests/models/test_hf.py checks it on transformers' own values)."""
+    return (np.float64(base) ** np.asarray(exponents_float32, np.float64)).astype(np.float32)
+
+
 def hf_default_inv_freq(dim, base):
     """HF's _compute_default_rope_parameters, in float32: 1 / base^(arange(0, dim, 2) / dim)."""
-    return (1.0 / (np.float32(base) ** (np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim))
+    return (np.float32(1.0) / torch_power(base, np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim)
             ).astype(np.float32)
 
 
 def hf_llama3(inv_freq, factor, low_freq_factor, high_freq_factor, old_context_len):
-    """HF's _compute_llama3_parameters after the default frequencies (numpy float32, same order)."""
+    """HF's _compute_llama3_parameters after the default frequencies (numpy float32, same order). A
+    number divided by a torch tensor is the tensor's reciprocal times the number (Tensor.__rtruediv__),
+    which rounds otherwise than numpy's division: written out so here."""
     inv_freq = np.asarray(inv_freq, np.float32)
     low_freq_wavelen = old_context_len / low_freq_factor
     high_freq_wavelen = old_context_len / high_freq_factor
-    wavelen = 2 * math.pi / inv_freq
+    rtruediv = lambda number, tensor: (np.float32(1) / tensor).astype(np.float32) * np.float32(number)
+    wavelen = rtruediv(2 * math.pi, inv_freq)
     inv_freq_llama = np.where(wavelen > low_freq_wavelen, inv_freq / factor, inv_freq)
-    smooth_factor = (old_context_len / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)
+    smooth_factor = (rtruediv(old_context_len, wavelen) - low_freq_factor) / (high_freq_factor - low_freq_factor)
     smoothed_inv_freq = (1 - smooth_factor) * inv_freq_llama / factor + smooth_factor * inv_freq_llama
     is_medium_freq = ~(wavelen < high_freq_wavelen) * ~(wavelen > low_freq_wavelen)
     return np.where(is_medium_freq, smoothed_inv_freq, inv_freq_llama), wavelen
@@ -83,20 +70,7 @@ def hf_longrope(dim, base, short_factor, long_factor, factor, original, seq_len,
         attention_factor = 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(original))
     ext = np.array(long_factor if seq_len and seq_len > original else short_factor, np.float32)
     shape = np.arange(0, dim, 2, dtype=np.int64).astype(np.float32) / dim
-    return (1.0 / (ext * np.float32(base) ** shape)).astype(np.float32), attention_factor
-
-
-def numpy_rope(x_TxHxK, positions_T, inv_freq, mscale=1.0):
-    """HF's apply_rotary_pos_emb (rotate half) at explicit positions, float64; features beyond
-    2 * len(inv_freq) pass unrotated (partial rotary)."""
-    x = np.asarray(x_TxHxK, np.float64)
-    r = 2 * len(inv_freq)
-    angles = np.asarray(positions_T, np.float64)[:, None] * np.asarray(inv_freq, np.float64)[None]
-    emb = np.concatenate([angles, angles], -1)[:, None, :]
-    cos, sin = np.cos(emb) * mscale, np.sin(emb) * mscale
-    rot = x[..., :r]
-    half = np.concatenate([-rot[..., r // 2:], rot[..., :r // 2]], -1)
-    return np.concatenate([rot * cos + half * sin, x[..., r:]], -1)
+    return (np.float32(1.0) / (ext * torch_power(base, shape))).astype(np.float32), attention_factor
 
 
 def self_extend_reference(q_TxHxK, k_TxHxK, positions_T, inv_freq, group, window, mscale=1.0):
@@ -117,11 +91,6 @@ def self_extend_reference(q_TxHxK, k_TxHxK, positions_T, inv_freq, group, window
     return np.where(neighbor_mask.astype(bool), neighbor, grouped)
 
 
-def logits_through_hooks(scheme, q, k, pos):
-    qr, kr = scheme.rotate(q, k, pos, pos)
-    return tile_logits(qr, kr, pos, pos, scheme)
-
-
 # --- Llama 3 -------------------------------------------------------------------------------------------
 
 LLAMA3_CASES = [  # (rotary dim, base, factor, low, high, original length)
@@ -130,6 +99,7 @@ LLAMA3_CASES = [  # (rotary dim, base, factor, low, high, original length)
     (16, 10000.0, 4.0, 1.0, 4.0, 64),        # small: every regime at d = 16
     (32, 10000.0, 2.0, 2.0, 8.0, 256),
     (128, 500000.0, 6.0, 1.5, 5.0, 8192),    # divisors that are not powers of 2
+    (32, 10000.0, 16.0, 1.0, 4.0, 64),       # 2 pi / theta_3 rounds otherwise than torch's reciprocal x 2 pi
 ]
 
 
@@ -304,15 +274,6 @@ def test_self_extend_bias_tile_is_block_of_full_bias():
     assert not pallas.supports(scheme, pos, pos)  # a bias without bias_fn: the kernel refuses it
 
 
-def model(attention="dense", **options):
-    cfg = ModelConfig(**{**CFG.__dict__, "attention": attention, "attention_block": 16})
-    return DecoderLM(cfg, rope_cfg(**options), train_length=TRAIN_LENGTH, rngs=nnx.Rngs(0))
-
-
-def tokens(t, seed=0):
-    return jax.random.randint(jax.random.key(seed), (2, t), 0, CFG.vocab_size)
-
-
 def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():
     options = dict(self_extend_window=5, self_extend_group=3, yarn_scale=2.0)
     x = tokens(40)
@@ -324,7 +285,8 @@ def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():
 
 VARIANTS = [dict(llama3_factor=8.0), dict(longrope_short_factor=[1.5] * 4, longrope_long_factor=[2.0] * 4,
                                           longrope_factor=4.0, original_length=8),
-            dict(self_extend_window=3, self_extend_group=2)]
+            dict(self_extend_window=3, self_extend_group=2),
+            dict(dca_chunk_size=4, dca_local_window=1)]  # chunks of 3: intra, successive and inter in 12
 
 
 @pytest.mark.parametrize("options", VARIANTS, ids=lambda o: ",".join(o))
