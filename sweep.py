@@ -3,6 +3,12 @@
 
 Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
 interrupted ones resume; the plot and table go to WORKDIR/report.
+
+--table: instead of a grid, every registered scheme and the notable options (experiment/scheme_table.py),
+perplexity and passkey retrieval at each length, then one table and heat map in --out (default
+WORKDIR/report); --schemes then names the runs to train and evaluate this time (default: all):
+
+    python sweep.py --config configs/passkey.py --table --workdir runs/all_schemes --out results/all_schemes
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -16,6 +22,7 @@ from ml_collections import config_flags
 
 from experiment.cli import check_scheme_options, define_numbers, parse_flags, run_cleanly
 from experiment.pipeline import run_config, sweep
+from experiment.scheme_table import build as build_table
 from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
@@ -24,6 +31,9 @@ define_numbers("train_lengths", None, "training lengths (default: the config's t
                domain=at_least(1), example="--train_lengths=64,128")
 flags.DEFINE_string("workdir", None, "root folder; one sub-folder per run")
 flags.DEFINE_multi_string("grid", [], "KEY=v1,v2: also sweep this config key (repeatable), e.g. train.steps=25,100")
+flags.DEFINE_boolean("table", False, "train and evaluate every registered scheme and the notable options "
+                     "(experiment/scheme_table.py) and write one table of them")
+flags.DEFINE_string("out", None, "--table: the report's folder (default: WORKDIR/report)")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -32,6 +42,16 @@ def main(argv):
     del argv
 
     def go():
+        if FLAGS.table:
+            if FLAGS.train_lengths or FLAGS.grid:
+                raise ValueError("--table trains every scheme at the config's train.seq_len; drop --train_lengths "
+                                 "and --grid")
+            paths = build_table(FLAGS.config, FLAGS.workdir, FLAGS.out, FLAGS.schemes)
+            print(f"table: {paths['md']}, {paths['png']}, {paths['json']}")
+            if paths["failed"]:
+                raise ValueError(f"{len(paths['failed'])} run(s) failed (their cells say so; see the log above): "
+                                 + "; ".join(f"{k}: {v}" for k, v in paths["failed"].items()))
+            return
         schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
         check_scheme_options(sys.argv, [run_config(FLAGS.config, s, None).posenc for s in schemes])
         bad = [g for g in FLAGS.grid if "=" not in g]

@@ -1,0 +1,256 @@
+"""The table of every scheme (issue #23, results/all_schemes/): one row per scheme or option, with its
+family and citation, perplexity at L, perplexity ratio to L and passkey accuracy at each evaluation
+length, sorted by perplexity at the longest length; a heat map of the same numbers; and the numbers
+as JSON.
+
+Input: a table root as experiment/scheme_table.py leaves it: ROOT/rows.json (the manifest: the
+protocol, and per row its run folder, family, citation, the eval-time overrides it takes at each
+length and why a length cannot be evaluated) and the runs' records (eval/extrapolation.json,
+eval/passkey.json). A row reads, at each length, only the records with exactly its overrides, so the
+rope run's extensions (each with its own factor per length) are rows of their own. Nothing here scores.
+"""
+from __future__ import annotations
+
+import json
+import pathlib
+
+import numpy as np
+from matplotlib.colors import LogNorm, Normalize
+
+from experiment import records
+from experiment.report import plots
+from experiment.run import RunDir
+
+MANIFEST = "rows.json"
+TIMINGS = "timings.json"
+NOT_YET = "not evaluated yet"
+
+
+def read_manifest(root: str | pathlib.Path) -> dict:
+    path = pathlib.Path(root) / MANIFEST
+    if not path.exists():
+        raise FileNotFoundError(f"{path} not found: a table root is made by "
+                                f"python sweep.py --config configs/passkey.py --table --workdir {root}")
+    return json.loads(path.read_text())
+
+
+def _overrides_json(overrides: dict) -> str:
+    return json.dumps(overrides or {}, sort_keys=True)
+
+
+def _perplexities(recs: list[dict], row: dict, protocol: dict) -> dict[int, dict]:
+    """{length: the record of this row's overrides at that length} (nonoverlapping, the protocol's split
+    and token count)."""
+    out = {}
+    for length in protocol["lengths"]:
+        wanted = records.record_key({"split": protocol["split"], "eval_length": length, "stride": length,
+                                     "max_tokens": protocol.get("max_tokens", 0),
+                                     "overrides": row["overrides"].get(str(length), {})})
+        found = [r for r in recs if records.record_key(r) == wanted]
+        if found:
+            out[length] = found[0]
+    return out
+
+
+def _passkey(recs: list[dict], row: dict, protocol: dict) -> dict[int, float]:
+    """{length: exact-match accuracy over every depth (count-weighted)}, where every depth is there."""
+    out = {}
+    depths = {float(d) for d in protocol["passkey"]["depths"]}
+    for length in protocol["lengths"]:
+        wanted = _overrides_json(row["overrides"].get(str(length), {}))
+        cell = [r for r in recs if int(r["eval_length"]) == length and _overrides_json(r.get("overrides")) == wanted
+                and int(r.get("digits", 4)) == protocol["passkey"]["digits"]]
+        if cell and {float(r["depth"]) for r in cell} >= depths:
+            out[length] = sum(r["accuracy"] * r["count"] for r in cell) / sum(r["count"] for r in cell)
+    return out
+
+
+def collect(root: str | pathlib.Path) -> dict:
+    """{protocol, rows}: each manifest row with `ppl`, `ratio` (to its own perplexity at L), `passkey`
+    ({length: value}), `missing` ({length: why}) and `step`, sorted by perplexity at the longest
+    length (rows without one last, by name), then ranked."""
+    root = pathlib.Path(root)
+    manifest = read_manifest(root)
+    protocol, lengths = manifest["protocol"], manifest["protocol"]["lengths"]
+    cache: dict[str, tuple[list[dict], list[dict]]] = {}
+    rows = []
+    for row in manifest["rows"]:
+        if row["run"] not in cache:
+            run = RunDir(root / row["run"])
+            cache[row["run"]] = (run.records("perplexity"), run.records("passkey"))
+        ppl_recs, passkey_recs = cache[row["run"]]
+        found = _perplexities(ppl_recs, row, protocol)
+        ppl = {length: r["ppl"] for length, r in found.items()}
+        first = ppl.get(lengths[0])
+        missing = {length: row.get("cannot", {}).get(str(length), NOT_YET) for length in lengths}
+        rows.append({**row, "ppl": ppl, "passkey": _passkey(passkey_recs, row, protocol),
+                     "ratio": {length: p / first for length, p in ppl.items()} if first else {},
+                     "missing": missing, "step": sorted({int(r["step"]) for r in found.values() if "step" in r})})
+    last = lengths[-1]
+    rows.sort(key=lambda r: (last not in r["ppl"], r["ppl"].get(last, 0.0), r["name"]))
+    for rank, row in enumerate(rows, 1):
+        row["rank"] = rank
+    return {"protocol": protocol, "rows": rows}
+
+
+# --- the table -----------------------------------------------------------------------------------
+
+def _length_name(length: int, train_length: int) -> str:
+    multiple = length / train_length
+    return f"{length} ({multiple:g}L)" if multiple != 1 else f"{length} (L)"
+
+
+def table(collected: dict, timings: dict | None = None) -> str:
+    """Markdown: the protocol, one row per scheme or option (rank, family, citation, perplexity at L
+    and at the longest length, ratio to L at each longer length, passkey accuracy at each length),
+    the cells that cannot exist with a numbered note saying why, and the rules of the options."""
+    protocol, rows = collected["protocol"], collected["rows"]
+    lengths, L = protocol["lengths"], protocol["train_length"]
+    notes: dict[str, tuple[int, str]] = {}  # row name -> (note number, why: its shortest length's reason)
+
+    def cell(value, row, length, fmt):
+        if value is not None:
+            return fmt.format(value)
+        if row["missing"][length] == NOT_YET:
+            return "–"
+        why = next(w for n in lengths if (w := row["missing"][n]) != NOT_YET and (n not in row["ppl"] or
+                                                                                  n not in row["passkey"]))
+        return f"n/a [{notes.setdefault(row['name'], (len(notes) + 1, why))[0]}]"
+
+    header = (["#", "scheme", "family", "citation", f"ppl {lengths[0]}", f"ppl {lengths[-1]}"]
+              + [f"ratio {_length_name(n, L)}" for n in lengths[1:]]
+              + [f"passkey {_length_name(n, L)}" for n in lengths])
+    lines = ["| " + " | ".join(header) + " |", "|---:|---|---|---|" + "---:|" * (len(header) - 4)]
+    for row in rows:
+        cells = [str(row["rank"]), row["name"], row["family"], row["citation"],
+                 cell(row["ppl"].get(lengths[0]), row, lengths[0], "{:.2f}"),
+                 cell(row["ppl"].get(lengths[-1]), row, lengths[-1], "{:.2f}")]
+        cells += [cell(row["ratio"].get(n), row, n, "{:.2f}") for n in lengths[1:]]
+        cells += [cell(row["passkey"].get(n), row, n, "{:.2f}") for n in lengths]
+        lines.append("| " + " | ".join(cells) + " |")
+    out = [f"# Every scheme: perplexity and passkey retrieval from L to {lengths[-1] // L}L", "",
+           protocol.get("description", ""), "",
+           f"Sorted by perplexity at {lengths[-1]} ({lengths[-1] // L}L). `ratio`: perplexity at that length "
+           f"over the row's own perplexity at L = {L}. `passkey`: exact-match accuracy, mean over depths "
+           f"{', '.join(f'{d:g}' for d in protocol['passkey']['depths'])} ({protocol['passkey']['per_cell']} keys "
+           f"each; chance {10.0 ** -protocol['passkey']['digits']:.0e}). –: not evaluated (yet).", "", *lines, ""]
+    if notes:
+        out += ["Cells that cannot exist:", ""] + [f"[{n}] {name}: {why}" for name, (n, why) in notes.items()] + [""]
+    rules = [row for row in rows if row.get("rule")]
+    if rules:
+        out += ["Options of the rows (training runs' settings, or eval-time settings per length):", ""]
+        out += [f"- {row['name']}: {row['rule']}" for row in sorted(rules, key=lambda r: r["name"])] + [""]
+    if timings:
+        out += timings_table(timings)
+    return "\n".join(out)
+
+
+def timings_table(timings: dict) -> list[str]:
+    """Markdown lines: per training run, wall and CPU seconds of training and of its evaluations."""
+    def minutes(seconds):
+        return f"{seconds / 60:.1f}" if seconds else "–"
+    lines = ["Time per run (minutes; CPU = process CPU time, all threads; summed over resumptions):", "",
+             "| run | train wall | train CPU | eval wall | eval CPU |", "|---|---:|---:|---:|---:|"]
+    for name, t in sorted(timings.items()):
+        lines.append(f"| {name} | {minutes(t.get('train_wall_s'))} | {minutes(t.get('train_cpu_s'))} | "
+                     f"{minutes(t.get('eval_wall_s'))} | {minutes(t.get('eval_cpu_s'))} |")
+    totals = {k: sum(t.get(k, 0.0) for t in timings.values()) for k in
+              ("train_wall_s", "train_cpu_s", "eval_wall_s", "eval_cpu_s")}
+    lines.append(f"| **all** | {minutes(totals['train_wall_s'])} | {minutes(totals['train_cpu_s'])} | "
+                 f"{minutes(totals['eval_wall_s'])} | {minutes(totals['eval_cpu_s'])} |")
+    return lines + [""]
+
+
+# --- the heat map -------------------------------------------------------------------------------
+
+def _text_color(cmap, norm, value) -> str:
+    r, g, b, _ = cmap(norm(value))
+    return "black" if 0.299 * r + 0.587 * g + 0.114 * b > 0.5 else "white"
+
+
+def _panel(ax, values: np.ndarray, cmap, norm, reasons: list[list[str]], fmt: str, columns: list[str]):
+    """One heat map: values written in their cells; a missing cell is gray with 'n/a' (cannot) or '–'."""
+    ax.imshow(np.ma.masked_invalid(values), cmap=cmap, norm=norm, aspect="auto", interpolation="nearest")
+    ax.set_facecolor("#dddddd")
+    for y in range(values.shape[0]):
+        for x in range(values.shape[1]):
+            v = values[y, x]
+            if np.isnan(v):
+                ax.text(x, y, "–" if reasons[y][x] == NOT_YET else "n/a", ha="center", va="center",
+                        fontsize=7, color="#555555")
+            else:
+                ax.text(x, y, fmt.format(v), ha="center", va="center", fontsize=7,
+                        color=_text_color(cmap, norm, v))
+    ax.set_xticks(range(len(columns)), columns, fontsize=8)
+    ax.xaxis.tick_top()
+    ax.tick_params(axis="x", length=0)
+    ax.set_xticks(np.arange(-0.5, len(columns)), minor=True)
+    ax.set_yticks(np.arange(-0.5, values.shape[0]), minor=True)
+    ax.grid(which="minor", color="white", lw=0.8)
+    ax.tick_params(which="minor", length=0)
+
+
+def figure(collected: dict):
+    """Three heat maps sharing the rows (the table's order): perplexity at L, the ratio to L at each
+    longer length (log colour scale, green = no worse than at L), and passkey accuracy at each length."""
+    import matplotlib
+    protocol, rows = collected["protocol"], collected["rows"]
+    lengths, L = protocol["lengths"], protocol["train_length"]
+    n = max(1, len(rows))
+    first = np.array([[r["ppl"].get(lengths[0], np.nan)] for r in rows] or [[np.nan]])
+    ratio = np.array([[r["ratio"].get(x, np.nan) for x in lengths[1:]] for r in rows] or [[np.nan] * (len(lengths) - 1)])
+    passkey = np.array([[r["passkey"].get(x, np.nan) for x in lengths] for r in rows] or [[np.nan] * len(lengths)])
+    reasons = [[r["missing"][x] for x in lengths] for r in rows] or [[NOT_YET] * len(lengths)]
+
+    fig = plots.figure((13, 1.9 + 0.24 * n))
+    grid = fig.add_gridspec(1, 3, width_ratios=[1.1, len(lengths) - 1, len(lengths)], wspace=0.05)
+    axes = [fig.add_subplot(grid[0, i]) for i in range(3)]
+    finite = first[np.isfinite(first)]
+    ppl_norm = LogNorm(vmin=max(1.0, finite.min()) if finite.size else 1.0,
+                       vmax=max(finite.max(), finite.min() * 1.01) if finite.size else 10.0)
+    worst = np.nanmax(ratio) if np.isfinite(ratio).any() else 2.0
+    ratio_norm = LogNorm(vmin=1 / 1.5, vmax=max(2.0, worst))
+    cmaps = [matplotlib.colormaps["Blues"], matplotlib.colormaps["RdYlGn_r"], matplotlib.colormaps["RdYlGn"]]
+    names = [f"{x}\n({x / L:g}L)" if x != L else f"{x}\n(L)" for x in lengths]
+    _panel(axes[0], first, cmaps[0], ppl_norm, [[r[0]] for r in reasons], "{:.2f}", [names[0]])
+    _panel(axes[1], ratio, cmaps[1], ratio_norm, [r[1:] for r in reasons], "{:.2f}", names[1:])
+    _panel(axes[2], passkey, cmaps[2], Normalize(0.0, 1.0), reasons, "{:.2f}", names)
+    labels = [f"{r['rank']}. {r['name']}  [{r['family']}]" for r in rows] or [""]
+    axes[0].set_yticks(range(len(labels)), labels, fontsize=8)
+    for ax in axes[1:]:
+        ax.set_yticks(range(len(labels)), [""] * len(labels))
+        ax.tick_params(axis="y", length=0)
+    titles = [f"perplexity\nat L = {L}", f"perplexity / perplexity at L\n(log colour; green: no worse than at L)",
+              "passkey accuracy (exact match,\nmean over depths)"]
+    for ax, text in zip(axes, titles):
+        ax.set_xlabel(text, fontsize=9)
+    fig.suptitle(f"Every scheme trained at L = {L}, evaluated at {', '.join(map(str, lengths))} "
+                 f"(rows sorted by perplexity at {lengths[-1]})", fontsize=10)
+    return fig
+
+
+# --- writing -------------------------------------------------------------------------------------
+
+def as_json(collected: dict, timings: dict | None = None) -> dict:
+    """The numbers the table comes from, lengths as strings (JSON object keys)."""
+    keep = ("rank", "name", "run", "scheme", "family", "citation", "rule", "overrides", "step")
+    rows = [{**{k: row.get(k) for k in keep},
+             **{field: {str(k): v for k, v in row[field].items()} for field in ("ppl", "ratio", "passkey")},
+             "missing": {str(k): why for k, why in row["missing"].items()
+                         if k not in row["ppl"] or k not in row["passkey"]}}
+            for row in collected["rows"]]
+    return {"protocol": collected["protocol"], "rows": rows, "timings": timings or {}}
+
+
+def write(root: str | pathlib.Path, out: str | pathlib.Path) -> dict:
+    """OUT/all_schemes.md, OUT/all_schemes.png and OUT/all_schemes.json from the table root ROOT."""
+    root, out = pathlib.Path(root), pathlib.Path(out)
+    collected = collect(root)
+    timings_path = root / TIMINGS
+    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
+    out.mkdir(parents=True, exist_ok=True)
+    paths = {"md": out / "all_schemes.md", "png": out / "all_schemes.png", "json": out / "all_schemes.json"}
+    paths["md"].write_text(table(collected, timings))
+    figure(collected).savefig(paths["png"], dpi=plots.DPI, bbox_inches="tight")  # long row labels kept whole
+    paths["json"].write_text(json.dumps(as_json(collected, timings), indent=1))
+    return {k: str(v) for k, v in paths.items()}

@@ -1,0 +1,81 @@
+"""The table of every scheme from synthetic records: each row reads only its own overrides at each
+length, rows sort by perplexity at the longest length, cells a scheme cannot have say why, and
+unevaluated rows show as such (experiment/report/schemes.py)."""
+import json
+import pathlib
+
+from experiment.report import schemes
+from experiment.run import RunDir
+
+LENGTHS = [64, 128, 256]
+PROTOCOL = {"train_length": 64, "lengths": LENGTHS, "split": "valid", "max_tokens": 0, "steps": 10,
+            "batch_size": 4, "description": "synthetic",
+            "passkey": {"depths": [0.0, 1.0], "per_cell": 2, "seed": 1, "digits": 4}}
+
+
+def ppl_record(length, ppl, overrides=None):
+    r = {"scheme": "x", "train_length": 64, "step": 10, "eval_length": length, "stride": length, "split": "valid",
+         "max_tokens": 0, "tokens": 1000, "nll": 0.0, "ppl": ppl}
+    return {**r, "overrides": overrides} if overrides else r
+
+
+def passkey_records(length, accuracies, overrides=None):
+    """One record per depth (0 and 1), 2 keys each."""
+    out = []
+    for depth, acc in zip((0.0, 1.0), accuracies):
+        r = {"task": "passkey", "eval_length": length, "depth": depth, "digits": 4, "accuracy": acc, "count": 2,
+             "step": 10}
+        out.append({**r, "overrides": overrides} if overrides else r)
+    return out
+
+
+def write_run(root: pathlib.Path, name: str, ppl: list[dict], passkey: list[dict]) -> None:
+    run = RunDir(root / name)
+    run.eval_dir.mkdir(parents=True)
+    run.records_path("perplexity").write_text(json.dumps(ppl))
+    run.records_path("passkey").write_text(json.dumps(passkey))
+
+
+def row(name, run, family, overrides=None, cannot=None):
+    return {"name": name, "run": run, "scheme": run, "family": family, "citation": f"{name} et al.", "rule": "",
+            "overrides": {str(n): (overrides or {}).get(n, {}) for n in LENGTHS}, "cannot": cannot or {}}
+
+
+def test_the_table_sorts_reads_each_rows_overrides_and_says_why_a_cell_is_empty(tmp_path):
+    yarn = {n: {"posenc.rope.yarn_scale": f"{n // 64}"} for n in LENGTHS}
+    write_run(tmp_path, "alibi", [ppl_record(64, 5.0), ppl_record(128, 5.0), ppl_record(256, 5.1)],
+              passkey_records(64, (1, 1)) + passkey_records(128, (0.5, 1)) + passkey_records(256, (0, 0.5)))
+    write_run(tmp_path, "rope",
+              [ppl_record(64, 4.0), ppl_record(128, 6.0), ppl_record(256, 9.0)]
+              + [ppl_record(n, p, yarn[n]) for n, p in zip(LENGTHS, (4.4, 4.8, 5.5))]
+              + [ppl_record(256, 99.0, {"posenc.rope.yarn_scale": "8"})],  # another factor: not the row's
+              passkey_records(64, (1, 1)) + [passkey_records(128, (0, 0))[0]]  # 128: one depth of two only
+              + passkey_records(64, (0.5, 0.5), yarn[64]))
+    write_run(tmp_path, "learned", [ppl_record(64, 3.0)], passkey_records(64, (1, 0)))
+    why = "positional scheme 'learned' has a table of 64 positions but length 128 was requested"
+    manifest = {"protocol": PROTOCOL, "rows": [
+        row("alibi", "alibi", "relative"), row("rope", "rope", "relative"),
+        row("rope + YaRN", "rope", "relative", overrides=yarn),
+        row("learned", "learned", "absolute", cannot={"128": why, "256": why}),
+        row("fox", "fox", "data-dependent")]}  # never evaluated: no run folder at all
+    (tmp_path / schemes.MANIFEST).write_text(json.dumps(manifest))
+
+    paths = schemes.write(tmp_path, tmp_path / "out")
+    data = json.loads(pathlib.Path(paths["json"]).read_text())
+    by_name = {r["name"]: r for r in data["rows"]}
+    assert [r["name"] for r in data["rows"]] == ["alibi", "rope + YaRN", "rope", "fox", "learned"]
+    assert by_name["rope + YaRN"]["ppl"] == {"64": 4.4, "128": 4.8, "256": 5.5}
+    assert abs(by_name["rope + YaRN"]["ratio"]["256"] - 5.5 / 4.4) < 1e-12
+    assert by_name["rope + YaRN"]["passkey"] == {"64": 0.5}
+    assert by_name["rope"]["passkey"] == {"64": 1.0}  # 128 lacks a depth: no cell
+    assert by_name["alibi"]["passkey"] == {"64": 1.0, "128": 0.75, "256": 0.25}
+    assert by_name["learned"]["missing"] == {"128": why, "256": why}
+    assert by_name["fox"]["ppl"] == {} and by_name["fox"]["missing"]["64"] == schemes.NOT_YET
+
+    text = pathlib.Path(paths["md"]).read_text()
+    lines = {line.split(" | ")[1]: line for line in text.splitlines() if line.startswith("| ") and " | " in line}
+    assert lines["learned"].startswith("| 5 | learned | absolute | learned et al. | 3.00 | n/a [1] |")
+    assert f"[1] learned: {why}" in text
+    assert lines["fox"].count("| – ") == 2 + 2 + 3  # ppl at L and 16L, 2 ratios, 3 passkey cells
+    assert "| 2 | rope + YaRN | relative | rope + YaRN et al. | 4.40 | 5.50 | 1.09 | 1.25 | 0.50 |" in text
+    assert pathlib.Path(paths["png"]).stat().st_size > 10_000

@@ -1,0 +1,76 @@
+"""The table of every scheme (experiment/scheme_table.py): its rows cover the registry, each option's
+factor follows its stated rule at every length, and a second call redoes nothing (slow: trains)."""
+import json
+
+import pytest
+
+import posenc
+from experiment import scheme_table
+from experiment.evals.passkey import PasskeySpec
+from experiment.pipeline import run_config
+from experiment.report import schemes as report
+from tests.conftest import tiny_config
+
+LENGTHS = (64, 128, 256, 512, 1024)
+
+
+def test_rows_cover_every_registered_scheme_and_the_options_follow_their_rules():
+    rows = scheme_table.rows()
+    assert len({r.name for r in rows}) == len(rows)
+    assert set(posenc.names()) <= {r.run for r in rows}
+    assert {"logn_alibi", "randomized_alibi", "rope_p0.75"} <= {r.run for r in rows}
+    options = {r.name: r for r in rows if r.overrides}
+    assert sorted(options) == sorted(f"rope + {name}" for name, *_ in scheme_table.EXTENSIONS)
+    assert all(r.run == "rope" for r in options.values())  # evaluated on the one rope run
+    at = {name: [r.overrides_at(n, 64) for n in LENGTHS] for name, r in options.items()}
+    assert [o["posenc.rope.pi_factor"] for o in at["rope + PI"]] == ["1", "0.5", "0.25", "0.125", "0.0625"]
+    assert [o["posenc.rope.yarn_scale"] for o in at["rope + YaRN"]] == ["1", "2", "4", "8", "16"]
+    groups = [int(o["posenc.rope.self_extend_group"]) for o in at["rope + Self-Extend"]]
+    assert groups == [1, 3, 7, 15, 31]
+    for n, g in zip(LENGTHS, groups):  # the largest grouped relative position stays within L
+        assert 32 + (n - 32) / g <= 64 and (g == 1 or 32 + (n - 32) / (g - 1) > 64)
+    assert all(o == {"model.attention_sinks": "10"} for o in at["rope + LM-Infinite"])
+
+    base = tiny_config("alibi")
+    base.train.seq_len = 64
+    described = {}
+    for r in rows:
+        config = run_config(base, r.scheme, None, dict(r.settings))
+        entry = scheme_table.describe_row(r, config)
+        described[entry["name"]] = entry
+    assert described["logn [alibi]"]["family"] == "wrapper of relative"
+    assert described["dape [kerple_log]"]["citation"] == "Zheng et al. 2024; base: Chi et al. 2022"
+    assert described["rope + YaRN"]["citation"] == "Su et al. 2021; YaRN: Peng et al. 2023"
+    assert described["rope + PI"]["overrides"]["128"] == {"posenc.rope.pi_factor": "0.5"}
+    assert described["fox"]["family"] == posenc.get("fox").family
+
+
+@pytest.mark.slow
+def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot_be(tmp_path, monkeypatch):
+    data = tmp_path / "data"
+    data.mkdir()
+    for split in ("train", "valid"):
+        (data / f"{split}.txt").write_text("the grass is green. the sky is blue. here we go.\n" * 100)
+    base = tiny_config("alibi")
+    base.data.update(dict(source="local", path=str(data), passkey_fraction=0.5))
+    base.train.update(dict(seq_len=32, steps=2))
+    spec = PasskeySpec(depths=(0.0, 1.0), per_cell=2)
+    paths = scheme_table.build(base, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
+    assert paths["failed"] == {}
+    rows = {r["name"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
+    assert set(rows["alibi"]["ppl"]) == set(rows["alibi"]["passkey"]) == {"32", "64"}
+    assert set(rows["learned"]["ppl"]) == {"32"} and "table of 32 positions" in rows["learned"]["missing"]["64"]
+    for name, *_ in scheme_table.EXTENSIONS:  # each option evaluated with its own overrides
+        assert set(rows[f"rope + {name}"]["ppl"]) == {"32", "64"}, name
+    assert rows["rope + PI"]["ppl"]["64"] != rows["rope"]["ppl"]["64"]
+    assert rows["fox"]["missing"]["32"] == report.NOT_YET  # not run this time
+    timings = json.loads((tmp_path / "runs" / report.TIMINGS).read_text())
+    assert set(timings) == {"alibi", "learned", "rope"} and timings["rope"]["train_wall_s"] > 0
+
+    def refuse(*args, **kwargs):
+        raise AssertionError("redone")
+    for name in ("train", "evaluate", "evaluate_passkey"):
+        monkeypatch.setattr(scheme_table, name, refuse)
+    again = scheme_table.build(base, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
+    assert again["failed"] == {} and json.loads(open(again["json"]).read())["rows"] == list(
+        json.loads(open(paths["json"]).read())["rows"])
