@@ -21,7 +21,7 @@ import time
 from collections.abc import Mapping
 
 import tensorboardX
-from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 
 FILE_VERSION = "brain.Event:2"
@@ -76,6 +76,16 @@ class EventWriter:
                                  for tag, value in values.items()])
         self._write(Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step),
                           summary=summary))
+
+    def restart(self, step: int, wall_time: float | None = None) -> None:
+        """Mark a resumed run: TensorBoard drops every event of step >= `step` that files read before
+        this one hold (SessionLog START, as TensorFlow's supervisor wrote; tensorboardX's
+        `purge_step`), so steps logged after a checkpoint and abandoned when training resumed from
+        it show once, with the values of the resumed run. TensorBoard's Python reader honours it for
+        every tag; its Rust data server (`--load_fast`) instead drops a tag's later steps when the
+        tag is written again at an earlier step, which a resumed run does."""
+        self._write(Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step),
+                          session_log=SessionLog(status=SessionLog.START)))
 
     def flush(self) -> None:
         """Push what was written to disk (every write already does; kept for callers that ask)."""
