@@ -13,7 +13,9 @@ token streams, checkpoints, metrics and evaluation records.
     WORKDIR/init_from.json       the run this one started from, if any
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
-The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies.
+The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies. Every file
+read here is checked before use (experiment/run_files.py, records.py): a damaged one is refused by
+name, with what is wrong and the command that repairs it.
 """
 from __future__ import annotations
 
@@ -22,6 +24,7 @@ import gc
 import json
 import logging
 import pathlib
+import shlex
 import shutil
 import sys
 from typing import Callable
@@ -29,7 +32,8 @@ from typing import Callable
 import numpy as np
 
 import corpora
-from experiment import checkpoints, config as config_lib, lock, records
+import posenc
+from experiment import checkpoints, config as config_lib, lock, records, run_files
 from experiment.runtime import distributed
 
 log = logging.getLogger(__name__)
@@ -120,16 +124,41 @@ class RunDir:
 
     # --- config ------------------------------------------------------------------------------
     def load_config(self) -> config_lib.Config:
-        """The run's config (read once per RunDir; the one this object saved, if it saved one)."""
+        """The run's config (read once per RunDir; the one this object saved, if it saved one),
+        checked: a damaged config.json is refused by name (`config_damaged`)."""
         if self._config is None:
             self.require_run()
-            self._config = config_lib.load_config(self.config_path)
+            self.saved_config()
+            try:
+                config = config_lib.load_config(self.config_path)
+                posenc.get(config.posenc.name)
+            except (ValueError, TypeError) as e:
+                raise self.config_damaged(_first_line(e)) from None
+            self._config = config
         return self._config
+
+    def saved_config(self) -> dict:
+        """config.json as saved: a JSON object with a data, model, train and posenc section whose
+        values have their defaults' types; else RunError (`config_damaged`)."""
+        try:
+            saved = json.loads(self.config_path.read_text())
+        except (ValueError, OSError) as e:
+            raise self.config_damaged(_first_line(e)) from None
+        problem = run_files.config_problem(saved)
+        if problem:
+            raise self.config_damaged(problem)
+        return saved
+
+    def config_damaged(self, problem: str) -> RunError:
+        return RunError(f"{self.config_path} is damaged ({problem}); it is the config this run was trained with "
+                        f"and no other file holds it: restore it from a copy, or train again in a new folder "
+                        f"(python train.py --config CONFIG --workdir NEW_FOLDER)")
 
     def check_config(self, config) -> None:
         """An existing run must have been made with `config` (up to RESUMABLE_KEYS)."""
         if not self.exists():
             return
+        self.saved_config()
         diffs = config_lib.config_differences(config_lib.read_saved_config(self.config_path), config.to_dict())
         if diffs:
             raise RunError(f"{self.path} holds a run with a different config ({'; '.join(diffs)}); "
@@ -243,13 +272,19 @@ class RunDir:
         """Drop metrics logged after the checkpoint we resume from, so the log has each step once."""
         if not self.metrics_path.exists():
             return
-        kept = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                if line.strip() and json.loads(line)["step"] <= last_step:
-                    kept.append(line)
-            except (ValueError, KeyError):  # a line cut short by a crash
+        kept, damaged = [], []
+        lines = self.metrics_path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
+            step = run_files.metrics_step(line)
+            if step is None:
+                if line.strip() and number < len(lines):  # the last line may be cut short by a crash
+                    damaged.append(number)
                 continue
+            if step <= last_step:
+                kept.append(line)
+        if damaged:
+            log.warning("%s: dropped %d damaged line(s) (not a JSON object with an integer step: line %s)",
+                        self.metrics_path, len(damaged), ", ".join(map(str, damaged[:10])))
         self.metrics_path.write_text("".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
@@ -259,9 +294,17 @@ class RunDir:
         if not path.exists():
             return []
         try:
-            return json.loads(path.read_text())
-        except ValueError as e:
-            raise RunError(f"{path} is damaged ({e}); delete it and evaluate again") from e
+            data = json.loads(path.read_text())
+        except (ValueError, OSError) as e:
+            problem = _first_line(e)
+        else:
+            problem = records.problem(kind, data)
+        if problem:
+            raise RunError(f"{path} is damaged ({problem}); delete it and evaluate again: rm {'-r ' * path.is_dir()}"
+                           f"{shlex.quote(str(path))}; python eval_extrapolate.py --workdir "
+                           f"{shlex.quote(str(self.path))}" + (f" {records.record_kind(kind).flag}"
+                                                                 if records.record_kind(kind).flag else ""))
+        return data
 
     def add_records(self, kind: str, new: list[dict]) -> list[dict]:
         """Merge `new` records of one kind into its file (experiment/records.py: same key replaces;
@@ -280,8 +323,24 @@ class RunDir:
 
     # --- origin ----------------------------------------------------------------------------------
     def origin(self) -> dict | None:
-        """The run this one started from ({workdir, step, scheme, train_length}), if any."""
-        return json.loads(self.init_from_path.read_text()) if self.init_from_path.exists() else None
+        """The run this one started from ({workdir, step, scheme, train_length}), if any; a damaged
+        init_from.json is refused by name, with what to write there."""
+        path = self.init_from_path
+        if not path.exists():
+            return None
+        try:
+            origin = json.loads(path.read_text())
+        except (ValueError, OSError) as e:
+            problem = _first_line(e)
+        else:
+            problem = run_files.origin_problem(origin)
+        if problem:
+            base = self.load_config().train.init_from or "BASE_FOLDER"
+            raise RunError(f"{path} is damaged ({problem}); it names the run this one started from: write it again "
+                           f"(echo '{{\"workdir\": \"{base}\", \"step\": STEP}}' > {shlex.quote(str(path))}, "
+                           f"STEP = the base's checkpoint step it started from) or delete it (rm "
+                           f"{shlex.quote(str(path))}; the run is then shown without its origin)")
+        return origin
 
     def record_origin(self, origin: dict) -> None:
         self.init_from_path.write_text(json.dumps(origin, indent=1))
@@ -324,3 +383,4 @@ def _quiet_abandoned_reads():
 
 def _first_line(error: BaseException | None) -> str:
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""
+
