@@ -15,6 +15,7 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import shlex
 import socket
 import threading
 import time
@@ -36,12 +37,16 @@ class EventWriter:
     the writers of this process), never one that exists already. Its first event is
     `file_version = "brain.Event:2"`. Each `scalars()` call is one event, flushed to disk before it
     returns. Values are stored as float32 (simple_value): beyond its range they become +-inf, NaN
-    stays NaN. Use as a context manager, or call `close()`; writing after `close()` raises
-    ValueError.
+    stays NaN. A file where the folder belongs is refused by name (ValueError: what to delete). Use
+    as a context manager, or call `close()`; writing after `close()` raises ValueError.
     """
 
     def __init__(self, logdir: str | os.PathLike):
         self.logdir = pathlib.Path(logdir)
+        if self.logdir.exists() and not self.logdir.is_dir():
+            raise ValueError(f"{self.logdir} is damaged (a file where the folder of TensorBoard's event files "
+                             f"belongs); they only mirror metrics.jsonl and eval/: delete it (rm "
+                             f"{shlex.quote(str(self.logdir))}) and run the command again")
         self.logdir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         now = time.time()

@@ -110,6 +110,12 @@ def test_one_file_per_writer(tmp_path, monkeypatch):
     assert taken.read_bytes() == b"not ours"
 
 
+def test_a_file_where_the_folder_belongs_is_refused_by_name(tmp_path):
+    (tmp_path / "tensorboard").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"tensorboard is damaged \(a file where the folder .* delete it \(rm "):
+        tb.EventWriter(tmp_path / "tensorboard")
+
+
 def test_closed_writer(tmp_path):
     with tb.EventWriter(tmp_path) as w:
         w.flush()
