@@ -15,7 +15,7 @@ from typing import Callable, NamedTuple
 
 from matplotlib import rcParams
 from matplotlib.font_manager import FontProperties
-from matplotlib.ticker import Formatter, Locator, MaxNLocator, NullLocator, ScalarFormatter
+from matplotlib.ticker import Formatter, Locator, LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
 MIN_TICKS, TARGET, MAX_TICKS = 4, 6, 10
 MAX_GAP = 0.35  # share of the axis (in log space) that may lie between two labels
@@ -31,12 +31,14 @@ class Ticks(NamedTuple):
 
 
 def exact_label(value: float, decimals: int | None = None) -> str:
-    """The value written with as few decimals as represent it exactly (or `decimals`); plain numbers
-    up to a million, then 1e+06 style."""
+    """The value written with `decimals` decimals, or else with as few as represent it exactly:
+    plain numbers from 1e-4 to a million, 1e+06 style beyond (a power of the base or a multiple of
+    one, exact in a few digits)."""
+    if decimals is not None:
+        return f"{value:.{decimals}f}"
     if value and not 1e-4 <= abs(value) < 1e6:
         return f"{value:.6g}"
-    if decimals is None:
-        decimals = next((d for d in range(13) if abs(round(value, d) - value) <= 1e-9 * max(1.0, abs(value))), 12)
+    decimals = next((d for d in range(13) if abs(round(value, d) - value) <= 1e-9 * max(1.0, abs(value))), 12)
     return f"{value:.{decimals}f}"
 
 
@@ -122,6 +124,13 @@ class ReadableLogLocator(Locator):
 
     def tick_values(self, vmin, vmax):
         return self._ticks(vmin, vmax, None)
+
+    def nonsingular(self, vmin, vmax):
+        """Limits around a single value: +-5% (a flat curve's point), as on a linear axis; limits
+        that are not positive: as matplotlib's log axes have them."""
+        if vmin > 0 and vmax > 0:
+            return super().nonsingular(vmin, vmax)
+        return LogLocator(self.base).nonsingular(vmin, vmax)
 
     def _ticks(self, low, high, length_px):
         if not (low > 0 and high > 0 and math.isfinite(low) and math.isfinite(high)):
