@@ -2,6 +2,7 @@
 and the label that names it in legends and tables, read from its run directory (no scoring code)."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 
@@ -60,12 +61,13 @@ def distinct_names(paths: list[str | pathlib.Path]) -> list[str]:
     """The shortest end of each run directory's path that no other one ends with: 'alibi_L64', or
     'A/alibi_L64' and 'B/alibi_L64' when runs/A/alibi_L64 and runs/B/alibi_L64 are compared. The
     same directory given twice is refused (it would be drawn twice under one name)."""
-    parts = [pathlib.Path(p).resolve().parts for p in paths]
     seen = {}
-    for path, p in zip(paths, parts):
-        if p in seen:
-            raise ValueError(f"{seen[p]} and {path} are the same run directory; give each run once")
-        seen[p] = path
+    for path in paths:
+        real = pathlib.Path(path).resolve()
+        if real in seen:
+            raise ValueError(f"{seen[real]} and {path} are the same run directory; give each run once")
+        seen[real] = path
+    parts = [pathlib.Path(os.path.abspath(p)).parts for p in paths]  # as given (a link keeps its name)
     names = []
     for i, p in enumerate(parts):
         n = next(n for n in range(1, len(p) + 1) if all(q[-n:] != p[-n:] for j, q in enumerate(parts) if j != i))
