@@ -18,9 +18,12 @@ from matplotlib.font_manager import FontProperties
 from matplotlib.ticker import Formatter, Locator, LogLocator, MaxNLocator, NullLocator, ScalarFormatter
 
 MIN_TICKS, TARGET, MAX_TICKS = 4, 6, 10
-MAX_GAP = 0.35  # share of the axis (in log space) that may lie between two labels
+# share of the axis (in log space) that may lie between two labels; wider on a length axis, whose
+# values sit at powers of two, where its labels belong
+MAX_GAP = {10: 0.25, 2: 0.35}
 # multiples of each power of the base that may be labelled, coarse to fine
-MULTIPLES = {10: ((1, 3), (1, 2, 5), (1, 2, 3, 5, 7), (1, 2, 3, 4, 5, 6, 7, 8, 9)),
+MULTIPLES = {10: ((1, 3), (1, 2, 5), (1, 2, 3, 5, 7), (1, 1.5, 2, 3, 5, 7), (1, 2, 3, 4, 5, 6, 7, 8, 9),
+                  (1, 1.5, 2, 3, 4, 5, 6, 7, 8, 9)),
              2: ((1, 1.5), (1, 1.25, 1.5, 1.75))}
 STEPS = (5, 2.5, 2, 1)  # evenly spaced ticks: step = s x 10^k
 
@@ -97,7 +100,7 @@ def choose(low: float, high: float, base: int = 10, length_px: float | None = No
     overlap = {id(t): _overlap(t, low, high, length_px, extent) if length_px else 0.0 for t in options}
     fitting = [t for t in options if MIN_TICKS <= len(t.values) <= MAX_TICKS and overlap[id(t)] <= 0]
     if fitting:
-        return min(fitting, key=lambda t: (max(round(_largest_gap(t.values, low, high), 2), MAX_GAP),
+        return min(fitting, key=lambda t: (max(round(_largest_gap(t.values, low, high), 2), MAX_GAP[base]),
                                            abs(len(t.values) - TARGET), len(t.values)))
     enough = [t for t in options if len(t.values) >= MIN_TICKS] or options
     return min(enough, key=lambda t: (overlap[id(t)], len(t.values)))
@@ -107,7 +110,7 @@ def _label_extent(axis, label: str) -> float:
     """Pixels a tick label takes along its axis (its height on y, its width on x), with a gap."""
     name = "ytick.labelsize" if axis.axis_name == "y" else "xtick.labelsize"
     size_px = FontProperties(size=rcParams[name]).get_size_in_points() * axis.get_figure(root=True).dpi / 72
-    return 1.3 * size_px if axis.axis_name == "y" else (0.62 * len(label) + 0.8) * size_px
+    return 1.2 * size_px if axis.axis_name == "y" else (0.62 * len(label) + 0.8) * size_px
 
 
 class ReadableLogLocator(Locator):
