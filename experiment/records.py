@@ -1,5 +1,7 @@
 """Every kind of evaluation record, defined once: its file under WORKDIR/eval/, what identifies one
-record (evaluations merge by it, sweeps check for it, reports draw series by it) and how files merge.
+record (evaluations merge by it, sweeps check for it, reports draw series by it), the fields a
+record must have, each with its test (`problem`: run directories check a file on reading, so a
+damaged one is refused by name instead of failing deep in a report) and how files merge.
 
 Every record carries what produced it (the header, experiment/evals/common.py): `scheme`,
 `train_length`, the checkpoint `step`, `data` (dataset), `tokenizer` (the unit), and `overrides`
@@ -43,23 +45,111 @@ def attention_key(record: dict) -> tuple:
     return (record.get("split"), int(record["eval_length"]), json.dumps(record.get("overrides", {}), sort_keys=True))
 
 
+def json_type(value) -> str:
+    """A parsed JSON value's type as JSON names it ('object', 'list', 'string', ...)."""
+    return {dict: "object", list: "list", str: "string", bool: "true/false", type(None): "null"}.get(
+        type(value), "number")
+
+
+def _int(v) -> bool:
+    return isinstance(v, int) and not isinstance(v, bool)
+
+
+def _number(v) -> bool:
+    return isinstance(v, (int, float)) and not isinstance(v, bool)
+
+
+def _pairs(v, width: int) -> bool:
+    """A non-empty list of [int, int(, number)] rows (position bins, per-position losses)."""
+    return isinstance(v, list) and bool(v) and all(
+        isinstance(row, list) and len(row) == width and _int(row[0]) and _int(row[1])
+        and all(_number(x) for x in row[2:]) for row in v)
+
+
+# (test, what the value must be) of the fields reports and merges read
+POSITIVE = (lambda v: _int(v) and v >= 1, "a positive integer")
+COUNT = (lambda v: _int(v) and v >= 0, "an integer >= 0")
+PPL = (lambda v: _number(v) and not v <= 0, "a number > 0")  # inf / NaN: a diverged model, drawn as a gap
+SHARE = (lambda v: _number(v) and 0 <= v <= 1, "a number from 0 to 1")
+NUMBER = (_number, "a number")
+TEXT = (lambda v: isinstance(v, str), "a string")
+OPTIONS = (lambda v: isinstance(v, dict), "an object of option: value")
+BINS = (lambda v: _pairs(v, 2), "a list of [first, last] position bins")
+POSITION_NLL = (lambda v: _pairs(v, 3), "a list of [first, last, loss] rows")
+HEADER = {"step": COUNT, "train_length": POSITIVE, "scheme": TEXT, "tokenizer": TEXT, "overrides": OPTIONS}
+
+
+def _attention_shapes(record: dict) -> str | None:
+    """mean_distance and entropy: layers x heads x position bins of numbers."""
+    shape = (record["layers"], record["heads"], len(record["positions"]))
+    for name in ("mean_distance", "entropy"):
+        value = record[name]
+        for depth, size in enumerate(shape):
+            rows = [value]
+            for _ in range(depth):
+                rows = [x for row in rows for x in row]
+            if not all(isinstance(row, list) and len(row) == size for row in rows):
+                return f"{name} is not layers x heads x position bins = {' x '.join(map(str, shape))}"
+        if not all(_number(x) for layer in value for head in layer for x in head):
+            return f"{name} holds a value that is not a number"
+    return None
+
+
 @dataclasses.dataclass(frozen=True)
 class Kind:
-    """A kind of evaluation record: its file under WORKDIR/eval/ and the key a newer record replaces by."""
+    """A kind of evaluation record: its file under WORKDIR/eval/, the key a newer record replaces by,
+    the fields every record must have and those it may have (each with its test), a check of the
+    record as a whole, and the eval_extrapolate.py flag that writes it."""
     name: str
     file: str
     key: Callable[[dict], tuple]
+    required: dict
+    optional: dict
+    whole: Callable[[dict], str | None] = lambda record: None
+    flag: str = ""
 
 
-KINDS = {kind.name: kind for kind in (Kind("perplexity", "extrapolation.json", record_key),
-                                      Kind("passkey", "passkey.json", passkey_key),
-                                      Kind("attention", "attention.json", attention_key))}
+KINDS = {kind.name: kind for kind in (
+    Kind("perplexity", "extrapolation.json", record_key,
+         {"eval_length": POSITIVE, "stride": POSITIVE, "tokens": COUNT, "ppl": PPL},
+         {**HEADER, "split": TEXT, "max_tokens": COUNT, "nll": NUMBER, "words": COUNT, "word_ppl": PPL,
+          "position_nll": POSITION_NLL}),
+    Kind("passkey", "passkey.json", passkey_key,
+         {"eval_length": POSITIVE, "depth": SHARE, "accuracy": SHARE, "count": POSITIVE},
+         {**HEADER, "digits": POSITIVE, "token_accuracy": SHARE, "chance": SHARE, "passkey_fraction": SHARE},
+         flag="--passkey"),
+    Kind("attention", "attention.json", attention_key,
+         {"eval_length": POSITIVE, "layers": POSITIVE, "heads": POSITIVE, "positions": BINS,
+          "mean_distance": (lambda v: isinstance(v, list), "a list"), "entropy": (lambda v: isinstance(v, list), "a list")},
+         {**HEADER, "split": TEXT, "windows": POSITIVE, "block": POSITIVE}, _attention_shapes, "--attention"))}
 
 
 def record_kind(name: str) -> Kind:
     if name not in KINDS:
         raise ValueError(f"unknown record kind {name!r}; valid: {', '.join(KINDS)}")
     return KINDS[name]
+
+
+def problem(kind: str, data) -> str | None:
+    """What makes `data` (a records file's parsed JSON) not a list of records of `kind`; None if
+    nothing does. Reports and merges read these fields without checking them again."""
+    spec = record_kind(kind)
+    if not isinstance(data, list):
+        return f"it holds a JSON {json_type(data)}, not a list of records"
+    for i, record in enumerate(data):
+        if not isinstance(record, dict):
+            return f"record {i} is a JSON {json_type(record)}, not an object"
+        for name, (test, what) in {**spec.required, **spec.optional}.items():
+            if name not in record:
+                if name in spec.required:
+                    return f"record {i} has no {name!r}"
+            elif not test(record[name]):
+                shown = repr(record[name])
+                return f"record {i}: {name} = {shown if len(shown) < 60 else shown[:57] + '...'} is not {what}"
+        whole = spec.whole(record)
+        if whole:
+            return f"record {i}: {whole}"
+    return None
 
 
 def series_label(key: tuple) -> str:

@@ -17,7 +17,8 @@ token streams, checkpoints, metrics and evaluation records.
 The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies.
 
 Every file read here is checked before it is trusted: a damaged one is reported by name with the
-command that repairs it (RunError), or, for the token streams (a cache), encoded again.
+command that repairs it (RunError), or, for the token streams (a cache), encoded again
+(experiment/run_files.py, records.py).
 """
 from __future__ import annotations
 
@@ -25,13 +26,14 @@ import contextlib
 import json
 import logging
 import pathlib
+import shlex
 import shutil
 from typing import Callable
 
 import numpy as np
 
 import corpora
-from experiment import checkpoints, config as config_lib, lock, records
+from experiment import checkpoints, config as config_lib, lock, records, run_files
 from experiment.run_files import (check_meta, checked_origin, checked_stream, first_line, quiet_abandoned_reads,
                                   write_atomically)
 from experiment.runtime import distributed
@@ -136,6 +138,7 @@ class RunDir:
         checked like any config: a damaged config.json is a RunError naming it."""
         if self._config is None:
             self.require_run()
+            self._saved_config()  # its structure and the types of its values first
             try:
                 config = config_lib.load_config(self.config_path)
                 config_lib.check_domains(config)
@@ -149,9 +152,13 @@ class RunDir:
         if not self.exists():
             return None
         try:
-            return config_lib.read_saved_config(self.config_path)
+            saved = config_lib.read_saved_config(self.config_path)
         except ValueError as e:
             raise self._damaged_config(e) from None
+        problem = run_files.config_problem(saved)
+        if problem:
+            raise self._damaged_config(ValueError(problem))
+        return saved
 
     def _damaged_config(self, error: Exception) -> RunError:
         detail = first_line(error)
@@ -320,13 +327,19 @@ class RunDir:
         """Drop metrics logged after the checkpoint we resume from, so the log has each step once."""
         if not self.metrics_path.exists():
             return
-        kept = []
-        for line in self.metrics_path.read_text().splitlines():
-            try:
-                if line.strip() and json.loads(line)["step"] <= last_step:
-                    kept.append(line)
-            except (ValueError, KeyError, TypeError):  # a line cut short by a crash, or not a record
+        kept, damaged = [], []
+        lines = self.metrics_path.read_text(errors="replace").splitlines()
+        for number, line in enumerate(lines, 1):
+            step = run_files.metrics_step(line)
+            if step is None:
+                if line.strip() and number < len(lines):  # the last line may be cut short by a crash
+                    damaged.append(number)
                 continue
+            if step <= last_step:
+                kept.append(line)
+        if damaged:
+            log.warning("%s: dropped %d damaged line(s) (not a JSON object with an integer step: line %s)",
+                        self.metrics_path, len(damaged), ", ".join(map(str, damaged[:10])))
         write_atomically(self.metrics_path, "".join(line + "\n" for line in kept))
 
     # --- evaluation records ---------------------------------------------------------------------
@@ -336,9 +349,17 @@ class RunDir:
         if not path.exists():
             return []
         try:
-            return json.loads(path.read_text())
-        except ValueError as e:
-            raise RunError(f"{path} is damaged ({e}); delete it and evaluate again") from e
+            data = json.loads(path.read_text())
+        except (ValueError, OSError) as e:
+            problem = first_line(e)
+        else:
+            problem = records.problem(kind, data)
+        if problem:
+            raise RunError(f"{path} is damaged ({problem}); delete it and evaluate again: rm {'-r ' * path.is_dir()}"
+                           f"{shlex.quote(str(path))}; python eval_extrapolate.py --workdir "
+                           f"{shlex.quote(str(self.path))}" + (f" {records.record_kind(kind).flag}"
+                                                                 if records.record_kind(kind).flag else ""))
+        return data
 
     def add_records(self, kind: str, new: list[dict]) -> list[dict]:
         """Merge `new` records of one kind into its file (experiment/records.py: same key replaces;

@@ -1,16 +1,22 @@
 """The files of a run directory, as experiment/run.py reads and writes them: each written whole
 (a temporary file renamed into place, so a kill never leaves half a file), each read back only
-once its structure is checked (a ValueError saying what is wrong, which run.py turns into an error
-naming the file and the command that repairs it)."""
+once its structure is checked: config.json (its sections and the types of its values),
+init_from.json, metrics.jsonl lines, a checkpoint's meta item and the token streams; evaluation
+records are checked by experiment/records.py. A check raises a ValueError or returns what is wrong
+(None: nothing), and run.py turns that into an error naming the file and the command that repairs
+it: nothing reads a field it has not checked."""
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import gc
 import json
 import pathlib
 import sys
 
 import numpy as np
+
+from experiment import config as config_lib, records
 
 
 @contextlib.contextmanager
@@ -77,3 +83,48 @@ def first_line(error: BaseException | None) -> str:
         key = error.args[0]
         return f"no {key!r} in it" if isinstance(key, str) and key.isidentifier() else str(key)[:200]
     return (str(error).strip().splitlines() or [type(error).__name__])[0][:200] if error else ""
+
+
+_KIND = {bool: "true or false", int: "an integer", float: "a number", str: "a string", tuple: "a list"}
+
+
+def config_problem(saved) -> str | None:
+    """What makes a parsed config.json not a saved config (None: nothing found)."""
+    if not isinstance(saved, dict):
+        return f"it holds a JSON {records.json_type(saved)}, not an object"
+    missing = [name for name in ("data", "model", "train", "posenc") if not isinstance(saved.get(name), dict)]
+    if missing:
+        return f"no {', '.join(missing)} section"
+    if not isinstance(saved["posenc"].get("name"), str):
+        return "posenc.name is not a scheme name"
+    for name, cls in config_lib.SECTIONS.items():
+        section = saved.get(name)
+        for field in dataclasses.fields(cls) if isinstance(section, dict) else ():
+            if field.default is dataclasses.MISSING:
+                continue
+            if field.name in section and not _same_type(section[field.name], field.default):
+                return f"{name}.{field.name} = {section[field.name]!r} is not {_KIND.get(type(field.default), 'valid')}"
+    return None
+
+
+def _same_type(value, default) -> bool:
+    """A saved value can stand where the default stands (an int for a float, a list for a tuple)."""
+    if isinstance(default, bool) or default is None:
+        return isinstance(value, bool) or default is None
+    if isinstance(default, int):
+        return isinstance(value, int) and not isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if isinstance(default, tuple):
+        return isinstance(value, (list, tuple))
+    return isinstance(value, type(default))
+
+
+def metrics_step(line: str) -> int | None:
+    """The step of one metrics.jsonl line; None for a line that is not a JSON object with an integer step."""
+    try:
+        record = json.loads(line)
+    except ValueError:
+        return None
+    step = record.get("step") if isinstance(record, dict) else None
+    return step if isinstance(step, int) and not isinstance(step, bool) else None

@@ -15,13 +15,14 @@ from __future__ import annotations
 import itertools
 import os
 import pathlib
+import shlex
 import socket
 import threading
 import time
 from collections.abc import Mapping
 
 import tensorboardX
-from tensorboardX.proto.event_pb2 import Event
+from tensorboardX.proto.event_pb2 import Event, SessionLog
 from tensorboardX.proto.summary_pb2 import Summary
 
 FILE_VERSION = "brain.Event:2"
@@ -36,12 +37,16 @@ class EventWriter:
     the writers of this process), never one that exists already. Its first event is
     `file_version = "brain.Event:2"`. Each `scalars()` call is one event, flushed to disk before it
     returns. Values are stored as float32 (simple_value): beyond its range they become +-inf, NaN
-    stays NaN. Use as a context manager, or call `close()`; writing after `close()` raises
-    ValueError.
+    stays NaN. A file where the folder belongs is refused by name (ValueError: what to delete). Use
+    as a context manager, or call `close()`; writing after `close()` raises ValueError.
     """
 
     def __init__(self, logdir: str | os.PathLike):
         self.logdir = pathlib.Path(logdir)
+        if self.logdir.exists() and not self.logdir.is_dir():
+            raise ValueError(f"{self.logdir} is damaged (a file where the folder of TensorBoard's event files "
+                             f"belongs); they only mirror metrics.jsonl and eval/: delete it (rm "
+                             f"{shlex.quote(str(self.logdir))}) and run the command again")
         self.logdir.mkdir(parents=True, exist_ok=True)
         self._lock = threading.Lock()
         now = time.time()
@@ -76,6 +81,16 @@ class EventWriter:
                                  for tag, value in values.items()])
         self._write(Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step),
                           summary=summary))
+
+    def restart(self, step: int, wall_time: float | None = None) -> None:
+        """Mark a resumed run: TensorBoard drops every event of step >= `step` that files read before
+        this one hold (SessionLog START, as TensorFlow's supervisor wrote; tensorboardX's
+        `purge_step`), so steps logged after a checkpoint and abandoned when training resumed from
+        it show once, with the values of the resumed run. TensorBoard's Python reader honours it for
+        every tag; its Rust data server (`--load_fast`) instead drops a tag's later steps when the
+        tag is written again at an earlier step, which a resumed run does."""
+        self._write(Event(wall_time=time.time() if wall_time is None else wall_time, step=int(step),
+                          session_log=SessionLog(status=SessionLog.START)))
 
     def flush(self) -> None:
         """Push what was written to disk (every write already does; kept for callers that ask)."""

@@ -3,13 +3,13 @@ and how spread its attention is, by query position, at the longest length evalua
 from __future__ import annotations
 
 import math
-import re
 import pathlib
 
 import numpy as np
 from matplotlib.ticker import MaxNLocator
 
 from experiment.report import plots
+from experiment.report.runs import distinct_names, file_stems
 
 PANELS = (("mean_distance", "mean distance attended to", "tokens", "mean distance at the last positions"),
           ("entropy", "attention entropy", "nats", "entropy at the last positions"))
@@ -36,12 +36,14 @@ def attention_figure(records: list[dict], run_label: str, train_length: int | No
         values_LxHxN = np.asarray(record[name], dtype=float)
         ax = axes[0, col]
         for layer in range(layers):
-            ax.plot(xs, values_LxHxN[layer].mean(axis=0), color=plots.color(layer), label=f"layer {layer}")
+            ax.plot(xs, values_LxHxN[layer].mean(axis=0), ms=4, markevery=max(1, len(xs) // 8),
+                    label=f"layer {layer}", **plots.style(layer))
         ax.plot(xs, uniform[name], "--", color="gray", lw=1, label="uniform over the prefix")
         if train_length:
             plots.mark_train_lengths(ax, [train_length], label="L_train", style=":")
         plots.format_length_axis(ax)
-        ax.grid(True, which="both", alpha=0.3)
+        plots.format_linear_axis(ax.yaxis)
+        ax.grid(True, which="major", alpha=0.3)
         ax.set_xlabel("query position in the window (index + 1)")
         ax.set_ylabel(f"{unit} (mean over heads)")
         ax.set_title(f"{run_label}, L_valid={record['eval_length']}: {what}", fontsize=10)
@@ -50,7 +52,7 @@ def attention_figure(records: list[dict], run_label: str, train_length: int | No
         ax = axes[1, col]
         last_LxH = values_LxHxN[:, :, -1]
         image = ax.imshow(last_LxH, aspect="auto", cmap="viridis", interpolation="nearest")
-        fig.colorbar(image, ax=ax)
+        plots.format_linear_axis(fig.colorbar(image, ax=ax).ax.yaxis)
         ax.set_xticks(range(heads), [str(h) for h in range(heads)])
         ax.set_yticks(range(layers), [str(layer) for layer in range(layers)])
         ax.xaxis.set_major_locator(MaxNLocator(nbins=16, integer=True))
@@ -63,19 +65,17 @@ def attention_figure(records: list[dict], run_label: str, train_length: int | No
 
 
 def write(runs: list[dict], out: str | pathlib.Path) -> list[str]:
-    """OUT/attention_<folder>.png for every run (experiment/report/runs.py's dicts: run, workdir,
-    label, train_length) whose WORKDIR/eval/attention.json holds records; the paths written."""
-    paths, seen = [], set()
-    for run in runs:
+    """OUT/attention_<run>.png for every run (experiment/report/runs.py's dicts: run, workdir,
+    label, train_length, and `file` where name_runs gave one) whose WORKDIR/eval/attention.json
+    holds records; the paths written. Two runs with one folder name get the part of their paths
+    that tells them apart (A_alibi_L64, B_alibi_L64)."""
+    stems = [run["file"] for run in runs] if all("file" in run for run in runs) else \
+        file_stems(distinct_names([run["workdir"] for run in runs]))
+    paths = []
+    for run, stem in zip(runs, stems):
         records = run["run"].records("attention")
         if not records:
             continue
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", pathlib.Path(run["workdir"]).name) or "run"
-        name, n = stem, 1
-        while name in seen:  # two workdirs with one folder name
-            n += 1
-            name = f"{stem}_{n}"
-        seen.add(name)
         fig = attention_figure(records, run["label"], run.get("train_length"))
-        paths.append(str(plots.save(fig, pathlib.Path(out) / f"attention_{name}.png")))
+        paths.append(str(plots.save(fig, pathlib.Path(out) / f"attention_{stem}.png")))
     return paths

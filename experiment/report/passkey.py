@@ -8,29 +8,32 @@ from __future__ import annotations
 
 import json
 import pathlib
-import re
 from collections import defaultdict
 
 import numpy as np
 
 from experiment.report import plots
-from experiment.report.runs import describe
+from experiment.report.runs import describe, distinguish, file_stems, name_runs
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
-    """{(digits, overrides json): records}, in a stable order."""
+    """{(digits, overrides json, checkpoint step): records}, in a stable order (newest step first);
+    records of two checkpoints are two series, never averaged together."""
     out = defaultdict(list)
     for r in records:
-        out[(int(r.get("digits", 4)), json.dumps(r.get("overrides", {}), sort_keys=True))].append(r)
-    return dict(sorted(out.items()))
+        out[(int(r.get("digits", 4)), json.dumps(r.get("overrides", {}), sort_keys=True), r.get("step"))].append(r)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or 0))))
 
 
-def _series_label(label: str, key: tuple, several: bool) -> str:
-    if not several:
-        return label
-    digits, overrides = key
-    extra = [f"{digits} digits"] + [f"{k.split('.')[-1]}={v}" for k, v in sorted(json.loads(overrides).items())]
-    return f"{label}, {', '.join(extra)}"
+def _series_label(label: str, key: tuple, groups: dict) -> str:
+    """The run's label, with what sets this series apart from the run's others."""
+    digits, overrides, step = key
+    extra = []
+    if len({k[:2] for k in groups}) > 1:
+        extra += [f"{digits} digits"] + [f"{k.split('.')[-1]}={v}" for k, v in sorted(json.loads(overrides).items())]
+    if len({k[2] for k in groups}) > 1:
+        extra.append(f"step {step}")
+    return f"{label}, {', '.join(extra)}" if extra else label
 
 
 def mean_by_length(records: list[dict]) -> dict[int, float]:
@@ -59,12 +62,12 @@ def passkey_figure(runs: list[tuple[str, list[dict]]]):
     fig = plots.figure((9, 4.5))
     ax = fig.add_subplot(1, 1, 1)
     train_lengths, chances, i = set(), set(), 0
-    for label, records in runs:
+    for run, (label, records) in enumerate(runs):
         groups = _series(records)
         for key, recs in groups.items():
             points = mean_by_length(recs)
-            ax.plot(list(points), list(points.values()), "-", marker="o", ms=3, color=plots.color(i),
-                    label=_series_label(label, key, len(groups) > 1))
+            ax.plot(list(points), list(points.values()), ms=4, label=_series_label(label, key, groups),
+                    **plots.style(i, run))
             i += 1
             train_lengths |= {int(r["train_length"]) for r in recs if "train_length" in r}
             chances |= {10.0 ** -key[0]}
@@ -74,7 +77,8 @@ def passkey_figure(runs: list[tuple[str, list[dict]]]):
     if i:
         plots.format_length_axis(ax)
     ax.set_ylim(-0.03, 1.03)
-    ax.grid(True, which="both", alpha=0.3)
+    plots.format_linear_axis(ax.yaxis)
+    ax.grid(True, which="major", alpha=0.3)
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("passkey accuracy (exact match, mean over depths)")
     ax.set_title("Passkey retrieval vs. evaluation length", fontsize=10)
@@ -89,7 +93,8 @@ def heatmap_figure(label: str, records: list[dict]):
     values = np.full((len(depths), len(lengths)), np.nan)
     for (length, depth), acc in cells.items():
         values[depths.index(depth), lengths.index(length)] = acc
-    fig = plots.figure((1.6 + 0.9 * max(1, len(lengths)), 1.4 + 0.5 * max(1, len(depths))))
+    width = 2.4 + 0.9 * max(1, len(lengths))
+    fig = plots.figure((width, 1.6 + 0.5 * max(1, len(depths))))
     ax = fig.add_subplot(1, 1, 1)
     image = ax.imshow(values, vmin=0.0, vmax=1.0, cmap="RdYlGn", aspect="auto")
     for y in range(len(depths)):
@@ -100,10 +105,10 @@ def heatmap_figure(label: str, records: list[dict]):
     ax.set_xticks(range(len(lengths)), [str(l) for l in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("key depth (0 = start, 1 = just before the question)")
+    ax.set_ylabel("key depth\n(0 = start, 1 = just before the question)", fontsize=9)
     train = sorted({int(r["train_length"]) for r in records if "train_length" in r})
-    ax.set_title(f"Passkey accuracy: {label}" + (f" (trained at L={', '.join(map(str, train))})" if train else ""),
-                 fontsize=9)
+    ax.set_title(plots.wrap(f"Passkey accuracy: {label}" + (f" (trained at L={', '.join(map(str, train))})"
+                                                            if train else ""), int(width * 11)), fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.05)
     return fig
 
@@ -115,7 +120,7 @@ def passkey_table(runs: list[tuple[str, list[dict]]]) -> str:
     for label, records in runs:
         groups = _series(records)
         for key, recs in groups.items():
-            columns.append((_series_label(label, key, len(groups) > 1), recs))
+            columns.append((_series_label(label, key, groups), recs))
     lengths = sorted({int(r["eval_length"]) for _, recs in columns for r in recs})
     means = [mean_by_length(recs) for _, recs in columns]
     lines = ["### Passkey accuracy (exact match, mean over depths)", "",
@@ -146,33 +151,35 @@ def run_label(run: dict) -> str:
 
 
 def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) -> dict:
-    """OUT/passkey_vs_length.png, OUT/passkey_heatmap_<label>.png per run and OUT/passkey.md from
-    the runs' eval/passkey.json (workdirs, or runs described by experiment/report/runs.py); runs
-    without passkey results are refused by name."""
+    """OUT/passkey_vs_length.png, OUT/passkey_heatmap_<run>[_<series>].png per run and series, and
+    OUT/passkey.md from the runs' eval/passkey.json (workdirs, or runs described by
+    experiment/report/runs.py); runs without passkey results are refused by name. File names and
+    labels of runs with one folder name carry the part of the path that tells them apart."""
     described = [w if isinstance(w, dict) else describe(w) for w in workdirs]
-    workdirs = [run["workdir"] for run in described]
+    if not all("name" in run for run in described):
+        name_runs(described)
     runs, missing = [], []
     for run in described:
         records = run["run"].records("passkey")
         if not records:
             missing.append(str(run["workdir"]))
-        runs.append((run_label(run), records))
+        runs.append({"label": run_label(run), "name": run["name"], "file": run["file"], "records": records})
     if missing:
         raise FileNotFoundError(f"no eval/passkey.json in {', '.join(missing)}; evaluate passkey retrieval there "
                                 f"first (python eval_extrapolate.py --workdir DIR --passkey)")
-    labels = [label for label, _ in runs]
-    runs = [(label + (f" [{pathlib.Path(w).name}]" if labels.count(label) > 1 else ""), recs)
-            for (label, recs), w in zip(runs, workdirs)]
+    distinguish(runs)
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    plots.save(passkey_figure(runs), out / "passkey_vs_length.png")
+    plots.save(passkey_figure([(run["label"], run["records"]) for run in runs]), out / "passkey_vs_length.png")
     heatmaps = []
-    for label, records in runs:
-        groups = _series(records)
+    for run in runs:
+        groups = _series(run["records"])
         for key, recs in groups.items():
-            name = _series_label(label, key, len(groups) > 1)
-            path = out / f"passkey_heatmap_{re.sub(r'[^A-Za-z0-9]+', '_', name).strip('_')}.png"
+            name = _series_label(run["label"], key, groups)
+            extra = _series_label("", key, groups).lstrip(", ")
+            path = out / f"passkey_heatmap_{run['file']}{'_' + file_stems([extra])[0] if extra else ''}.png"
             plots.save(heatmap_figure(name, recs), path)
             heatmaps.append(str(path))
-    (out / "passkey.md").write_text("# Passkey retrieval vs. evaluation length\n\n" + passkey_table(runs))
+    (out / "passkey.md").write_text("# Passkey retrieval vs. evaluation length\n\n"
+                                    + passkey_table([(run["label"], run["records"]) for run in runs]))
     return {"png": str(out / "passkey_vs_length.png"), "md": str(out / "passkey.md"), "heatmaps": heatmaps}

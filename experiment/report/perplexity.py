@@ -32,19 +32,28 @@ def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
 
 
 def series(run: dict) -> dict[tuple, list[dict]]:
-    """{(unit, records.series_key): the run's records of that curve, sorted by eval_length}."""
+    """{(unit, records.series_key, step): the run's records of that curve, sorted by eval_length}.
+    Records of two checkpoints (an evaluation that fell back past a damaged one) are two curves:
+    a curve, like a table column, never joins checkpoints."""
     out = defaultdict(list)
     for r in run["records"]:
-        out[(r["tokenizer"], records.series_key(r))].append(r)
+        out[(r["tokenizer"], records.series_key(r), r.get("step"))].append(r)
     return {k: sorted(v, key=lambda r: r["eval_length"]) for k, v in out.items()}
 
 
 def checkpoint_note(points: list[dict]) -> str:
-    """'step 1000', 'mixed checkpoints: steps 2, 4', or '' where records carry no step."""
+    """'step 1000', or '' where the records carry no step (one curve holds one checkpoint)."""
     steps = sorted({int(r["step"]) for r in points if "step" in r})
-    if len(steps) > 1:
-        return f"mixed checkpoints: steps {', '.join(map(str, steps))}"
-    return f"step {steps[0]}" if steps else ""
+    return f"step {', '.join(map(str, steps))}" if steps else ""
+
+
+def series_label(run: dict, key: tuple, step, steps: int) -> str:
+    """The run's label, then what sets this curve apart from its others: the stride (nonoverlapping,
+    the default, unnamed), the first N tokens, eval-time options, the split, the checkpoint where the
+    run's records come from several."""
+    kind = records.series_label(key).removeprefix("nonoverlapping").lstrip(", ")  # the default: not named
+    return (run["label"] + (f", {kind}" if kind else "")
+            + ("" if key[0] == "valid" else f", {key[0]}") + (f", step {step}" if steps > 1 else ""))
 
 
 def paper_curve(run: dict, unit: str, key: tuple, mode: str) -> list[tuple[int, float]]:
@@ -56,50 +65,50 @@ def paper_curve(run: dict, unit: str, key: tuple, mode: str) -> list[tuple[int, 
     return paper.curve(run["scheme"], run["train_length"], sliding=kind != "nonoverlapping")
 
 
-def _by_unit(runs: list[dict]) -> dict[str, list[tuple[int, dict, tuple, list[dict]]]]:
-    """{unit: [(run index, run, series key, points)]}, units and series in a stable order
-    (unit, split, then series label: nonoverlapping before strides)."""
+def _by_unit(runs: list[dict]) -> dict[str, list[tuple[int, dict, tuple, list[dict], str]]]:
+    """{unit: [(run index, run, series key, points, label)]}, units and series in a stable order
+    (unit, split, series label: nonoverlapping before strides, then the newest checkpoint first)."""
     out = defaultdict(list)
     for i, run in enumerate(runs):
-        for (unit, key), points in sorted(series(run).items(),
-                                          key=lambda kv: (kv[0][0], kv[0][1][0], records.series_label(kv[0][1]))):
-            out[unit].append((i, run, key, points))
+        curves = series(run)
+        steps = len({step for _, _, step in curves})
+        for (unit, key, step), points in sorted(curves.items(), key=lambda kv: (
+                kv[0][0], kv[0][1][0], records.series_label(kv[0][1]), -(kv[0][2] or 0))):
+            out[unit].append((i, run, key, points, series_label(run, key, step, steps)))
     return dict(sorted(out.items()))
 
 
-
-
 def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
-    """Perplexity against evaluation length, log-log, one panel per unit; the paper's curves dashed."""
+    """Perplexity against evaluation length, log-log, one panel per unit: each curve its own colour
+    and marker, each run its own line style; the paper's curves thin, in a style of their own."""
     groups = _by_unit(runs)
     fig, axes = plots.panels(list(groups))
     for unit, entries in groups.items():
         ax, (name, token), drawn_paper = axes[unit], unit_names(unit), set()
-        for i, run, key, points in entries:
-            color, note = plots.color(i), checkpoint_note(points)
-            kind = records.series_label(key)
-            ax.plot([r["eval_length"] for r in points], [r["ppl"] for r in points],
-                    "-" if key[1] == "nonoverlapping" else ":", marker="o", ms=3, color=color,
-                    label=run["label"] + ("" if kind == "nonoverlapping" else f", {kind}")
-                    + ("" if key[0] == "valid" else f", {key[0]}")
-                    + (f" ({note})" if note.startswith("mixed") else ""))
+        panel_runs = list({i: run for i, run, _, _, _ in entries}.items())
+        run_index = {i: n for n, (i, _) in enumerate(panel_runs)}
+        curves = 0
+        for i, run, key, points, label in entries:
+            ax.plot([r["eval_length"] for r in points], [r["ppl"] for r in points], ms=4,
+                    label=label, **plots.style(curves, run_index[i]))
+            curves += 1
             ref = paper_curve(run, unit, key, paper_mode)
             ref_key = (run["scheme"], run["train_length"], key[1] == "nonoverlapping")
             if ref and ref_key not in drawn_paper:
                 drawn_paper.add(ref_key)
-                ax.plot([x for x, _ in ref], [y for _, y in ref], "--", color=color, alpha=0.6, lw=1,
+                ax.plot([x for x, _ in ref], [y for _, y in ref], ms=4, alpha=0.7, lw=1,
+                        **{**plots.style(curves), "ls": plots.PUBLISHED},
                         label=f"{paper.CITATION}: {run['scheme']} (L={run['train_length']}), "
                               f"WikiText-103 valid, word-level" + ("" if ref_key[2] else ", stride 1"))
-        panel_runs = [run for _, run, _, _ in entries]
-        plots.length_axes(ax, [run["train_length"] for run in panel_runs])
+                curves += 1
+        plots.length_axes(ax, [run["train_length"] for _, run in panel_runs])
         plots.format_ppl_axis(ax)
         ax.set_xlabel(f"evaluation length L_valid ({token}s)")
         ax.set_ylabel(f"perplexity per {token} (log scale)")
-        ax.set_title(title(f"{name}-level perplexity vs. evaluation length", panel_runs), fontsize=10)
+        ax.set_title(title(f"{name}-level perplexity vs. evaluation length", [run for _, run in panel_runs]),
+                     fontsize=10)
         plots.legend_beside(ax)
     return fig
-
-
 
 
 def positions_figure(runs: list[dict]):
@@ -110,18 +119,21 @@ def positions_figure(runs: list[dict]):
     for i, run in enumerate(runs):
         candidates = [r for r in run["records"] if r["stride"] == r["eval_length"] and r.get("position_nll")
                       and not r.get("overrides")]
+        newest = max((r.get("step", 0) for r in candidates), default=0)
+        candidates = [r for r in candidates if r.get("step", 0) == newest]  # one checkpoint: the newest
         for unit in sorted({r["tokenizer"] for r in candidates}):
             groups[unit].append((i, run, max((r for r in candidates if r["tokenizer"] == unit),
                                              key=lambda r: r["eval_length"])))
     fig, axes = plots.panels(sorted(groups))
     for unit, entries in sorted(groups.items()):
         ax, (name, token) = axes[unit], unit_names(unit)
-        for i, run, r in entries:
+        for n, (i, run, r) in enumerate(entries):
             xs = [((a + 1) * (b + 1)) ** 0.5 for a, b, _ in r["position_nll"]]
-            ax.plot(xs, [v for _, _, v in r["position_nll"]], color=plots.color(i),
-                    label=f"{run['label']}, L_valid={r['eval_length']}")
+            ax.plot(xs, [v for _, _, v in r["position_nll"]], ms=4, markevery=max(1, len(xs) // 8),
+                    label=f"{run['label']}, L_valid={r['eval_length']}", **plots.style(n, n))
         panel_runs = [run for _, run, _ in entries]
         plots.length_axes(ax, [run["train_length"] for run in panel_runs])
+        plots.format_linear_axis(ax.yaxis)
         ax.set_xlabel(f"position inside the evaluation window ({token} index + 1)")
         ax.set_ylabel(f"mean loss (nats per {token})")
         ax.set_title(title(f"{name}-level loss by position inside the window", panel_runs, "nonoverlapping"),
@@ -132,15 +144,15 @@ def positions_figure(runs: list[dict]):
 
 def table(runs: list[dict], paper_mode: str = "auto") -> str:
     """Markdown: one table per (unit, split, series); rows = L_valid, columns = runs (Table 2 style)
-    with their checkpoint step, word-level perplexity beside it for byte / BPE runs on WikiText, and
+    with their checkpoint step (a run evaluated at two checkpoints: a column each), word-level perplexity beside it for byte / BPE runs on WikiText, and
     the paper's number where it has one."""
     tables = defaultdict(list)
     for unit, entries in _by_unit(runs).items():
-        for _, run, key, points in entries:
+        for _, run, key, points, _ in entries:
             tables[(unit, key)].append((run, points))
     blocks = []
     for (unit, key), columns in tables.items():
-        header, getters = ["L_valid"], []
+        header, getters, papers = ["L_valid"], [], set()
         for run, points in columns:
             pts = {r["eval_length"]: r for r in points}
             note = checkpoint_note(points)
@@ -150,7 +162,8 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
                 header.append(f"{run['label']} (word ppl)")
                 getters.append(lambda l, pts=pts: pts[l].get("word_ppl") if l in pts else None)
             ref = dict(paper_curve(run, unit, key, paper_mode))
-            if ref:
+            if ref and (run["scheme"], run["train_length"]) not in papers:  # once beside a run's checkpoints
+                papers.add((run["scheme"], run["train_length"]))
                 header.append(f"{paper.CITATION} (word ppl)")
                 getters.append(ref.get)
         heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _ in columns],

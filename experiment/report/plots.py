@@ -1,16 +1,24 @@
-"""What every report's figures share: a figure without a display, axes in powers of two and plain
-log-scale labels, the training lengths marked, a legend beside the axes, and saving."""
+"""What every report's figure shares: a figure without a display; axes whose tick labels are exact,
+distinct and enough (experiment/report/ticks.py), lengths in powers of two; one style per series
+(colour and marker per series, line style per run); the training lengths marked; legends beside
+the axes; and saving that keeps everything on the image (the canvas grows to hold a long legend,
+nothing is cut off at its edges)."""
 from __future__ import annotations
 
-import math
 import pathlib
+import textwrap
 from typing import Iterable
 
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter
+
+from experiment.report import ticks
 
 DPI = 120
+PAD_INCHES = 0.15  # blank margin around everything drawn
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+LINESTYLES = ("-", "--", ":", "-.", (0, (8, 2, 2, 2, 2, 2)), (0, (10, 3)), (0, (1, 3)), (0, (5, 1, 1, 1)))
+PUBLISHED = (0, (2, 1))  # the paper's curves: a line style no run has
 
 
 def figure(size: tuple[float, float]) -> Figure:
@@ -28,38 +36,39 @@ def panels(keys: list, width: float = 11, height: float = 4.5):
 
 
 def save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
+    """Lay the figure out and write it; legends placed beside the axes are outside the layout (the
+    axes keep their width) and inside the saved image, which is cut to what is drawn plus a margin."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.tight_layout()
-    fig.savefig(path, dpi=DPI)
+    legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
+    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES, bbox_extra_artists=legends or None)
     return path
 
 
-def plain(value: float, _pos=None) -> str:
-    return str(int(round(value))) if abs(value - round(value)) < 1e-6 * max(1.0, value) else f"{value:.3g}"
+def style(series: int, run: int = 0) -> dict:
+    """Plot keywords of one series: its own colour and marker (unique up to 100 series in a panel),
+    the line style of its run."""
+    return {"color": f"C{series % 10}", "marker": MARKERS[(series + series // 10) % len(MARKERS)],
+            "ls": LINESTYLES[run % len(LINESTYLES)]}
 
 
 def format_length_axis(ax) -> None:
-    """x: log base 2, plain labels at powers of two (64, 128, ...)."""
+    """x: log base 2, labels at powers of two (64, 128, ...), halves between them where a short
+    range needs more than three."""
     ax.set_xscale("log", base=2)
-    ax.xaxis.set_major_locator(LogLocator(base=2))
-    ax.xaxis.set_major_formatter(FuncFormatter(plain))
-    ax.xaxis.set_minor_formatter(NullFormatter())
+    ticks.readable_log_axis(ax.xaxis, base=2)
 
 
 def format_ppl_axis(ax) -> None:
-    """y: log scale with plain labels (10, 20, ...); call after plotting. Short ranges also label
-    the ticks between powers of ten (e.g. 8, 9, 10, 12, 15, 20)."""
+    """y: log scale, at least four exact, distinct labels whatever the range (call after plotting)."""
     ax.set_yscale("log")
-    low, high = ax.get_ylim()
-    decades = math.log10(high / low)
-    subs, labelled = next((s, lab) for limit, s, lab in (
-        (0.5, (1.2, 1.5, 2, 2.5, 3, 4, 5, 6, 7, 8, 9), True), (1.2, (1.5, 2, 3, 4, 5, 6, 7, 8), True),
-        (2.5, (2, 3, 5), True), (4, (2, 5), True), (math.inf, tuple(range(2, 10)), False)) if decades < limit)
-    ax.yaxis.set_major_locator(LogLocator(base=10))
-    ax.yaxis.set_major_formatter(FuncFormatter(plain))
-    ax.yaxis.set_minor_locator(LogLocator(base=10, subs=subs))
-    ax.yaxis.set_minor_formatter(FuncFormatter(plain) if labelled else NullFormatter())
+    ticks.readable_log_axis(ax.yaxis, base=10)
+
+
+def format_linear_axis(axis) -> None:
+    """A linear axis (losses, accuracies, colour bars) with at least four labels, no offset."""
+    ticks.readable_linear_axis(axis)
 
 
 def mark_train_lengths(ax, lengths: Iterable[int], *, label: str = "L", style: str = "--") -> None:
@@ -74,13 +83,16 @@ def length_axes(ax, train_lengths: Iterable[int]) -> None:
     """Training lengths marked, x in powers of two, a light grid."""
     mark_train_lengths(ax, train_lengths)
     format_length_axis(ax)
-    ax.grid(True, which="both", alpha=0.3)
+    ax.grid(True, which="major", alpha=0.3)
 
 
 def legend_beside(ax) -> None:
-    """The legend to the right of the axes (long labels do not cover the curves)."""
-    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    """The legend to the right of the axes (long labels do not cover the curves); `save` widens the
+    image to hold it instead of narrowing the axes."""
+    legend = ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0))
+    legend.set_in_layout(False)
 
 
-def color(i: int) -> str:
-    return f"C{i % 10}"
+def wrap(text: str, width: int) -> str:
+    """Titles and labels longer than `width` characters on several lines (a small figure)."""
+    return "\n".join(textwrap.wrap(text, width, break_long_words=False)) or text

@@ -2,6 +2,7 @@
 and the label that names it in legends and tables, read from its run directory (no scoring code)."""
 from __future__ import annotations
 
+import os
 import pathlib
 import re
 
@@ -56,9 +57,51 @@ def describe(workdir: str | pathlib.Path | RunDir) -> dict:
             "options": scheme_options_note(config.posenc), "origin": run.origin()}
 
 
+def distinct_names(paths: list[str | pathlib.Path]) -> list[str]:
+    """The shortest end of each run directory's path that no other one ends with: 'alibi_L64', or
+    'A/alibi_L64' and 'B/alibi_L64' when runs/A/alibi_L64 and runs/B/alibi_L64 are compared. The
+    same directory given twice is refused (it would be drawn twice under one name)."""
+    seen = {}
+    for path in paths:
+        real = pathlib.Path(path).resolve()
+        if real in seen:
+            raise ValueError(f"{seen[real]} and {path} are the same run directory; give each run once")
+        seen[real] = path
+    parts = [pathlib.Path(os.path.abspath(p)).parts for p in paths]  # as given (a link keeps its name)
+    names = []
+    for i, p in enumerate(parts):
+        n = next(n for n in range(1, len(p) + 1) if all(q[-n:] != p[-n:] for j, q in enumerate(parts) if j != i))
+        names.append("/".join(p[-n:]))
+    return names
+
+
+def file_stems(names: list[str]) -> list[str]:
+    """File-name-safe, distinct stems of distinct names ('A/alibi_L64' -> 'A_alibi_L64')."""
+    stems, taken = [], set()
+    for name in names:
+        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "run"
+        unique, n = stem, 1
+        while unique in taken:  # two names that differ only in characters a file name cannot hold
+            n += 1
+            unique = f"{stem}_{n}"
+        taken.add(unique)
+        stems.append(unique)
+    return stems
+
+
+def name_runs(runs: list[dict]) -> list[dict]:
+    """Give each run its `name` (distinct_names) and `file` (the stem of the files written per run)."""
+    names = distinct_names([run["workdir"] for run in runs])
+    for run, name, stem in zip(runs, names, file_stems(names)):
+        run["name"], run["file"] = name, stem
+    return runs
+
+
 def label_runs(runs: list[dict]) -> list[dict]:
-    """Give each run its `label`: 'scheme (L=64, options, from base@step, dataset)', the dataset only
-    when the runs do not share one, and the folder name where two labels would be equal."""
+    """Give each run its `name`, `file` (name_runs) and `label`: 'scheme (L=64, options, from
+    base@step, dataset)', the dataset only when the runs do not share one, and the run's name where
+    two labels would be equal."""
+    name_runs(runs)
     several = len({run["dataset"] for run in runs}) > 1
     for run in runs:
         extra = [run["options"]] if run["options"] else []
@@ -67,10 +110,16 @@ def label_runs(runs: list[dict]) -> list[dict]:
         if several:
             extra.append(run["dataset"])
         run["label"] = f"{run['scheme']} (L={run['train_length']}" + "".join(f", {e}" for e in extra) + ")"
-    labels = [r["label"] for r in runs]
-    for run in runs:  # same scheme, L and dataset in two workdirs: tell them apart by folder name
-        if labels.count(run["label"]) > 1:
-            run["label"] += f" [{pathlib.Path(run['workdir']).name}]"
+    return distinguish(runs)
+
+
+def distinguish(runs: list[dict], key: str = "label") -> list[dict]:
+    """Runs whose `key` would be equal (same scheme, L and dataset in two folders) get their name
+    added to it: 'alibi (L=64) [A/alibi_L64]'."""
+    labels = [run[key] for run in runs]
+    for run in runs:
+        if labels.count(run[key]) > 1:
+            run[key] += f" [{run['name']}]"
     return runs
 
 

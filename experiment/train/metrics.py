@@ -41,7 +41,7 @@ class MetricsLog:
     opens (on the writing process) metrics.jsonl and the TensorBoard file."""
 
     def __init__(self, run: RunDir, config, start: int, throughput: Throughput):
-        self.run, self.train_cfg, self.throughput = run, config.train, throughput
+        self.run, self.train_cfg, self.throughput, self.start = run, config.train, throughput, start
         self.pending, self.last = [], time.perf_counter()
         self.bar = tqdm(total=config.train.steps, initial=start, desc=f"train {config.posenc.name} "
                         f"L={config.train.seq_len}", unit="step", dynamic_ncols=True,
@@ -54,6 +54,7 @@ class MetricsLog:
         if self.run.writer:
             self.file = self._files.enter_context(open(self.run.metrics_path, "a"))
             self.board = self._files.enter_context(EventWriter(self.run.tensorboard_dir))
+            self.board.restart(self.start + 1)  # steps after the checkpoint resumed from were abandoned
         return self
 
     def __exit__(self, *exc):

@@ -1,15 +1,18 @@
 """The run directory (experiment/run.py): one owner, a lock, leftovers of failed attempts, damaged
-checkpoints, stale evaluation records, unattended logs, and the CLI's refusals."""
+checkpoints (and TensorBoard's view of a run resumed from an older one), stale evaluation records,
+unattended logs, and the CLI's refusals."""
 import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from experiment import config as config_lib, evaluate, records, train
 from experiment.train.metrics import TrainingDiverged
 from experiment.run import RunDir, WorkdirBusy, opened
 from tests.conftest import REPO, run_entry, tiny_config
+from tests.experiment.test_tensorboard import run_scalars
 
 
 def test_lock_refuses_a_second_process_and_is_released_when_its_holder_dies(tmp_path):
@@ -120,8 +123,11 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, cap
     config.train.steps = 6
     summary = train(config, tmp_path)
     assert summary["step"] == 6
-    steps = [json.loads(l)["step"] for l in run.metrics_path.read_text().splitlines()]
-    assert steps == [1, 2, 3, 4, 5, 6]  # 3 and 4 logged again after the damaged step was dropped
+    logged = [json.loads(l) for l in run.metrics_path.read_text().splitlines()]
+    assert [m["step"] for m in logged] == [1, 2, 3, 4, 5, 6]  # 3 and 4 logged again after the damaged step was dropped
+    shown = run_scalars(run.tensorboard_dir)  # TensorBoard: each step once, the values of the resumed run
+    assert shown["train/loss"] == [(m["step"], float(np.float32(m["loss"]))) for m in logged]
+    assert [step for step, _ in shown["eval/valid/ppl_L16_first512"]] == [2]
 
 
 def test_evaluating_after_more_training_replaces_stale_records():

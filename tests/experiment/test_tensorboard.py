@@ -110,6 +110,12 @@ def test_one_file_per_writer(tmp_path, monkeypatch):
     assert taken.read_bytes() == b"not ours"
 
 
+def test_a_file_where_the_folder_belongs_is_refused_by_name(tmp_path):
+    (tmp_path / "tensorboard").write_text("not a folder")
+    with pytest.raises(ValueError, match=r"tensorboard is damaged \(a file where the folder .* delete it \(rm "):
+        tb.EventWriter(tmp_path / "tensorboard")
+
+
 def test_closed_writer(tmp_path):
     with tb.EventWriter(tmp_path) as w:
         w.flush()
@@ -158,3 +164,35 @@ def test_training_and_evaluation_write_tensorboard_events(tmp_path):
     assert evaluation == {f"eval/valid/ppl_L{r['eval_length']}_S8_first256": [(2, _f32(r["ppl"]))]
                           for r in records}
     assert sorted(evaluation) == ["eval/valid/ppl_L16_S8_first256", "eval/valid/ppl_L32_S8_first256"]
+
+
+def run_scalars(logdir) -> dict[str, list[tuple[int, float]]]:
+    """{tag: [(step, value), ...]} of a whole folder of event files, read in order as TensorBoard
+    reads a run (purging what a SessionLog START abandons)."""
+    acc = event_accumulator.EventAccumulator(str(logdir), size_guidance={event_accumulator.SCALARS: 0})
+    acc.Reload()
+    return {tag: [(e.step, e.value) for e in acc.Scalars(tag)] for tag in acc.Tags()["scalars"]}
+
+
+def test_a_run_resumed_from_an_older_checkpoint_shows_each_step_once(tmp_path, monkeypatch):
+    """Steps 1-6 logged, the checkpoint of step 4 resumed from: TensorBoard shows steps 5 and 6
+    once, with the values the resumed run logged, as metrics.jsonl does."""
+    from experiment import config as config_lib
+    from experiment.run import RunDir
+    from experiment.train.metrics import MetricsLog, Throughput
+    from tests.conftest import tiny_config
+    monkeypatch.setattr(tb, "_file_counter", itertools.count(0))  # names in creation order within a second
+    config, run = config_lib.resolve(tiny_config("alibi")), RunDir(tmp_path, writer=True)
+
+    def train(start: int, last: int, offset: float) -> None:
+        with MetricsLog(run, config, start, Throughput(128, 1.0, None, 1)) as log:
+            for step in range(start + 1, last + 1):
+                log.add({"loss": np.float32(offset + step), "grad_norm": np.float32(1.0)})
+                log.log(step)
+
+    train(0, 6, 10.0)
+    run.truncate_metrics(4)
+    train(4, 6, 20.0)
+    expected = [(1, 11.0), (2, 12.0), (3, 13.0), (4, 14.0), (5, 25.0), (6, 26.0)]
+    assert run_scalars(run.tensorboard_dir)["train/loss"] == expected
+    assert [(m["step"], m["loss"]) for m in map(json.loads, run.metrics_path.read_text().splitlines())] == expected

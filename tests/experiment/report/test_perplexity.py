@@ -1,36 +1,13 @@
-"""The report: panels and tables per unit, paper overlay only where it matches, checkpoint steps,
-readable axes, per-position plot."""
+"""The report: panels and tables per unit, paper overlay only where it matches, a curve and a
+column per checkpoint, per-position plot (what every figure shares: test_plots.py)."""
 import json
 import pathlib
 
 import pytest
 
-from experiment import config as config_lib, write_report
-from experiment.run import RunDir
-from experiment.report import paper, perplexity as reporting, plots
-from tests.conftest import tiny_config
-
-
-def fake_run(root: pathlib.Path, scheme: str, train_length: int, corpus_path: str, ppl_by_length: dict,
-             tokenizer: str = "word", split: str = "valid", steps: list | None = None, name: str = "",
-             data: dict | None = None) -> pathlib.Path:
-    """A run folder as train.py + eval_extrapolate.py leave it, with given results (report input only);
-    steps: the checkpoint step of each record (default 1000 for all), data: config.data overrides."""
-    config = tiny_config(scheme)
-    config.train.seq_len = train_length
-    config.data.update({"source": "local", "path": corpus_path, "tokenizer": tokenizer, **(data or {})})
-    run = RunDir(root / (name or f"{scheme}_{train_length}"))
-    run.path.mkdir(parents=True)
-    run.save_config(config_lib.typed(config))
-    records = [{"scheme": scheme, "train_length": train_length, "eval_length": l, "stride": l,
-                "split": split, "tokens": 217646, "nll": 0.0, "ppl": p, "tokenizer": tokenizer,
-                "step": step, "max_tokens": 0, "data": corpus_path,
-                "position_nll": [[0, l // 2 - 1, 3.0], [l // 2, l - 1, 2.9]]}
-               for (l, p), step in zip(ppl_by_length.items(), steps or [1000] * len(ppl_by_length))]
-    path = run.records_path("perplexity")  # written whole: records of several checkpoints may be wanted
-    path.parent.mkdir()
-    path.write_text(json.dumps(records))
-    return run.path
+from experiment import write_report
+from experiment.report import paper, perplexity as reporting
+from tests.experiment.report.synthetic import fake_run
 
 
 def tables(markdown: str) -> list[str]:
@@ -126,36 +103,22 @@ def test_paper_overlay_needs_dataset_split_unit_and_length_to_match(tmp_path, co
     assert "| 512 | 20.50 | 19.73 |" in reporting.table(runs, paper_mode="always")  # forced: shown anyway
 
 
-def test_mixed_checkpoints_are_marked_and_the_step_shown(tmp_path):
-    mixed = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0, 128: 6.0}, steps=[2, 4])
+def test_records_of_two_checkpoints_are_two_curves_and_two_columns(tmp_path):
+    """An evaluation that fell back past a damaged checkpoint (4) wrote records of step 2 beside
+    those of step 4: a curve and a column per checkpoint, each naming its step; nothing joins them."""
+    fell_back = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0, 128: 6.0, 256: 7.0}, steps=[4, 2, 2])
     single = fake_run(tmp_path, "rope", 64, "/data/mycorpus", {64: 5.0, 128: 6.0})
-    runs = reporting.load_runs([mixed, single])
+    runs = reporting.load_runs([fell_back, single])
     (ax,) = reporting.perplexity_figure(runs).axes
-    assert legend_texts(ax) == ["alibi (L=64) (mixed checkpoints: steps 2, 4)", "rope (L=64)"]
+    assert legend_texts(ax) == ["alibi (L=64), step 4", "alibi (L=64), step 2", "rope (L=64)"]
+    curves = {line.get_label(): list(line.get_xdata()) for line in ax.get_lines()
+              if not line.get_label().startswith("_")}
+    assert curves == {"alibi (L=64), step 4": [64], "alibi (L=64), step 2": [128, 256], "rope (L=64)": [64, 128]}
     text = reporting.table(runs)
-    assert "alibi (L=64) (word ppl, mixed checkpoints: steps 2, 4)" in text
-    assert "rope (L=64) (word ppl, step 1000)" in text
-
-
-def _tick_texts(axis, which="both") -> set[str]:
-    return {t.get_text() for t in axis.get_ticklabels(which=which)} - {""}
-
-
-def test_axes_have_plain_tick_labels():
-    fig, _ = plots.panels(["word"])
-    ax = fig.axes[0]
-    ax.plot([64, 128, 256, 512, 1024], [7.8, 9.0, 11.0, 15.0, 20.0])
-    plots.format_length_axis(ax)
-    plots.format_ppl_axis(ax)
-    fig.canvas.draw()
-    assert {"64", "128", "256", "512", "1024"} <= _tick_texts(ax.xaxis, "major")
-    assert {"8", "10", "12", "20"} <= _tick_texts(ax.yaxis)
-    ax.set_ylim(5, 5000)  # several decades: powers of ten and a few between, still plain numbers
-    plots.format_ppl_axis(ax)
-    fig.canvas.draw()
-    assert {"10", "100", "1000"} <= _tick_texts(ax.yaxis)
-    assert not any("$" in t or "^" in t or "e+" in t
-                   for t in _tick_texts(ax.yaxis) | _tick_texts(ax.xaxis))
+    assert ("| L_valid | alibi (L=64) (word ppl, step 4) | alibi (L=64) (word ppl, step 2) "
+            "| rope (L=64) (word ppl, step 1000) |") in text
+    assert "| 64 | 5.00 |  | 5.00 |" in text and "| 256 |  | 7.00 |  |" in text
+    assert "mixed" not in text
 
 
 def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
