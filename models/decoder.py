@@ -25,6 +25,7 @@ from models.attention.blockwise import blockwise_attention
 from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, is_long
 from models.attention.dense import Dropout, dense_attention, fused_attention
 from models.attention.pallas import pallas_attention
+from models.attention.tuning import device_launch
 from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
 
@@ -47,8 +48,8 @@ class ModelConfig:
     - regularisation: three dropout rates, where `Block` and `Attention` say.
     - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
       models/adaptive.py) for large word vocabularies.
-    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
-      and `attention_block`, the tile width of the long-sequence paths.
+    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`),
+      `attention_block`, the tile width of the long-sequence paths, and `attention_check`.
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
       in bfloat16).
     - the block (defaults: this project's block, as fairseq's; models/hf.py sets them for Llama,
@@ -79,6 +80,8 @@ class ModelConfig:
     attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
                                     # chooses, and what each is, in models/attention/choice.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
+    attention_check: bool = True    # an explicit fused kernel (pallas, fused) must pass its numerical check
+                                    # on the device first (models/attention/verify.py); off: benchmarking only
     dtype: str = "float32"          # compute dtype; parameters stay float32
     norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
     norm_eps: float = 1e-6          # epsilon of every norm
@@ -190,7 +193,7 @@ class Attention(nnx.Module):
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
         pos = positions_BxT
         if kind == "pallas":
-            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop)
+            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop, device_launch(self.scheme, q.dtype))
         elif kind == "fused":
             out = fused_attention(q, k, v, pos, pos, self.scheme)
         elif kind == "triangular":

@@ -1,0 +1,243 @@
+"""The numerical check of a fused attention kernel on the device, before a run uses it.
+
+CI runs the Pallas kernel in Pallas' interpreter and lowers it to Triton IR; what only a GPU shows
+(PTX compilation, the shared memory a tile size needs, bfloat16 products, races between programs
+writing partial sums) it cannot see, and a kernel that compiles but computes something else would
+train and publish a model without a sign. So wherever a fused kernel would run compiled (`auto`
+picking the Pallas kernel; `model.attention=pallas`, or `fused` on a GPU, given explicitly:
+models/attention/choice.py), it first runs forward and backward on small random inputs of the
+run's heads, head dimension, dtype and scheme, on the device, and is compared with XLA's path:
+
+  reference  dense attention in float32 at the highest matmul precision, on the same inputs (already
+             rounded to the dtype, so that rounding is no error)
+  XLA        dense attention in the run's dtype (what `auto` runs otherwise)
+  kernel     the kernel in the run's dtype, with the launch configuration it would run with
+
+Each output (the attention output, dQ, dK, dV, and the gradient of every learned parameter of the
+scheme) is compared by its largest error over its largest value, max |x - ref| / max |ref|. The
+kernel passes where every such error is finite and at most max(XLA_FACTOR x XLA's own error, FLOOR
+of the dtype): as exact as XLA's path in the same dtype, give or take, and nowhere wrong. The inputs:
+2 sequences of 2.5 tiles + 1 token (diagonal, off-diagonal and padded tiles), one at positions
+0, 1, ..., one from 3 with a jump of 5 tiles halfway (far tiles of relative biases, T5's constant
+buckets). Dropout is not compared (the kernel draws its own mask; CI compares it with the
+interpreter). The scheme is rebuilt from its options with fresh parameters (`concrete`), so the
+check runs from inside a model's trace too.
+
+Verdicts are cached per (device kind, scheme and its options, heads, head dimension, dtype, launch
+configuration, jax version): in memory, and on disk in `kernel_checks/` inside JAX's compilation
+cache folder where one is set (the entry points set it: experiment/runtime/accelerator.py), so a
+check costs once per machine. A mismatch is cached on disk too (it is deterministic); a failure to
+compile or run only in memory, so that the next process tries again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import os
+import pathlib
+import tempfile
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import posenc
+from models.attention.dense import dense_attention, fused_attention
+from models.attention.pallas import Launch, pallas_attention
+from posenc import Scheme
+
+FLOOR = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}  # the tolerance where XLA's own error is ~0
+XLA_FACTOR = 3.0
+CHECKED_PATHS = ("pallas", "fused")
+
+
+@dataclasses.dataclass(frozen=True)
+class Verdict:
+    """The outcome of one check. `status`: passed | mismatch (an output beyond its tolerance) |
+    error (did not compile or run) | refused (a shape the kernel cannot take; never run)."""
+    ok: bool
+    status: str
+    reason: str = ""   # one line, where not ok
+    errors: dict = dataclasses.field(default_factory=dict)      # output -> the kernel's error
+    xla_errors: dict = dataclasses.field(default_factory=dict)  # output -> XLA's path's error
+    tolerances: dict = dataclasses.field(default_factory=dict)  # output -> the bound it passed or failed
+    subject: str = ""  # what was checked, in words
+
+    @classmethod
+    def refused(cls, reason: str) -> "Verdict":
+        return cls(False, "refused", reason)
+
+
+def normalized_error(got: np.ndarray, want: np.ndarray) -> float:
+    """max |got - want| / max |want| (inf where `got` is not finite)."""
+    got, want = np.asarray(got, np.float64), np.asarray(want, np.float64)
+    if not np.all(np.isfinite(got)):
+        return float("inf")
+    return float(np.max(np.abs(got - want)) / max(float(np.max(np.abs(want))), 1e-30))
+
+
+def posenc_block(scheme: Scheme) -> dict:
+    """The `posenc` config block that builds `scheme` (a wrapper's inner schemes included)."""
+    block, current = {"name": scheme.name}, scheme
+    while current is not None:
+        block[current.name] = dataclasses.asdict(current.options)
+        current = getattr(current, "inner", None)
+    return block
+
+
+def concrete(scheme: Scheme) -> Scheme:
+    """A copy of `scheme` with concrete parameters, built from its options (those of a model being
+    traced are tracers); call it under jax.ensure_compile_time_eval inside a trace."""
+    return posenc.build(posenc_block(scheme), scheme.dims, rngs=nnx.Rngs(0))
+
+
+def check_inputs(scheme: Scheme, dtype, block: int, seed: int = 0):
+    """q, k, v (2 x T x H x K in `dtype`), positions (2 x T) and the output's cotangent (float32)."""
+    t, h, d = 2 * block + block // 2 + 1, scheme.dims.num_heads, scheme.dims.head_dim
+    rng = np.random.default_rng(seed)
+    q, k, v = (jnp.asarray(rng.standard_normal((2, t, h, d)), dtype) for _ in range(3))
+    index = np.arange(t)
+    pos = jnp.asarray(np.stack([index, 3 + index + (index >= t // 2) * 5 * block]), jnp.int32)
+    return q, k, v, pos, jnp.asarray(rng.standard_normal((2, t, h, d)), jnp.float32)
+
+
+def outputs(attend, scheme: Scheme, q, k, v, pos, cotangent) -> dict[str, np.ndarray]:
+    """The attention output and the gradients of sum(output * cotangent) with respect to q, k, v and
+    the scheme's parameters (named d<parameter path>), as float32 numpy arrays."""
+    graphdef, params, rest = nnx.split(scheme, nnx.Param, ...)
+
+    def loss(params, q, k, v):
+        out = attend(q, k, v, pos, pos, nnx.merge(graphdef, params, rest))
+        return (out.astype(jnp.float32) * cotangent).sum(), out
+    # compiled ahead of time and called: this runs now even inside another function's trace
+    step = jax.jit(jax.value_and_grad(loss, argnums=(0, 1, 2, 3), has_aux=True))
+    (_, out), grads = step.lower(params, q, k, v).compile()(params, q, k, v)
+    named = {"out": out, "dq": grads[1], "dk": grads[2], "dv": grads[3]}
+    for path, g in jax.tree_util.tree_leaves_with_path(grads[0]):
+        named["d" + jax.tree_util.keystr(path)] = g
+    return {name: np.asarray(x).astype(np.float32) for name, x in named.items()}
+
+
+def kernel_function(path: str, launch: Launch | None):
+    """The attention function of a checked path, as `dense_attention` is called minus the mask."""
+    if path == "pallas":
+        return lambda q, k, v, qp, kp, s: pallas_attention(q, k, v, qp, kp, s, launch=launch)
+    if path == "fused":
+        return fused_attention
+    raise ValueError(f"no check for attention path {path!r}; checked: {', '.join(CHECKED_PATHS)}")
+
+
+def describe(path: str, scheme: Scheme, dtype, launch: Launch | None) -> str:
+    what = "the Pallas kernel" if path == "pallas" else "jax.nn.dot_product_attention (model.attention=fused)"
+    config = f", {launch.label}" if path == "pallas" and launch is not None else ""
+    return (f"{what} for {scheme.name!r} ({scheme.dims.num_heads} heads of {scheme.dims.head_dim}, "
+            f"{jnp.dtype(dtype).name}{config}) on {jax.devices()[0].device_kind}")
+
+
+_BASELINES: dict = {}
+
+
+def baseline(scheme: Scheme, dtype, block: int):
+    """(a concrete copy of the scheme, the inputs, the reference's and XLA's outputs) for a check
+    with tiles of `block` rows; kept for the process, as a search checks several launches per tile."""
+    key = json.dumps([posenc_block(scheme), dataclasses.asdict(scheme.dims), dtype, block], default=str)
+    if key not in _BASELINES:
+        with jax.ensure_compile_time_eval():  # concrete values, even inside a model's trace
+            scheme = concrete(scheme)
+            inputs = check_inputs(scheme, dtype, block)
+            wide = [x.astype(jnp.float32) for x in inputs[:3]]
+        q, k, v, pos, cotangent = inputs
+        mask = np.tril(np.ones((q.shape[1],) * 2, bool))
+        dense = lambda q, k, v, qp, kp, s: dense_attention(q, k, v, qp, kp, s, mask)
+        with jax.default_matmul_precision("highest"):
+            reference = outputs(dense, scheme, *wide, pos, cotangent)
+        _BASELINES[key] = (scheme, inputs, reference, outputs(dense, scheme, q, k, v, pos, cotangent))
+    return _BASELINES[key]
+
+
+def check(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Verdict:
+    """Run the check now (no cache): the kernel of `path` against XLA's dense path and the float32
+    reference, on this device."""
+    dtype = jnp.dtype(dtype).name
+    subject = describe(path, scheme, dtype, launch)
+    scheme, (q, k, v, pos, cotangent), reference, xla = baseline(scheme, dtype, launch.block if launch else 64)
+    try:
+        got = outputs(kernel_function(path, launch), scheme, q, k, v, pos, cotangent)
+    except Exception as e:  # noqa: BLE001 - any failure to lower, compile or run: the kernel is not used
+        first = str(e).strip().splitlines()[0][:300] if str(e).strip() else ""
+        return Verdict(False, "error", f"{subject} does not run: {type(e).__name__}: {first}", subject=subject)
+    errors = {name: normalized_error(got[name], reference[name]) for name in reference}
+    xla_errors = {name: normalized_error(xla[name], reference[name]) for name in reference}
+    bounds = {name: max(XLA_FACTOR * xla_errors[name], FLOOR.get(dtype, FLOOR["float32"])) for name in reference}
+    wrong = [name for name in reference if not errors[name] <= bounds[name]]
+    if not wrong:
+        return Verdict(True, "passed", "", errors, xla_errors, bounds, subject)
+    worst = max(wrong, key=lambda name: errors[name] / bounds[name])
+    reason = (f"{subject} failed its numerical check: {', '.join(wrong)} wrong ({worst}: error "
+              f"{errors[worst]:.2g} against XLA's {xla_errors[worst]:.2g}, tolerance {bounds[worst]:.2g})")
+    return Verdict(False, "mismatch", reason, errors, xla_errors, bounds, subject)
+
+
+# ---- the cache ---------------------------------------------------------------------------------------
+
+_VERDICTS: dict[str, Verdict] = {}
+
+
+def cache_folder() -> pathlib.Path | None:
+    """`kernel_checks/` in JAX's compilation cache folder, or None where none is set (or it is remote)."""
+    folder = jax.config.jax_compilation_cache_dir
+    if not folder or "://" in str(folder):
+        return None
+    return pathlib.Path(folder) / "kernel_checks"
+
+
+def cache_key(kind: str, scheme: Scheme, dtype, launch: Launch | None, path: str = "pallas") -> str:
+    """A file name for one (device kind, scheme with its options, heads, head dimension, dtype,
+    launch configuration, jax version): readable, with a hash of what is not."""
+    device = jax.devices()[0].device_kind
+    exact = json.dumps([posenc_block(scheme), dataclasses.asdict(launch) if launch else None, jax.__version__,
+                        device], sort_keys=True, default=str)
+    config = f"-b{launch.block}w{launch.num_warps}s{launch.num_stages}" if launch is not None else ""
+    interp = "-interpreted" if launch is not None and launch.interpret else ""
+    slug = "".join(c if c.isalnum() else "_" for c in device.lower())
+    return (f"{kind}-{path}-{slug}-{scheme.name}-h{scheme.dims.num_heads}-d{scheme.dims.head_dim}-"
+            f"{jnp.dtype(dtype).name}{config}{interp}-{hashlib.sha1(exact.encode()).hexdigest()[:10]}")
+
+
+def read_cached(key: str) -> dict | None:
+    folder = cache_folder()
+    file = folder / f"{key}.json" if folder else None
+    if file is None or not file.exists():
+        return None
+    try:
+        return json.loads(file.read_text())
+    except (OSError, ValueError):  # a damaged file: check again
+        return None
+
+
+def write_cached(key: str, payload: dict) -> None:
+    """One JSON file per key, written to a temporary name and renamed (processes may race)."""
+    folder = cache_folder()
+    if folder is None:
+        return
+    folder.mkdir(parents=True, exist_ok=True)
+    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
+        json.dump(payload, f, indent=1)
+    os.replace(f.name, folder / f"{key}.json")
+
+
+def verified(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Verdict:
+    """`check`, once per key (see the module docstring) in this process and on this machine."""
+    key = cache_key("check", scheme, dtype, launch, path)
+    if key not in _VERDICTS:
+        saved = read_cached(key)
+        if saved is not None:
+            _VERDICTS[key] = Verdict(**saved)
+        else:
+            verdict = check(path, scheme, dtype, launch)
+            _VERDICTS[key] = verdict
+            if verdict.status in ("passed", "mismatch"):
+                write_cached(key, dataclasses.asdict(verdict))
+    return _VERDICTS[key]
