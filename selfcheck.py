@@ -18,7 +18,7 @@ flags.DEFINE_string("lengths", "", "comma-separated lengths (default: the plan's
 flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16"], "compute dtype (default: bfloat16 on GPU / TPU, "
                   "float32 on CPU)")
 flags.DEFINE_float("memory_gb", 0.0, "skip programs that plan more than this (default: 90% of the device, "
-                   "half the available memory on CPU)")
+                   "a quarter of the available memory on CPU)")
 flags.DEFINE_string("out", ".", "folder for selfcheck_<device>.json and .md")
 FLAGS = flags.FLAGS
 

@@ -89,7 +89,8 @@ def make_plan(short: bool = False, schemes: str = "", lengths: str = "", dtype: 
 
 
 def default_memory_limit() -> int:
-    """90% of the device's memory; on CPU half the memory available now (the machine may be shared)."""
+    """90% of the device's memory; on CPU a quarter of the memory available now (the machine may be
+    shared, and a process takes more than the program XLA plans)."""
     limit = device_memory_limit()
     if limit:
         return int(limit * 0.9)
@@ -98,7 +99,7 @@ def default_memory_limit() -> int:
             available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
     except (OSError, StopIteration):
         available = 8 * 2**30
-    return available // 2
+    return available // 4
 
 
 class Skipped(Exception):

@@ -68,7 +68,7 @@ class Verdict:
     status: str
     reason: str = ""   # one line, where not ok
     errors: dict = dataclasses.field(default_factory=dict)      # output -> the kernel's error
-    xla_errors: dict = dataclasses.field(default_factory=dict)  # output -> XLA's path's error
+    xla_errors: dict = dataclasses.field(default_factory=dict)  # output -> the larger of XLA's paths' errors
     tolerances: dict = dataclasses.field(default_factory=dict)  # output -> the bound it passed or failed
     subject: str = ""  # what was checked, in words
 

@@ -14,7 +14,7 @@ def test_the_short_table_on_cpu(tmp_path, monkeypatch):
     Pallas kernel (in the interpreter, errors only); every path: tests/experiment/test_selfcheck.py's
     slow test."""
     monkeypatch.setattr(selfcheck, "PATHS", ("blockwise", "pallas"))
-    plan = selfcheck.make_plan(short=True, schemes="t5", lengths="40")
+    plan = selfcheck.make_plan(short=True, schemes="alibi", lengths="40")
     assert plan.dtype == "float32" and plan.model["attention_block"] == 16 and plan.mode == "short"
     lines = []
     result, status = selfcheck.run(plan, tmp_path, say=lines.append)
@@ -30,7 +30,7 @@ def test_the_short_table_on_cpu(tmp_path, monkeypatch):
     saved = json.loads((tmp_path / "selfcheck_cpu_short.json").read_text())
     assert saved["rows"] == result["rows"] and saved["plan"]["lengths"] == [40]
     table = (tmp_path / "selfcheck_cpu_short.md").read_text()
-    assert "**PASS**" in table and table.count("\n| `t5` | 40 |") == 2
+    assert "**PASS**" in table and table.count("\n| `alibi` | 40 |") == 2
     assert len(lines) == 3 and lines[-1].startswith("wrote ")
 
 
