@@ -72,12 +72,12 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, positions_BxT.shape[1],
                           dropping=dropping,
                           triangular=auto and triangular_supports(scheme, positions_BxT, positions_BxT),
-                          pallas=auto and kernel_usable(scheme, positions_BxT, dtype))
+                          pallas=auto and kernel_usable(scheme, positions_BxT, dtype, dropping))
     if dropping and kind in NO_DROPOUT_PATHS:
         raise ValueError(f"model.attention={kind} does not implement attention dropout; "
                          f"set --config.model.attention=dense (or auto) for training with it")
     if not auto and checked_here(kind) and _setting(cfg, "attention_check", True):
-        verdict = device_verdict(kind, scheme, dtype)
+        verdict = device_verdict(kind, scheme, dtype, dropping)
         if not verdict.ok:
             raise ValueError(f"model.attention={kind}: {verdict.reason}. Use model.attention=auto (XLA's "
                              f"paths where the kernel fails) or dense; model.attention_check=False runs it "
@@ -93,26 +93,28 @@ def checked_here(kind: str) -> bool:
     return kind == "fused" and jax.default_backend() == "gpu"
 
 
-def device_verdict(kind: str, scheme: Scheme, dtype) -> verify.Verdict:
-    """The device check's verdict on the kernel of `kind` for this scheme and dtype (cached)."""
+def device_verdict(kind: str, scheme: Scheme, dtype, dropping: bool = False) -> verify.Verdict:
+    """The device check's verdict on the kernel of `kind` for this scheme and dtype, with attention
+    dropout where `dropping` (cached)."""
     if kind == "pallas":
-        return tuning.kernel_verdict(scheme, dtype)
+        return tuning.kernel_verdict(scheme, dtype, dropout=dropping)
     return verify.verified(kind, scheme, dtype)
 
 
 _SAID: set = set()
 
 
-def kernel_usable(scheme: Scheme, positions_BxT: jax.Array, dtype) -> bool:
+def kernel_usable(scheme: Scheme, positions_BxT: jax.Array, dtype, dropping: bool = False) -> bool:
     """Whether `auto` may take the Pallas kernel: compiled here (GPU) for a scheme it expresses, on
     one device or per device (inside `shard_map`, as training runs there: `runs_per_device`; the
     kernel has no partitioning rule, so XLA would gather a sharded batch onto every device), and
-    passing its check on this device. A kernel that fails is said once, in one line."""
+    passing its check on this device (with attention dropout where `dropping`). A kernel that fails
+    is said once, in one line."""
     if pallas.interpreted() or (jax.device_count() > 1 and not pallas.per_device()):
         return False
     if not pallas.supports(scheme, positions_BxT, positions_BxT):
         return False
-    verdict = tuning.kernel_verdict(scheme, dtype)
+    verdict = tuning.kernel_verdict(scheme, dtype, dropout=dropping)
     if not verdict.ok and verdict.reason not in _SAID:
         _SAID.add(verdict.reason)
         print(f"model.attention=auto: {verdict.reason}; using XLA's attention paths")
@@ -148,4 +150,5 @@ def runs_per_device(model_cfg: Any, scheme: Scheme, devices: int) -> bool:
     if kind != "auto":
         return kind == "pallas"
     dtype = _setting(model_cfg, "dtype", "float32")  # the check runs here, before the step is traced
-    return pallas.supports(scheme, positions, positions) and tuning.kernel_verdict(scheme, dtype).ok
+    dropout = _setting(model_cfg, "attention_dropout", 0.0) > 0
+    return pallas.supports(scheme, positions, positions) and tuning.kernel_verdict(scheme, dtype, dropout).ok

@@ -171,11 +171,17 @@ def tuned(scheme: Scheme, dtype) -> Tuned:
     return _TUNED[key]
 
 
-def kernel_verdict(scheme: Scheme, dtype) -> Verdict:
+def kernel_verdict(scheme: Scheme, dtype, dropout: bool = False) -> Verdict:
     """Whether the compiled kernel may run `scheme` here: refused for a shape it cannot take, else
-    the check's verdict on the launch the search chose."""
+    the check's verdict on the launch the search chose (with `dropout`, the check of its attention
+    dropout too)."""
     why = refusal(scheme.dims.head_dim, dtype, shared_memory_limit())
-    return Verdict.refused(why) if why else tuned(scheme, dtype).verdict
+    if why:
+        return Verdict.refused(why)
+    result = tuned(scheme, dtype)
+    if dropout and result.verdict.ok:
+        return verify.verified("pallas+dropout", scheme, dtype, result.launch)
+    return result.verdict
 
 
 def device_launch(scheme: Scheme, dtype) -> Launch:

@@ -24,9 +24,10 @@ the rounded output O, as flash attention and the triangular path do, the gradien
 softmax is invariant to is off by ~1e-2 of the parameters' gradients; dense attention's is not.) The inputs:
 2 sequences of 2.5 tiles + 1 token (diagonal, off-diagonal and padded tiles), one at positions
 0, 1, ..., one from 3 with a jump of 5 tiles halfway (far tiles of relative biases, T5's constant
-buckets). Dropout is not compared (the kernel draws its own mask; CI compares it with the
-interpreter). The scheme is rebuilt from its options with fresh parameters (`concrete`), so the
-check runs from inside a model's trace too.
+buckets). A run that trains with attention dropout also checks the kernel with dropout
+("pallas+dropout"): against dense attention under the kernel's own mask (`masked_dense`; the
+kernel draws its mask from a hash, so no other path draws the same one). The scheme is rebuilt from
+its options with fresh parameters (`concrete`), so the check runs from inside a model's trace too.
 
 Verdicts are cached per (device kind, scheme and its options, heads, head dimension, dtype, launch
 configuration, jax version): in memory, and on disk in `kernel_checks/` inside JAX's compilation
@@ -49,15 +50,17 @@ import numpy as np
 from flax import nnx
 
 import posenc
-from models.attention.dense import dense_attention, fused_attention
+from models.attention.dense import NEG_INF, Dropout, dense_attention, fused_attention, tile_logits
 from models.attention.pallas import Launch, pallas_attention
+from models.attention.pallas_kernels import keep_mask
 from models.attention.triangular import supports as triangular_supports, triangular_attention
 from posenc import Scheme
 
 FLOOR = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}  # the tolerance where XLA's own error is ~0
 CAP = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 2e-2}  # and where XLA's paths are far off too
 XLA_FACTOR = 3.0
-CHECKED_PATHS = ("pallas", "fused")
+CHECKED_PATHS = ("pallas", "pallas+dropout", "fused")
+DROPOUT_RATE, DROPOUT_SEED = 0.25, 7  # the attention dropout of the check of the kernel's dropout
 
 
 @dataclasses.dataclass(frozen=True)
@@ -147,14 +150,18 @@ def kernel_function(path: str, launch: Launch | None):
     """The attention function of a checked path, as `dense_attention` is called minus the mask."""
     if path == "pallas":
         return lambda q, k, v, qp, kp, s: pallas_attention(q, k, v, qp, kp, s, launch=launch)
+    if path == "pallas+dropout":  # the key made where it is traced (not in a trace this check may run in)
+        return lambda q, k, v, qp, kp, s: pallas_attention(
+            q, k, v, qp, kp, s, Dropout(DROPOUT_RATE, jax.random.key(DROPOUT_SEED)), launch)
     if path == "fused":
         return fused_attention
     raise ValueError(f"no check for attention path {path!r}; checked: {', '.join(CHECKED_PATHS)}")
 
 
 def describe(path: str, scheme: Scheme, dtype, launch: Launch | None) -> str:
-    what = "the Pallas kernel" if path == "pallas" else "jax.nn.dot_product_attention (model.attention=fused)"
-    config = f", {launch.label}" if path == "pallas" and launch is not None else ""
+    what = {"pallas": "the Pallas kernel", "pallas+dropout": "the Pallas kernel with attention dropout",
+            "fused": "jax.nn.dot_product_attention (model.attention=fused)"}[path]
+    config = f", {launch.label}" if path.startswith("pallas") and launch is not None else ""
     return (f"{what} for {scheme.name!r} ({scheme.dims.num_heads} heads of {scheme.dims.head_dim}, "
             f"{jnp.dtype(dtype).name}{config}) on {jax.devices()[0].device_kind}")
 
@@ -162,9 +169,12 @@ def describe(path: str, scheme: Scheme, dtype, launch: Launch | None) -> str:
 _BASELINES: dict = {}
 
 
-def xla_paths(scheme: Scheme, q, pos) -> dict:
+def xla_paths(scheme: Scheme, q, pos, dropout: bool) -> dict:
     """XLA's paths the framework trains `scheme` with, as `dense_attention` is called without its
-    mask: dense, and triangular where it takes the scheme (always, where a fused kernel does)."""
+    mask: dense, and triangular where it takes the scheme (always, where a fused kernel does); with
+    `dropout`, dense attention under the kernel's own dropout mask (`masked_dense`)."""
+    if dropout:
+        return {"dense": masked_dense}
     mask = np.tril(np.ones((q.shape[1],) * 2, bool))
     paths = {"dense": lambda q, k, v, qp, kp, s: dense_attention(q, k, v, qp, kp, s, mask)}
     if triangular_supports(scheme, pos, pos):
@@ -172,18 +182,31 @@ def xla_paths(scheme: Scheme, q, pos) -> dict:
     return paths
 
 
-def baseline(scheme: Scheme, dtype, block: int):
+def masked_dense(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
+    """Causal dense attention whose probabilities are dropped where the kernel drops them (its mask,
+    pallas_kernels.keep_mask, drawn from DROPOUT_SEED at DROPOUT_RATE) and rescaled by 1 / (1 - rate)."""
+    b, t, h, _ = q_BxTxHxK.shape
+    q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
+    logits = jnp.where(np.tri(t, dtype=bool), tile_logits(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme), NEG_INF)
+    seed, index = jax.random.bits(jax.random.key(DROPOUT_SEED), (1,), jnp.uint32)[0], jnp.arange(t)
+    keep = jax.vmap(lambda row: jax.vmap(lambda head: keep_mask(
+        seed, row, head, h, index[:, None], index[None, :], DROPOUT_RATE))(jnp.arange(h)))(jnp.arange(b))
+    probs = jnp.where(keep, jax.nn.softmax(logits, axis=-1) / (1.0 - DROPOUT_RATE), 0.0)
+    return jnp.einsum("bhts,bshk->bthk", probs.astype(v_BxTxHxK.dtype), v_BxTxHxK)
+
+
+def baseline(scheme: Scheme, dtype, block: int, dropout: bool = False):
     """(a concrete copy of the scheme, the inputs, the reference's outputs, the largest error of
-    XLA's paths per output) for a check with tiles of `block` rows; kept for the process, as a search
-    checks several launches per tile."""
-    key = json.dumps([posenc_block(scheme), dataclasses.asdict(scheme.dims), dtype, block], default=str)
+    XLA's paths per output) for a check with tiles of `block` rows (with `dropout`: under the
+    kernel's dropout mask); kept for the process, as a search checks several launches per tile."""
+    key = json.dumps([posenc_block(scheme), dataclasses.asdict(scheme.dims), dtype, block, dropout], default=str)
     if key not in _BASELINES:
         with jax.ensure_compile_time_eval():  # concrete values, even inside a model's trace
             scheme = concrete(scheme)
             inputs = check_inputs(scheme, dtype, block)
             wide = [x.astype(jnp.float32) for x in inputs[:3]]
         q, k, v, pos, cotangent = inputs
-        paths = xla_paths(scheme, q, pos)
+        paths = xla_paths(scheme, q, pos, dropout)
         with jax.default_matmul_precision("highest"):
             reference = outputs(paths["dense"], scheme, *wide, pos, cotangent)
         xla = [compare(outputs(attend, scheme, q, k, v, pos, cotangent), reference) for attend in paths.values()]
@@ -202,7 +225,8 @@ def check(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Ver
     XLA's paths, on this device."""
     dtype = jnp.dtype(dtype).name
     subject = describe(path, scheme, dtype, launch)
-    scheme, (q, k, v, pos, cotangent), reference, xla_errors = baseline(scheme, dtype, launch.block if launch else 64)
+    scheme, (q, k, v, pos, cotangent), reference, xla_errors = baseline(
+        scheme, dtype, launch.block if launch else 64, dropout=path.endswith("+dropout"))
     try:
         got = outputs(kernel_function(path, launch), scheme, q, k, v, pos, cotangent)
     except Exception as e:  # noqa: BLE001 - any failure to lower, compile or run: the kernel is not used

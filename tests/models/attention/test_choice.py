@@ -90,7 +90,7 @@ def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkey
     auto, explicit, xla = {"attention": "auto"}, {"attention": "pallas"}, {"attention": "dense"}
     assert not choice.runs_per_device(auto, _scheme("alibi"), 8)  # interpreted here: never
     monkeypatch.setattr(pallas, "interpreted", lambda: False)  # as on a GPU, where the kernel passes its check
-    monkeypatch.setattr(tuning, "kernel_verdict", lambda scheme, dtype: verify.Verdict(True, "passed"))
+    monkeypatch.setattr(tuning, "kernel_verdict", lambda *args: verify.Verdict(True, "passed"))
     assert choice.runs_per_device(auto, _scheme("alibi"), 8)
     assert choice.runs_per_device(auto, _scheme("rope"), 8)
     assert choice.runs_per_device(explicit, _scheme("alibi"), 8)
@@ -98,6 +98,6 @@ def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkey
     assert not choice.runs_per_device(auto, _scheme("alibi"), 1)
     assert not choice.runs_per_device(auto, _scheme("shaw"), 8)  # auto keeps XLA's paths for it
     assert not choice.runs_per_device(xla, _scheme("alibi"), 8)
-    monkeypatch.setattr(tuning, "kernel_verdict", lambda scheme, dtype: verify.Verdict(False, "mismatch", "wrong"))
+    monkeypatch.setattr(tuning, "kernel_verdict", lambda *args: verify.Verdict(False, "mismatch", "wrong"))
     assert not choice.runs_per_device(auto, _scheme("alibi"), 8)  # auto keeps XLA's paths: no need
     assert choice.runs_per_device(explicit, _scheme("alibi"), 8)  # (choose refuses the kernel there)

@@ -40,12 +40,12 @@ def gpu(monkeypatch, tmp_path):
     return tmp_path / "kernel_checks"
 
 
-def _choose_inside_a_trace(cfg, scheme, dtype=jnp.float32) -> str:
+def _choose_inside_a_trace(cfg, scheme, dtype=jnp.float32, dropping=False) -> str:
     """`choose` as the decoder calls it, inside a model's trace (the scheme's parameters are tracers)."""
     graphdef, state = nnx.split(scheme)
     kinds = []
     jax.jit(lambda state: kinds.append(choice.choose(cfg, nnx.merge(graphdef, state), POS, dtype,
-                                                     dropping=False)) or 0.0).trace(state)
+                                                     dropping=dropping)) or 0.0).trace(state)
     return kinds[0]
 
 
@@ -73,13 +73,16 @@ def test_a_kernel_with_its_bias_one_position_off_fails_and_auto_keeps_xla(gpu, m
 def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatch):
     scheme = _scheme("kerple_log")
     assert _choose_inside_a_trace(AUTO, scheme) == "pallas"
-    files = sorted(p.name for p in gpu.iterdir())
-    assert [f.split("-")[0] for f in files] == ["check", "search"]
-    saved = json.loads((gpu / files[0]).read_text())
+    assert _choose_inside_a_trace(AUTO, scheme, dropping=True) == "pallas"  # its dropout checked too
+    files = {"-".join(p.name.split("-")[:2]): p for p in gpu.iterdir()}
+    assert sorted(files) == ["check-pallas", "check-pallas+dropout", "search-pallas"]
+    dropped = json.loads(files["check-pallas+dropout"].read_text())
+    assert dropped["status"] == "passed" and dropped["errors"]["dv"] < 1e-5
+    saved = json.loads(files["check-pallas"].read_text())
     assert saved["status"] == "passed" and set(saved["errors"]) >= {"out", "dq", "dk", "dv"}
     assert any("r1" in name for name in saved["errors"])  # the bias's learned parameters are compared too
     assert all(saved["errors"][n] <= saved["tolerances"][n] for n in saved["errors"])
-    assert "cpu-kerple_log-h2-d16-float32-b8w4s2-interpreted" in files[0]
+    assert "cpu-kerple_log-h2-d16-float32-b8w4s2-interpreted" in files["check-pallas"].name
 
     def must_not_run(*args):
         raise AssertionError("the cache should have answered")
