@@ -12,15 +12,18 @@ slowed ours by up to 13% in the old interleaved timing.
       medians. Nothing of the other framework is loaded, so neither slows the other, and a busy
       machine's swings still hit all of them alike, round by round.
   interleaved: the three steps built in one process and run in turns (the method of the table
-      before issue #24), with `--omp_wait_policy` (PASSIVE: torch's workers sleep while idle; set
-      before torch starts; `default` leaves libgomp's default, ACTIVE-like spinning).
+      before issue #24), with `--omp_wait_policy` (PASSIVE, the default here: torch's workers sleep
+      while idle; `default` leaves libgomp's, which spins, as the old table was taken).
+`--omp_wait_policy` applies to the processes method too (default there: libgomp's own, as a user
+runs torch); on a machine whose cores are shared with other jobs, torch's spinning workers can slow
+it down many times over, so such a machine measures nothing fair either way.
 Every process keeps freed host memory mapped, as our entry points do (experiment/runtime/host_memory.py).
 
     pip install torch==2.13.0 && pip install x-transformers   # (CPU build; or pip install -e '.[bench]')
     python -m benchmarks.vs_xtransformers [--schemes alibi,rope] [--method processes] [--rounds 5]
     python -m benchmarks.vs_xtransformers --method interleaved --omp_wait_policy PASSIVE [--repeats 15]
 
-Writes benchmarks/results/vs_xtransformers.json (interleaved: vs_xtransformers_interleaved_<policy>.json).
+Writes benchmarks/results/vs_xtransformers.json (other settings: vs_xtransformers_<method>_<policy>.json).
 """
 from __future__ import annotations
 
@@ -44,8 +47,10 @@ def build(name: str, scheme: str, seq_len: int, batch: int):
     return common.train_runner(scheme, seq_len, batch, **({"attention": "dense"} if name == "ours_dense" else {}))[0]
 
 
-def time_alone(name: str, scheme: str, seq_len: int, batch: int, warmup: int, steps: int, queue) -> None:
+def time_alone(name: str, scheme: str, seq_len: int, batch: int, warmup: int, steps: int, policy: str,
+               queue) -> None:
     """In a fresh process: `name`'s median step seconds over `steps` timed steps, put on `queue`."""
+    set_wait_policy(policy)
     keep_freed_host_memory()
     import jax
     run = build(name, scheme, seq_len, batch)
@@ -65,8 +70,15 @@ def by_processes(scheme: str, args) -> dict:
     for _ in range(args.rounds):
         for name in RUNNERS:
             seconds[name].append(common.in_fresh_process(time_alone, name, scheme, args.seq_len, args.batch,
-                                                         args.warmup, args.steps))
+                                                         args.warmup, args.steps, args.omp_wait_policy))
     return {name: statistics.median(s) for name, s in seconds.items()} | {"per_round": seconds}
+
+
+def set_wait_policy(policy: str) -> None:
+    """OMP_WAIT_POLICY for torch's OpenMP threads (read when libgomp starts, with torch); `default`
+    leaves the environment's."""
+    if policy != "default":
+        os.environ["OMP_WAIT_POLICY"] = policy
 
 
 def by_interleaving(scheme: str, args) -> dict:
@@ -85,12 +97,13 @@ def main():
     ap.add_argument("--steps", type=int, default=5, help="processes: timed steps per process")
     ap.add_argument("--warmup", type=int, default=2)
     ap.add_argument("--repeats", type=int, default=15, help="interleaved: timed turns")
-    ap.add_argument("--omp_wait_policy", choices=("PASSIVE", "ACTIVE", "default"), default="PASSIVE",
-                    help="interleaved: OMP_WAIT_POLICY for torch's OpenMP threads in the shared process")
+    ap.add_argument("--omp_wait_policy", choices=("PASSIVE", "ACTIVE", "default"), default=None,
+                    help="OMP_WAIT_POLICY of torch's OpenMP threads (default: PASSIVE interleaved, where they "
+                         "share the process with ours; libgomp's own alone, as a user runs torch)")
     args = ap.parse_args()
+    args.omp_wait_policy = args.omp_wait_policy or ("PASSIVE" if args.method == "interleaved" else "default")
     if args.method == "interleaved":
-        if args.omp_wait_policy != "default":
-            os.environ["OMP_WAIT_POLICY"] = args.omp_wait_policy  # read when libgomp starts, with torch
+        set_wait_policy(args.omp_wait_policy)
         keep_freed_host_memory()  # before JAX (and torch) start their threads
     import torch
     tokens = args.batch * args.seq_len
@@ -108,10 +121,11 @@ def main():
     print()
     common.print_table(rows, ["scheme", "ours_tokens_per_s", "xtransformers_tokens_per_s", "ours_over_theirs",
                               "ours_dense_over_theirs"])
-    method = {"method": args.method, "rounds": args.rounds, "steps": args.steps, "warmup": args.warmup} if (
-        args.method == "processes") else {"method": args.method, "repeats": args.repeats, "warmup": args.warmup,
-                                          "omp_wait_policy": args.omp_wait_policy}
-    name = "vs_xtransformers" + ("" if args.method == "processes" else f"_interleaved_{args.omp_wait_policy.lower()}")
+    method = {"method": args.method, "warmup": args.warmup, "omp_wait_policy": args.omp_wait_policy,
+              **({"rounds": args.rounds, "steps": args.steps} if args.method == "processes" else
+                 {"repeats": args.repeats})}
+    fair = args.method == "processes" and args.omp_wait_policy == "default"
+    name = "vs_xtransformers" + ("" if fair else f"_{args.method}_{args.omp_wait_policy.lower()}")
     path = common.write(name, {"model": common.BENCH_MODEL, "seq_len": args.seq_len, "batch": args.batch,
                                "torch": torch.__version__, "torch_threads": torch.get_num_threads(),
                                "x_transformers": importlib.metadata.version("x-transformers"),
