@@ -45,7 +45,7 @@ from models.attention import (blockwise_attention, choice, dense_attention, fuse
 
 PATHS = ("dense", "triangular", "blockwise", "fused", "pallas")
 XLA_PATHS = ("dense", "triangular", "blockwise")  # XLA's own code on every backend
-REFERENCE_CHUNK = 1024  # queries per chunk of the float32 reference
+REFERENCE_CHUNK = 512  # queries per chunk of the float32 reference
 
 
 @dataclasses.dataclass(frozen=True)
@@ -119,16 +119,22 @@ def admit_within(limit: int):
 # ---- attention: errors against the float32 reference ---------------------------------------------
 
 def reference_attention(q, k, v, q_pos, k_pos, scheme):
-    """Dense causal attention, one chunk of queries against all keys at a time (each chunk
-    rematerialised in the backward pass): the same numbers as `dense_attention` in O(T x chunk)."""
-    t, outs = q.shape[1], []
-    for start in range(0, t, REFERENCE_CHUNK):
-        stop = min(t, start + REFERENCE_CHUNK)
-        mask = np.arange(start, stop)[:, None] >= np.arange(t)[None, :]
-        chunk = jax.checkpoint(lambda q_c, qp_c, k, v, kp, mask=mask: dense_attention(
-            q_c, k, v, qp_c, kp, scheme, mask))
-        outs.append(chunk(q[:, start:stop], q_pos[:, start:stop], k, v, k_pos))
-    return jnp.concatenate(outs, axis=1)
+    """Dense causal attention, one chunk of queries against all keys at a time, in a loop whose
+    steps are rematerialised in the backward pass: the same numbers as `dense_attention` in
+    O(T x chunk) memory."""
+    b, t, h, d = q.shape
+    n = -(-t // REFERENCE_CHUNK)
+    pad = n * REFERENCE_CHUNK - t  # padded queries (after every real one) are computed, then dropped
+    q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, REFERENCE_CHUNK, h, d).swapaxes(0, 1)
+    pos_chunks = jnp.pad(q_pos, ((0, 0), (0, pad)), mode="edge").reshape(b, n, REFERENCE_CHUNK).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk(carry, xs):
+        i, q_i, q_pos_i = xs
+        mask = (i * REFERENCE_CHUNK + jnp.arange(REFERENCE_CHUNK))[:, None] >= jnp.arange(t)[None, :]
+        return carry, dense_attention(q_i, k, v, q_pos_i, k_pos, scheme, mask)
+    _, out = jax.lax.scan(chunk, None, (jnp.arange(n), q_chunks, pos_chunks))
+    return out.swapaxes(0, 1).reshape(b, n * REFERENCE_CHUNK, h, d)[:, :t]
 
 
 def path_function(path: str, plan: Plan, launch=None):
