@@ -157,9 +157,9 @@ def attention_errors(got: dict, reference: dict) -> dict:
 
 # ---- models: training and evaluation throughput -------------------------------------------------------
 
-def timed(plan: Plan, scheme_name: str, path: str, length: int) -> dict:
+def timed(plan: Plan, scheme_name: str, path: str, length: int, run: bool = True) -> dict:
     """tokens/s of a training step and of an evaluation, and XLA's planned bytes of each, for the
-    plan's decoder with `model.attention=path` at `length`."""
+    plan's decoder with `model.attention=path` at `length` (not `run`: the bytes only)."""
     options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
     cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention=path, dtype=plan.dtype, **options)
     model = DecoderLM(cfg, posenc.default_config(scheme_name), train_length=length, rngs=nnx.Rngs(0))
@@ -176,6 +176,8 @@ def timed(plan: Plan, scheme_name: str, path: str, length: int) -> dict:
         compiled = jitted.lower(*args).compile()
         out[f"{kind}_mb"] = (program_bytes(compiled) or 0) / 2**20
         admit_within(plan.memory_limit)(compiled)
+        if not run:
+            continue
         seconds = []
         for _ in range(plan.repeats + 1):  # the first call warms up
             start = time.perf_counter()
@@ -237,11 +239,11 @@ def rows_for(plan: Plan, scheme_name: str, length: int) -> list[dict]:
             row["status"] = "refused"
         if row["status"] == "refused" or (launch is not None and launch.interpret):
             continue  # not timed: never used / Pallas' interpreter
-        if plan.timed_max_length and length > plan.timed_max_length:
-            row["note"] = f"not timed beyond {plan.timed_max_length:,} tokens here"
-            continue
+        run = not plan.timed_max_length or length <= plan.timed_max_length
+        if not run:
+            row["note"] = f"not timed beyond {plan.timed_max_length:,} tokens here (memory: compiled only)"
         try:
-            row.update(timed(plan, scheme_name, path, length))
+            row.update(timed(plan, scheme_name, path, length, run))
         except Skipped as e:
             row["note"] = "; ".join(x for x in (row["note"], f"not timed: {e}") if x)
     judge(rows, plan.dtype)
