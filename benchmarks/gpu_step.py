@@ -4,7 +4,9 @@ x-transformers (issue #15, item 4). Runs on any backend; the numbers mean someth
 Models, all with float32 parameters and optimizer state and bfloat16 compute:
   * standard: d = 1024, 16 layers, 8 heads, FFN 4096 (GELU), vocabulary 32,000, tied embeddings,
     AdamW with clipping, at L = 512 (batch 16) and L = 2048 (batch 4). Ours: `model.dtype=bfloat16`,
-    one row per `--ours_attention` kind (unknown kinds are skipped with a note). Theirs
+    one row per `--ours_attention` kind (unknown kinds are skipped with a note; `pallas` and `auto`
+    run the kernel's device check first, models/attention/verify.py: a kernel that fails it is
+    refused, its row recording why, and `auto` keeps XLA's paths). Theirs
     (x-transformers, the same sizes, XT_SCHEMES of benchmarks/common.py): forward and
     backward under torch.autocast(bfloat16), float32 parameters, torch's fused AdamW on CUDA, eager
     and torch.compile'd (the model; the optimizer step stays eager). Schemes sinusoidal, rope, alibi,

@@ -338,7 +338,8 @@ def load_config(path: pathlib.Path) -> Config:
 
 # Keys that may differ when an existing run is resumed; anything else must match config.json.
 RESUMABLE_KEYS = ("train.steps", "train.log_every", "train.checkpoint_every", "eval", "model.attention",
-                  "model.attention_block", "train.device_batch_tokens", "mesh",  # these two: same update
+                  "model.attention_block", "model.attention_check",  # the same attention, checked or not
+                  "train.device_batch_tokens", "mesh",  # these two: same update
                   "model.adaptive_tail_capacity")  # the same loss, scored in fewer or more slots
 
 

@@ -28,6 +28,7 @@ from models.attention.choice import DEFAULT_BLOCK, DEFAULT_PATH, PATHS, choose, 
 from models.attention.dense import Dropout, dense_attention, fused_attention
 from models.attention.lambda_mask import lambda_dense_attention, lambda_mask
 from models.attention.pallas import pallas_attention
+from models.attention.tuning import device_launch
 from models.attention.triangular import triangular_attention
 from models.partitioning import columns_sharded, rows_sharded
 
@@ -50,8 +51,9 @@ class ModelConfig:
     - regularisation: three dropout rates, where `Block` and `Attention` say.
     - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
       models/adaptive.py) for large word vocabularies.
-    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`)
-      and `attention_block`, the tile width of the long-sequence paths; `attention_sinks` and
+    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`),
+      `attention_block`, the tile width of the long-sequence paths, `attention_check` (the fused
+      kernels' numerical check on the device); `attention_sinks` and
       `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme); the
       window alone is a sliding window (the last W keys, Mistral's `sliding_window`).
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
@@ -84,6 +86,8 @@ class ModelConfig:
     attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
                                     # chooses, and what each is, in models/attention/choice.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
+    attention_check: bool = True    # an explicit fused kernel (pallas, fused) must pass its numerical check
+                                    # on the device first (models/attention/verify.py); off: benchmarking only
     attention_sinks: int = 0        # LM-Infinite's Lambda mask (models/attention/lambda_mask.py): the first
                                     # tokens every query also sees beyond its window, as if from distance L
     attention_window: int = 0       # ... and each query's local window, the last W keys (0: the training
@@ -220,7 +224,7 @@ class Attention(nnx.Module):
         context = self.scheme.token_context(x_BxTxD, pos)  # None unless the scheme reads its input (FoX)
         mask = lambda_mask(self.cfg, self.scheme.dims.train_length)  # None unless LM-Infinite's is on
         if kind == "pallas":
-            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop)
+            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop, device_launch(self.scheme, q.dtype))
         elif kind == "fused":
             out = fused_attention(q, k, v, pos, pos, self.scheme, context)
         elif kind == "triangular":

@@ -8,7 +8,7 @@ import pathlib
 from tests.conftest import REPO
 
 PACKAGES = ("configs", "corpora", "experiment", "models", "posenc", "benchmarks")
-ENTRY_POINTS = ("train", "eval_extrapolate", "report", "sweep", "import_hf", "export_hf")
+ENTRY_POINTS = ("train", "eval_extrapolate", "report", "sweep", "import_hf", "export_hf", "selfcheck")
 SCORING = ("experiment.evals", "experiment.train", "experiment.pipeline")
 ACCELERATOR_LIBRARIES = ("jax", "flax", "orbax", "optax")
 

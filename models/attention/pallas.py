@@ -21,9 +21,12 @@ one; a per-query logit scale (log-n) is folded into the queries.
 Attention dropout is drawn inside the kernel from a counter-based hash of (seed, sequence, head,
 query index, key index), so the backward pass regenerates the same mask without storing it.
 
-On GPU the kernels lower through Triton. Elsewhere they run in Pallas' interpreter (slow; what the
-CPU tests use to check them against dense attention), so `auto` picks this path only on GPU, and
-only after a small probe compiled there (`available`).
+On GPU the kernels lower through Triton, with the tile size, warps and pipelining stages chosen
+for the device (models/attention/tuning.py); head dimensions the compiled kernel cannot take are
+refused (`head_dim_refusal`). Elsewhere they run in Pallas' interpreter (slow; what the CPU tests
+use to check them against dense attention), so `auto` picks this path only on GPU, and only after
+the kernel has passed its numerical check there (models/attention/verify.py). The kernels
+themselves are in pallas_kernels.py.
 """
 from __future__ import annotations
 
@@ -33,25 +36,36 @@ import functools
 import jax
 import jax.numpy as jnp
 import numpy as np
-from flax import nnx
 from jax.experimental import pallas as pl
 from jax.experimental.pallas import triton as pl_triton
 
-from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout, padded_values
+from models.attention import pallas_kernels as kernels
+from models.attention.dense import NO_DROPOUT, Dropout, padded_values
 from models.attention.triangular import supports as triangular_supports
 from posenc import Scheme
 
-BLOCK = 64  # query and key rows per tile
-# Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
-TRITON = pl_triton.CompilerParams(num_warps=4, num_stages=2)
+BLOCK = 64  # query and key rows per tile, where no search chose them (tuning.py)
+HEAD_DIMS = (16, 256)  # the head dimensions the compiled kernel takes: powers of 2 in this range
 
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """How the kernels run: query and key rows per tile, and whether in Pallas' interpreter (None:
-    wherever the backend is not a GPU, `interpreted`)."""
+    """How the kernels run: query and key rows per tile (`block`), and on GPU Triton's warps per
+    program and software-pipelining stages of the loop over tiles (chosen per device:
+    models/attention/tuning.py); `interpret`: whether in Pallas' interpreter (None: wherever the
+    backend is not a GPU, `interpreted`)."""
     block: int = BLOCK
+    num_warps: int = 4
+    num_stages: int = 2
     interpret: bool | None = None
+
+    @property
+    def label(self) -> str:
+        return f"block {self.block}, {self.num_warps} warps, {self.num_stages} stages"
+
+    def compiler_params(self):
+        # Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
+        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
@@ -66,6 +80,18 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
     return scheme.bias(probe_q, probe_q, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is None
 
 
+def head_dim_refusal(head_dim: int) -> str | None:
+    """Why the compiled (Triton) kernel cannot take heads of `head_dim` features, or None: Pallas'
+    Triton lowering needs every array a power of 2 in size, Triton's matrix products need at least
+    16 along the contracted axis, and above 256 a tile's float32 accumulators exceed a GPU's
+    registers. (The interpreter takes any head dimension.)"""
+    low, high = HEAD_DIMS
+    if head_dim & (head_dim - 1) == 0 and low <= head_dim <= high:
+        return None
+    return (f"the Pallas kernel takes head dimensions that are powers of 2 from {low} to {high}, not "
+            f"{head_dim}; use model.attention=auto (XLA's paths) or choose model.head_dim accordingly")
+
+
 def per_device() -> bool:
     """Whether this is traced per device (inside `shard_map` over every axis of the mesh)."""
     mesh = jax.sharding.get_abstract_mesh()
@@ -77,51 +103,15 @@ def interpreted() -> bool:
     return jax.default_backend() != "gpu"
 
 
-_AVAILABLE: dict = {}  # (scheme, heads, head size, dtype) -> whether the kernel compiles here
 _WARNED: set = set()
-
-
-def probe(scheme: Scheme, dtype):
-    """A tiny forward and backward pass of the kernel for `scheme`, traced from shapes alone (the
-    scheme's parameters may be tracers of the model being traced): lower it, then compile it."""
-    graphdef, state = nnx.split(scheme)
-    shapes = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype), state)
-    pos = np.arange(BLOCK, dtype=np.int32)[None]
-
-    def loss(q, state):
-        out = pallas_attention(q, q, q, pos, pos, nnx.merge(graphdef, state), Dropout(0.1, jax.random.key(0)),
-                               Launch(interpret=False))
-        return out.astype(jnp.float32).sum()
-    q = jax.ShapeDtypeStruct((1, BLOCK, scheme.dims.num_heads, scheme.dims.head_dim), dtype)
-    return jax.jit(jax.grad(loss, argnums=(0, 1))).trace(q, shapes)
-
-
-def available(scheme: Scheme, dtype) -> bool:
-    """Whether this scheme's kernel compiles on the default backend (GPU): `probe` is compiled once
-    per (scheme, heads, head size, dtype). A failure is printed once and `auto` keeps the other
-    paths. Never true where the kernel is interpreted, nor on several devices unless the model runs
-    per device (inside `shard_map`, as training does there: models/attention/choice.py,
-    `runs_per_device`): the kernel has no partitioning rule, so XLA would gather a sharded
-    batch onto every device."""
-    if interpreted() or (jax.device_count() > 1 and not per_device()):
-        return False
-    key = (scheme.name, scheme.dims.num_heads, scheme.dims.head_dim, jnp.dtype(dtype).name)
-    if key not in _AVAILABLE:
-        try:
-            probe(scheme, dtype).lower().compile()
-            _AVAILABLE[key] = True
-        except Exception as e:  # noqa: BLE001 - any lowering failure means: use another path
-            print(f"model.attention=auto: the Pallas kernel does not compile for {scheme.name!r} here "
-                  f"({type(e).__name__}: {str(e).splitlines()[0][:200]}); using the XLA path")
-            _AVAILABLE[key] = False
-    return _AVAILABLE[key]
 
 
 def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
                      dropout: Dropout = NO_DROPOUT, launch: Launch = Launch()) -> jax.Array:
     """Causal softmax(scale * q k^T / sqrt(K) + bias) v, equal to `dense_attention` up to float32
     rounding (with dropout: the same distribution, from the kernel's own mask). Queries attend to
-    keys at or before their own index; positions feed only the bias."""
+    keys at or before their own index; positions feed only the bias. The decoder passes the
+    device's `launch` (tuning.device_launch: on GPU the configuration its search chose)."""
     if not supports(scheme, q_pos_BxT, k_pos_BxT):
         raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key, needs "
                          f"whole rows, has a bias without `bias_fn` or from the layer's input, transforms logits "
@@ -158,7 +148,9 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
             _WARNED.add("interpreter")
             print(f"model.attention=pallas on {jax.default_backend()}: the kernel runs in Pallas' interpreter, "
                   f"which is for tests and very slow; use model.attention=auto here")
-    config = _Config(block=block, rate=rate, interpret=interpret,
+    if not interpret and head_dim_refusal(d):
+        raise ValueError(f"model.attention=pallas: {head_dim_refusal(d)}")
+    config = _Config(launch=dataclasses.replace(launch, interpret=interpret), rate=rate,
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
                      constant_beyond=None if bias is None else bias.constant_beyond,
                      lookup=None if bias is None or bias.table is None else bias.index)
@@ -171,9 +163,9 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
 class _Config:
     """The static arguments of one call (hashable by identity, as custom_vjp needs nothing more)."""
 
-    def __init__(self, block, rate, interpret, treedef, num_shared, learned, constant_beyond, lookup):
-        self.block, self.rate, self.interpret, self.treedef, self.num_shared, self.learned = (
-            block, rate, interpret, treedef, num_shared, learned)
+    def __init__(self, launch, rate, treedef, num_shared, learned, constant_beyond, lookup):
+        self.launch, self.block, self.interpret = launch, launch.block, launch.interpret
+        self.rate, self.treedef, self.num_shared, self.learned = rate, treedef, num_shared, learned
         self.constant_beyond, self.lookup = constant_beyond, lookup
 
     @property
@@ -249,145 +241,6 @@ def _kernel_shape(x: jax.Array, per_head: bool = False) -> jax.Array:
     return x.reshape(x.shape + (1,)) if x.ndim == int(per_head) else x
 
 
-# ---- the dropout mask: a counter-based hash, the same in all three kernels ---------------------------
-
-def _mix(x):
-    """murmur3's 32-bit finaliser: a bijection of uint32 that mixes every input bit into every output bit."""
-    x = x ^ (x >> 16)
-    x = x * jnp.uint32(0x85EBCA6B)
-    x = x ^ (x >> 13)
-    x = x * jnp.uint32(0xC2B2AE35)
-    return x ^ (x >> 16)
-
-
-def keep_mask(seed, sequence, head, num_heads, q_idx_Qx1, k_idx_1xS, rate: float):
-    """True where dropout keeps the probability of (query index, key index) of one sequence and head."""
-    stream = _mix(seed ^ _mix((sequence * num_heads + head).astype(jnp.uint32) + jnp.uint32(0x9E3779B9)))
-    row = _mix(stream ^ (q_idx_Qx1.astype(jnp.uint32) * jnp.uint32(0x9E3779B1)))
-    bits = _mix(row + k_idx_1xS.astype(jnp.uint32) * jnp.uint32(0x85EBCA77))
-    return bits >= jnp.uint32(min(int(rate * 2.0 ** 32), 2 ** 32 - 1))
-
-
-# ---- kernels --------------------------------------------------------------------------------------------
-
-def _dot(a, b, contract=(1, 0)):
-    return jax.lax.dot_general(a, b, (((contract[0],), (contract[1],)), ((), ())),
-                               preferred_element_type=jnp.float32)
-
-
-def _logits(cfg, q, k, q_pos, k_pos, bias_leaves, tile, scale):
-    """Tile (i, j)'s float32 logits, masked only on the diagonal (i == j), and where the bias is
-    learned, the function from the tile's dS to the leaves' gradients. `bias_leaves`: (the leaves'
-    values, their refs)."""
-    (leaves, leaf_refs), (i, j) = bias_leaves, tile
-    s = _dot(q, k, (1, 1)) * scale
-    vjp = None
-    if cfg.has_bias:
-        s = s + cfg.bias(leaves, leaf_refs, q_pos, k_pos)
-    if cfg.learned:
-        vjp = lambda ds: cfg.bias_grads(leaves, q_pos, k_pos, ds)
-    n = cfg.block
-    causal = (i * n + jnp.arange(n))[:, None] >= (j * n + jnp.arange(n))[None, :]
-    return jnp.where(causal | (i != j), s, NEG_INF), vjp
-
-
-def _dropout(cfg, seed_ref, num_heads):
-    """keep(i, j): the dropout mask of tile (i, j) of this program's sequence and head. The program
-    ids are read here, at the kernel's top level (the interpreter has none inside loops)."""
-    n, sequence, head = cfg.block, pl.program_id(0), pl.program_id(1)
-    return lambda i, j: keep_mask(seed_ref[0], sequence, head, num_heads, (i * n + jnp.arange(n))[:, None],
-                                  (j * n + jnp.arange(n))[None, :], cfg.rate)
-
-
-def _forward_kernel(cfg, num_heads, scale, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, *refs):
-    leaf_refs, (o_ref, lse_ref) = refs[:-2], refs[-2:]
-    leaves = [r[...] for r in leaf_refs]
-    n, i = cfg.block, pl.program_id(2)
-    q, q_pos = q_ref[...], qp_ref[...]
-    keep = _dropout(cfg, seed_ref, num_heads)
-
-    def tile(j, carry):
-        m, l, acc = carry
-        k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, _ = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], (leaves, leaf_refs), (i, j), scale)
-        m_new = jnp.maximum(m, s.max(-1))
-        p = jnp.exp(s - m_new[:, None])
-        correction = jnp.exp(m - m_new)
-        if cfg.rate:
-            p_used = jnp.where(keep(i, j), p * (1.0 / (1.0 - cfg.rate)), 0.0)
-        else:
-            p_used = p
-        acc = acc * correction[:, None] + _dot(p_used.astype(v.dtype), v)
-        return m_new, l * correction + p.sum(-1), acc
-
-    init = (jnp.full((n,), NEG_INF, jnp.float32), jnp.zeros((n,), jnp.float32),
-            jnp.zeros((n, q.shape[-1]), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, i + 1, tile, init)
-    o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log(l)
-
-
-def _dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, do_ref,
-               lse_ref, delta_ref, *refs):
-    leaf_refs, dq_ref, grad_refs = refs[:num_leaves], refs[num_leaves], refs[num_leaves + 1:]
-    leaves = [r[...] for r in leaf_refs]
-    n, i = cfg.block, pl.program_id(2)
-    q, q_pos, do = q_ref[...], qp_ref[...], do_ref[...]
-    keep = _dropout(cfg, seed_ref, num_heads)
-    lse, delta = lse_ref[...], delta_ref[...]
-
-    def tile(j, carry):
-        dq, grads = carry
-        k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, vjp = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], (leaves, leaf_refs), (i, j), scale)
-        p = jnp.exp(s - lse[:, None])
-        dp = _dot(do, v, (1, 1))
-        if cfg.rate:
-            dp = jnp.where(keep(i, j), dp * (1.0 / (1.0 - cfg.rate)), 0.0)
-        ds = p * (dp - delta[:, None])
-        dq = dq + _dot(ds.astype(k.dtype), k)
-        if vjp is not None:
-            grads = [g + d for g, d in zip(grads, vjp(ds))]
-        return dq, grads
-
-    init = (jnp.zeros(q.shape, jnp.float32), [jnp.zeros(x.shape, jnp.float32) for x in leaves[:len(grad_refs)]])
-    dq, grads = jax.lax.fori_loop(0, i + 1, tile, init)
-    dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
-    for ref, g in zip(grad_refs, grads):
-        ref[...] = g
-
-
-def _dkv_kernel(cfg, num_heads, scale, num_blocks, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, do_ref,
-                lse_ref, delta_ref, *refs):
-    leaf_refs, (dk_ref, dv_ref) = refs[:-2], refs[-2:]
-    leaves = [r[...] for r in leaf_refs]
-    n, j = cfg.block, pl.program_id(2)
-    k, v, k_pos = k_ref[...], v_ref[...], kp_ref[...]
-    keep = _dropout(cfg, seed_ref, num_heads)
-
-    def tile(i, carry):
-        dk, dv = carry
-        rows = pl.ds(i * n, n)
-        q, do = q_ref[rows, :], do_ref[rows, :]
-        s, _ = _logits(cfg, q, k, qp_ref[rows], k_pos, (leaves, leaf_refs), (i, j), scale)
-        p = jnp.exp(s - lse_ref[rows][:, None])
-        dp = _dot(do, v, (1, 1))
-        if cfg.rate:
-            kept = keep(i, j)
-            p_used = jnp.where(kept, p * (1.0 / (1.0 - cfg.rate)), 0.0)
-            dp = jnp.where(kept, dp * (1.0 / (1.0 - cfg.rate)), 0.0)
-        else:
-            p_used = p
-        dv = dv + _dot(p_used.astype(do.dtype), do, (0, 0))
-        ds = p * (dp - delta_ref[rows][:, None])
-        return dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv
-
-    init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    dk, dv = jax.lax.fori_loop(j, num_blocks, tile, init)
-    dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
-    dv_ref[...] = dv.astype(dv_ref.dtype)
-
-
 # ---- pallas_call plumbing ----------------------------------------------------------------------------
 
 def _specs(cfg, b, t, h, d, shared, per_head):
@@ -413,13 +266,13 @@ def _forward(cfg, q, k, v, q_pos, k_pos, seed, bias_leaves):
     shared, per_head = bias_leaves
     b, t, h, d = q.shape
     sp = _specs(cfg, b, t, h, d, shared, per_head)
-    kernel = functools.partial(_forward_kernel, cfg, h, d ** -0.5)
+    kernel = functools.partial(kernels.forward_kernel, cfg, h, d ** -0.5)
     out, lse = pl.pallas_call(
         kernel, grid=(b, h, t // cfg.block),
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["stat_rows"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-        interpret=cfg.interpret, compiler_params=TRITON, name="attention_forward",
+        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_forward",
     )(q, k, v, q_pos, k_pos, seed, *shared, *per_head)
     return out, lse
 
@@ -447,20 +300,20 @@ def _flash_backward(cfg, residuals, d_out):
     grad_specs = [pl.BlockSpec((None, None, None, *g.shape[3:]), lambda s, hd, i, nd=len(g.shape): (s, hd, i)
                                + (0,) * (nd - 3)) for g in grad_shapes]
     dq, *grads = pl.pallas_call(
-        functools.partial(_dq_kernel, cfg, h, scale, len(leaves)), grid=(b, h, nb),
+        functools.partial(kernels.dq_kernel, cfg, h, scale, len(leaves)), grid=(b, h, nb),
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"],
                   sp["rows"], sp["stat_rows"], sp["stat_rows"], *sp["leaves"]],
         out_specs=[sp["rows"], *grad_specs],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), *grad_shapes],
-        interpret=cfg.interpret, compiler_params=TRITON, name="attention_backward_dq",
+        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_backward_dq",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)
     dk, dv = pl.pallas_call(
-        functools.partial(_dkv_kernel, cfg, h, scale, nb), grid=(b, h, nb),
+        functools.partial(kernels.dkv_kernel, cfg, h, scale, nb), grid=(b, h, nb),
         in_specs=[sp["whole"], sp["rows"], sp["rows"], sp["pos_whole"], sp["pos_rows"], sp["seed"],
                   sp["whole"], sp["stat_whole"], sp["stat_whole"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["rows"]],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
-        interpret=cfg.interpret, compiler_params=TRITON, name="attention_backward_dkv",
+        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_backward_dkv",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)
     if cfg.learned:
         d_shared = [g.sum((0, 1, 2)) for g in grads[:len(shared)]]

@@ -9,7 +9,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM, ModelConfig
-from models.attention import choice, pallas
+from models.attention import choice, pallas, tuning, verify
 
 CFG = dict(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64)
 T = 70
@@ -89,7 +89,8 @@ def test_tile_width_for_evaluation():
 def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkeypatch):
     auto, explicit, xla = {"attention": "auto"}, {"attention": "pallas"}, {"attention": "dense"}
     assert not choice.runs_per_device(auto, _scheme("alibi"), 8)  # interpreted here: never
-    monkeypatch.setattr(pallas, "interpreted", lambda: False)  # as on a GPU
+    monkeypatch.setattr(pallas, "interpreted", lambda: False)  # as on a GPU, where the kernel passes its check
+    monkeypatch.setattr(tuning, "kernel_verdict", lambda *args: verify.Verdict(True, "passed"))
     assert choice.runs_per_device(auto, _scheme("alibi"), 8)
     assert choice.runs_per_device(auto, _scheme("rope"), 8)
     assert choice.runs_per_device(explicit, _scheme("alibi"), 8)
@@ -97,3 +98,6 @@ def test_training_runs_per_device_where_the_compiled_kernel_would_be_used(monkey
     assert not choice.runs_per_device(auto, _scheme("alibi"), 1)
     assert not choice.runs_per_device(auto, _scheme("shaw"), 8)  # auto keeps XLA's paths for it
     assert not choice.runs_per_device(xla, _scheme("alibi"), 8)
+    monkeypatch.setattr(tuning, "kernel_verdict", lambda *args: verify.Verdict(False, "mismatch", "wrong"))
+    assert not choice.runs_per_device(auto, _scheme("alibi"), 8)  # auto keeps XLA's paths: no need
+    assert choice.runs_per_device(explicit, _scheme("alibi"), 8)  # (choose refuses the kernel there)

@@ -11,7 +11,8 @@ from flax import nnx
 
 import posenc
 from models.attention.dense import Dropout, dense_attention
-from models.attention.pallas import Launch, keep_mask, pallas_attention, probe, supports
+from models.attention.pallas import Launch, pallas_attention, supports
+from models.attention.pallas_kernels import keep_mask
 
 B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
 # small option values keep the interpreter's compile time down; the formulas are the same
@@ -200,15 +201,3 @@ def test_kernel_lowers_to_triton_for_a_gpu(name):
     lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
         state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
     assert lowered.as_text().count("xla.gpu.triton") == 3  # forward, dQ, dK / dV
-
-
-def test_auto_probe_traces_from_shapes_inside_a_model_trace():
-    """`auto` probes the kernel while the model is being traced (the scheme's parameters are
-    tracers): the probe traces from shapes alone, and its kernels lower for CUDA there."""
-    graphdef, state = nnx.split(_scheme("t5"))
-
-    def traced(state):
-        lowered = probe(nnx.merge(graphdef, state), jnp.bfloat16).lower(lowering_platforms=("cuda",))
-        assert lowered.as_text().count("xla.gpu.triton") == 3
-        return jax.tree.leaves(state)[0].sum()
-    jax.jit(traced).trace(state)

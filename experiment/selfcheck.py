@@ -1,0 +1,312 @@
+"""The first command to run on a new machine (CPU, GPU or TPU): `python selfcheck.py` (selfcheck.py).
+
+For each scheme of the plan, each length and each attention path (dense, triangular, blockwise,
+fused, pallas), on this machine's first device and in the plan's dtype:
+  - the forward and gradient error of the attention function against a float32 dense reference
+    (chunked over queries so that it fits at 16k tokens and beyond; the highest matmul precision):
+    max |x - reference| / max |reference| for the output, and the largest such error over dQ, dK,
+    dV and the scheme's learned parameters for the gradient, on one sequence of random q, k, v;
+  - a training step's and an evaluation's tokens/s of a small decoder using that path
+    (`model.attention=<path>`, AdamW, `step_tokens` tokens per step), and the bytes XLA plans for
+    each compiled program (arguments + outputs + temporaries: the peak it holds);
+  - which path `auto` picks at that length, for training and evaluation, and with attention dropout.
+A path that cannot express the scheme is marked n/a; a program planned above the memory limit is
+skipped, and so is Pallas' interpreter (off GPU) beyond `interpreter_max_length`; where the kernel
+is compiled (GPU), its device check (models/attention/verify.py) runs first and a kernel that fails
+it is marked refused, as the framework refuses it. An error above its bound is WRONG (`judge`: the
+device check's rule, relative to XLA's own paths at that length), and any WRONG row makes the exit
+status 1: a path the framework would use (explicitly or as `auto`'s pick) computes something else on
+this machine.
+
+Writes selfcheck_<device>.json (every number) and .md (the table) in the output folder.
+"""
+from __future__ import annotations
+
+import dataclasses
+import datetime
+import json
+import pathlib
+import time
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+import posenc
+from experiment.config import TrainConfig
+from experiment.runtime.accelerator import device_memory_limit, program_bytes
+from experiment.selfcheck_table import markdown, one_line, slug
+from experiment.train.optimizer import make_optimizer
+from experiment.train.step import make_train_step
+from models import DecoderLM, ModelConfig
+from models.attention import (blockwise_attention, choice, dense_attention, fused_attention, pallas,
+                              triangular_attention, tuning, verify)
+
+PATHS = ("dense", "triangular", "blockwise", "fused", "pallas")
+XLA_PATHS = ("dense", "triangular", "blockwise")  # XLA's own code on every backend
+REFERENCE_CHUNK = 512  # queries per chunk of the float32 reference
+
+
+@dataclasses.dataclass(frozen=True)
+class Plan:
+    """What one run measures. `model`: ModelConfig options of the timed decoder (its heads and head
+    dimension also shape the attention inputs); `step_tokens`: tokens per timed step (rows =
+    step_tokens // length, at least 1); `memory_limit`: bytes a compiled program may plan."""
+    mode: str
+    schemes: tuple
+    lengths: tuple
+    dtype: str
+    model: dict
+    step_tokens: int
+    repeats: int
+    interpreter_max_length: int
+    timed_max_length: int  # longer sequences: errors only (0: time every length)
+    memory_limit: int
+
+    @property
+    def head_dim(self) -> int:
+        return self.model["d_model"] // self.model["num_heads"]
+
+
+def make_plan(short: bool = False, schemes: str = "", lengths: str = "", dtype: str = "",
+              memory_gb: float = 0.0) -> Plan:
+    """The full plan (up to 16k tokens; 16,384 tokens per timed step on an accelerator; on a CPU
+    4,096, fewer repeats, and no timing beyond 4,096 tokens, where one training step takes minutes)
+    or the short one (tiny, for CI's machine), with any of its lists or settings replaced."""
+    accelerator = jax.default_backend() in ("gpu", "tpu")
+    if short:
+        base = dict(mode="short", schemes=("alibi", "t5"), lengths=(24, 40), repeats=1, step_tokens=96,
+                    interpreter_max_length=64, timed_max_length=0,
+                    model=dict(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, vocab_size=64, attention_block=16))
+    else:
+        base = dict(mode="full", schemes=("alibi", "rope", "t5", "kerple_log", "fire", "logn"),
+                    lengths=(512, 1000, 4096, 16384), repeats=3 if accelerator else 2,
+                    step_tokens=16384 if accelerator else 4096, interpreter_max_length=1024,
+                    timed_max_length=0 if accelerator else 4096,
+                    model=dict(num_layers=2, d_model=256, num_heads=4, mlp_dim=1024, vocab_size=256))
+    return Plan(schemes=tuple(schemes.split(",")) if schemes else base["schemes"],
+                lengths=tuple(int(x) for x in lengths.split(",")) if lengths else base["lengths"],
+                dtype=dtype or ("bfloat16" if accelerator else "float32"),
+                memory_limit=int(memory_gb * 2**30) if memory_gb else default_memory_limit(),
+                **{k: v for k, v in base.items() if k not in ("schemes", "lengths")})
+
+
+def default_memory_limit() -> int:
+    """90% of the device's memory; on CPU a quarter of the memory available now (the machine may be
+    shared, and a process takes more than the program XLA plans)."""
+    limit = device_memory_limit()
+    if limit:
+        return int(limit * 0.9)
+    try:
+        with open("/proc/meminfo") as f:
+            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
+    except (OSError, StopIteration):
+        available = 8 * 2**30
+    return available // 4
+
+
+class Skipped(Exception):
+    """A measurement not taken, with why (too large for the memory limit, interpreted, refused)."""
+
+
+def admit_within(limit: int):
+    def admit(compiled):
+        need = program_bytes(compiled)
+        if need is not None and need > limit:
+            raise Skipped(f"needs {need / 2**30:.1f} GiB (limit {limit / 2**30:.1f})")
+    return admit
+
+
+# ---- attention: errors against the float32 reference ---------------------------------------------
+
+def reference_attention(q, k, v, q_pos, k_pos, scheme):
+    """Dense causal attention, one chunk of queries against all keys at a time, in a loop whose
+    steps are rematerialised in the backward pass: the same numbers as `dense_attention` in
+    O(T x chunk) memory."""
+    b, t, h, d = q.shape
+    n = -(-t // REFERENCE_CHUNK)
+    pad = n * REFERENCE_CHUNK - t  # padded queries (after every real one) are computed, then dropped
+    q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, REFERENCE_CHUNK, h, d).swapaxes(0, 1)
+    pos_chunks = jnp.pad(q_pos, ((0, 0), (0, pad)), mode="edge").reshape(b, n, REFERENCE_CHUNK).swapaxes(0, 1)
+
+    @jax.checkpoint
+    def chunk(carry, xs):
+        i, q_i, q_pos_i = xs
+        mask = (i * REFERENCE_CHUNK + jnp.arange(REFERENCE_CHUNK))[:, None] >= jnp.arange(t)[None, :]
+        return carry, dense_attention(q_i, k, v, q_pos_i, k_pos, scheme, mask)
+    _, out = jax.lax.scan(chunk, None, (jnp.arange(n), q_chunks, pos_chunks))
+    return out.swapaxes(0, 1).reshape(b, n * REFERENCE_CHUNK, h, d)[:, :t]
+
+
+def path_function(path: str, plan: Plan, launch=None):
+    """The attention function of `path`, called as `dense_attention` is without its mask."""
+    block = plan.model.get("attention_block", choice.DEFAULT_BLOCK)
+    return {"dense": lambda q, k, v, qp, kp, s: dense_attention(q, k, v, qp, kp, s, np.tri(q.shape[1], dtype=bool)),
+            "triangular": triangular_attention,
+            "blockwise": lambda q, k, v, qp, kp, s: blockwise_attention(q, k, v, qp, kp, s, block),
+            "fused": fused_attention,
+            "pallas": lambda q, k, v, qp, kp, s: pallas.pallas_attention(q, k, v, qp, kp, s, launch=launch)}[path]
+
+
+def attention_errors(got: dict, reference: dict) -> dict:
+    errors = verify.compare(got, reference)
+    worst = max((n for n in errors if n != "out"), key=errors.get)
+    return {"forward_error": errors["out"], "gradient_error": errors[worst], "worst_gradient": worst}
+
+
+# ---- models: training and evaluation throughput -------------------------------------------------------
+
+def timed(plan: Plan, scheme_name: str, path: str, length: int, run: bool = True) -> dict:
+    """tokens/s of a training step and of an evaluation, and XLA's planned bytes of each, for the
+    plan's decoder with `model.attention=path` at `length` (not `run`: the bytes only)."""
+    options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
+    cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention=path, dtype=plan.dtype, **options)
+    model = DecoderLM(cfg, posenc.default_config(scheme_name), train_length=length, rngs=nnx.Rngs(0))
+    graphdef, params = nnx.split(model)
+    rows = max(1, plan.step_tokens // length)
+    tokens = jax.random.randint(jax.random.key(0), (rows, length), 0, cfg.vocab_size)
+    tx = make_optimizer(TrainConfig())
+    train = make_train_step(graphdef, tx, dropout_seed=0)
+    score = jax.jit(lambda params, tokens: nnx.merge(graphdef, params).token_nll(tokens, tokens).sum())
+    out = {}
+    copy = jax.tree.map(jnp.copy, params)  # the training step donates its parameters
+    for kind, jitted, args in (("train", train, [copy, tx.init(copy), tokens, tokens, np.int32(0)]),
+                               ("eval", score, [params, tokens])):
+        compiled = jitted.lower(*args).compile()
+        out[f"{kind}_mb"] = (program_bytes(compiled) or 0) / 2**20
+        admit_within(plan.memory_limit)(compiled)
+        if not run:
+            continue
+        seconds = []
+        for _ in range(plan.repeats + 1):  # the first call warms up
+            start = time.perf_counter()
+            result = compiled(*args)
+            jax.block_until_ready(result)
+            seconds.append(time.perf_counter() - start)
+            if kind == "train":  # the step donates its parameters and optimizer state
+                args = [result[0], result[1], *args[2:]]
+        out[f"{kind}_tokens_per_s"] = rows * length / float(np.median(seconds[1:]))
+    return out
+
+
+def auto_picks(plan: Plan, scheme: posenc.Scheme, length: int) -> dict:
+    """`auto`'s path for training and evaluation (no attention dropout), and with attention dropout."""
+    options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
+    cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention="auto", dtype=plan.dtype, **options)
+    pos = jnp.arange(length, dtype=jnp.int32)[None]
+    return {label: choice.choose(cfg, scheme, pos, jnp.dtype(plan.dtype), dropping=dropping)
+            for label, dropping in (("train, eval", False), ("attention dropout", True))}
+
+
+# ---- one (scheme, length) ---------------------------------------------------------------------------
+
+def rows_for(plan: Plan, scheme_name: str, length: int) -> list[dict]:
+    """One row per attention path: errors, throughput, memory, auto's picks, status."""
+    heads = plan.model["num_heads"]
+    dims = posenc.ModelDims(d_model=plan.model["d_model"], num_heads=heads, head_dim=plan.head_dim,
+                            num_layers=1, train_length=length)
+    scheme = posenc.build(posenc.default_config(scheme_name), dims, rngs=nnx.Rngs(0))
+    rng = np.random.default_rng(0)
+    q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, plan.head_dim)), plan.dtype) for _ in range(3))
+    pos = jnp.arange(length, dtype=jnp.int32)[None]
+    cotangent = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
+    admit = admit_within(plan.memory_limit)
+    picks, rows = auto_picks(plan, scheme, length), []
+    try:
+        with jax.default_matmul_precision("highest"):
+            reference = verify.outputs(reference_attention, scheme, *(x.astype(jnp.float32) for x in (q, k, v)),
+                                       pos, cotangent, admit)
+    except Skipped as e:
+        return [{"scheme": scheme_name, "length": length, "path": path, "status": "skipped",
+                 "auto": ", ".join(label for label, pick in picks.items() if pick == path),
+                 "note": f"the reference {e}"} for path in PATHS]
+    for path in PATHS:
+        row = {"scheme": scheme_name, "length": length, "path": path,
+               "auto": ", ".join(label for label, pick in picks.items() if pick == path), "status": "ok", "note": ""}
+        rows.append(row)
+        try:
+            launch, row["note"] = device_guard(plan, path, scheme, length)
+            got = verify.outputs(path_function(path, plan, launch), scheme, q, k, v, pos, cotangent, admit)
+        except Skipped as e:
+            row.update(status="refused" if str(e).startswith("refused") else "skipped", note=str(e))
+            continue
+        except ValueError as e:  # the path cannot express the scheme (its own message says so)
+            row.update(status="n/a", note=str(e).splitlines()[0][:160])
+            continue
+        row.update(attention_errors(got, reference))
+        if row["note"].startswith("refused"):  # ran, but the device check rejects it: never used
+            row["status"] = "refused"
+        if row["status"] == "refused" or (launch is not None and launch.interpret):
+            continue  # not timed: never used / Pallas' interpreter
+        run = not plan.timed_max_length or length <= plan.timed_max_length
+        if not run:
+            row["note"] = f"not timed beyond {plan.timed_max_length:,} tokens here (memory: compiled only)"
+        try:
+            row.update(timed(plan, scheme_name, path, length, run))
+        except Skipped as e:
+            row["note"] = "; ".join(x for x in (row["note"], f"not timed: {e}") if x)
+    judge(rows, plan.dtype)
+    return rows
+
+
+def judge(rows: list[dict], dtype: str) -> None:
+    """Mark WRONG the rows of one (scheme, length) whose forward or gradient error exceeds its
+    bound: the device check's rule (verify.bounds), XLA_FACTOR x the largest error among XLA's own
+    paths here, within [FLOOR, CAP] of the dtype (CAP alone where no XLA path ran). XLA's paths are
+    thereby held to CAP: far off, all of them, is wrong too."""
+    xla = [r for r in rows if r["path"] in XLA_PATHS and "forward_error" in r]
+    for column in ("forward_error", "gradient_error"):
+        bound = verify.bounds({column: max((r[column] for r in xla), default=float("inf"))}, dtype)[column]
+        for row in rows:
+            row[column.replace("error", "bound")] = bound
+            if row.get(column, 0.0) > bound and row["status"] == "ok":
+                row["status"] = "WRONG"
+
+
+def device_guard(plan: Plan, path: str, scheme, length: int):
+    """(the Pallas launch or None, a note) for a path here; raises Skipped for a kernel not run.
+    Pallas off GPU: the interpreter, up to the plan's length. A kernel the device check guards (on
+    GPU: pallas, fused): 'refused: ...' where the check rejects it (its errors are still measured
+    where it runs), and for pallas the launch the device search chose."""
+    dtype = jnp.dtype(plan.dtype)
+    if path == "pallas" and pallas.interpreted():
+        if length > plan.interpreter_max_length:
+            raise Skipped(f"interpreted (no GPU): checked up to {plan.interpreter_max_length} tokens")
+        return pallas.Launch(interpret=True), "interpreted"
+    if not choice.checked_here(path):
+        return None, ""
+    verdict = choice.device_verdict(path, scheme, dtype)
+    if verdict.status in ("refused", "error"):
+        raise Skipped(f"refused: {verdict.reason}")
+    launch = tuning.device_launch(scheme, dtype) if path == "pallas" else None
+    label = f"{launch.label}; " if launch is not None else ""
+    return launch, (f"{label}device check passed" if verdict.ok else f"refused: {verdict.reason}")
+
+
+# ---- the whole run ------------------------------------------------------------------------------------
+
+def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
+    """Measure every row, write the JSON and markdown files, return (the result, the exit status)."""
+    started, rows = time.time(), []
+    for scheme_name in plan.schemes:
+        for length in plan.lengths:
+            for row in rows_for(plan, scheme_name, length):
+                rows.append(row)
+                say(one_line(row))
+    wrong = [r for r in rows if r["status"] == "WRONG"]
+    device = jax.devices()[0]
+    result = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
+              "jax": jax.__version__, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
+              "plan": dataclasses.asdict(plan), "floor": verify.FLOOR[plan.dtype], "cap": verify.CAP[plan.dtype],
+              "xla_factor": verify.XLA_FACTOR,
+              "rows": rows, "wrong": len(wrong), "passed": not wrong}
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"selfcheck_{slug(device.device_kind)}{'_short' if plan.mode == 'short' else ''}"
+    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
+    stem.with_suffix(".md").write_text(markdown(result))
+    say(f"wrote {stem}.json and {stem}.md: "
+        + ("every path the framework would use is within tolerance" if not wrong else
+           f"{len(wrong)} WRONG row(s): " + "; ".join(f"{r['scheme']} L={r['length']} {r['path']}" for r in wrong)))
+    return result, 1 if wrong else 0

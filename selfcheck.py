@@ -1,0 +1,35 @@
+"""Run this first on a new machine (CPU, GPU or TPU): python selfcheck.py [--short] [--out DIR]
+
+Every attention path against a float32 reference, per scheme and length (16k tokens in the full
+mode), with training and evaluation throughput, planned memory and `auto`'s choice; prints the rows
+as they come and writes selfcheck_<device>.json and .md to --out. Exit status 1 if a path the
+framework would use is wrong here (experiment/selfcheck.py says how each number is taken).
+"""
+import sys
+
+from absl import app, flags
+
+from experiment.cli import parse_flags, run_cleanly
+from experiment.selfcheck import make_plan, run
+
+flags.DEFINE_bool("short", False, "the short plan (tiny model, 2 schemes, 2 lengths): CI's machine, a minute")
+flags.DEFINE_string("schemes", "", "comma-separated schemes (default: the plan's)")
+flags.DEFINE_string("lengths", "", "comma-separated lengths (default: the plan's)")
+flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16"], "compute dtype (default: bfloat16 on GPU / TPU, "
+                  "float32 on CPU)")
+flags.DEFINE_float("memory_gb", 0.0, "skip programs that plan more than this (default: 90% of the device, "
+                   "a quarter of the available memory on CPU)")
+flags.DEFINE_string("out", ".", "folder for selfcheck_<device>.json and .md")
+FLAGS = flags.FLAGS
+
+
+def main(argv):
+    del argv
+    status = []
+    run_cleanly(lambda: status.append(run(make_plan(FLAGS.short, FLAGS.schemes, FLAGS.lengths, FLAGS.dtype,
+                                                    FLAGS.memory_gb), FLAGS.out)[1]))
+    sys.exit(status[0] if status else 2)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

@@ -1,0 +1,86 @@
+"""The self-check command (experiment/selfcheck.py, selfcheck.py) in its short mode on CPU: a row per
+attention path with errors against the float32 reference, throughput, planned memory and auto's pick,
+written as JSON and markdown; a wrong path makes the exit status 1; the rule that judges a row."""
+import json
+
+import numpy as np
+import pytest
+
+from experiment import selfcheck
+
+
+def test_the_short_table_on_cpu(tmp_path, monkeypatch):
+    """The short plan at one length that is no multiple of any tile, on auto's path there and the
+    Pallas kernel (in the interpreter, errors only); every path: tests/experiment/test_selfcheck.py's
+    slow test."""
+    monkeypatch.setattr(selfcheck, "PATHS", ("blockwise", "pallas"))
+    plan = selfcheck.make_plan(short=True, schemes="alibi", lengths="40")
+    assert plan.dtype == "float32" and plan.model["attention_block"] == 16 and plan.mode == "short"
+    lines = []
+    result, status = selfcheck.run(plan, tmp_path, say=lines.append)
+    assert status == 0 and result["passed"]
+    blockwise, kernel = result["rows"]
+    assert (blockwise["path"], kernel["path"]) == ("blockwise", "pallas")
+    for row in (blockwise, kernel):  # in float32 on CPU both within ~1e-6 of the reference
+        assert row["status"] == "ok" and row["forward_error"] < 1e-5 and row["gradient_error"] < 1e-5
+    assert blockwise["auto"] == "train, eval"  # 40 tokens > 2 tiles of 16
+    assert blockwise["train_tokens_per_s"] > 0 and blockwise["eval_tokens_per_s"] > 0
+    assert blockwise["train_mb"] > blockwise["eval_mb"] > 0  # the step holds optimizer state too
+    assert kernel["note"] == "interpreted" and "train_tokens_per_s" not in kernel
+    saved = json.loads((tmp_path / "selfcheck_cpu_short.json").read_text())
+    assert saved["rows"] == result["rows"] and saved["plan"]["lengths"] == [40]
+    table = (tmp_path / "selfcheck_cpu_short.md").read_text()
+    assert "**PASS**" in table and table.count("\n| `alibi` | 40 |") == 2
+    assert len(lines) == 3 and lines[-1].startswith("wrote ")
+
+
+@pytest.mark.slow  # ~1-5 minutes on 2 cores: every path of the short plan, and the entry point
+def test_the_short_mode_of_the_command(tmp_path):
+    from tests.conftest import run_entry
+    result = run_entry("selfcheck.py", "--short", f"--out={tmp_path}", timeout=900)
+    assert result.returncode == 0, result.stderr[-3000:]
+    saved = json.loads((tmp_path / "selfcheck_cpu_short.json").read_text())
+    assert len(saved["rows"]) == 2 * 2 * 5 and saved["passed"]
+    assert {r["path"] for r in saved["rows"] if r["auto"]} == {"triangular", "blockwise"}
+    assert all(r["status"] == "ok" and r["gradient_error"] < 1e-5 for r in saved["rows"])
+    assert all("train_tokens_per_s" in r for r in saved["rows"] if r["path"] != "pallas")
+
+
+def test_a_wrong_path_fails_the_run(tmp_path, monkeypatch):
+    """A path computing something else (here blockwise, made to attend one key too far back) is WRONG,
+    in the table and in the exit status."""
+    real = selfcheck.path_function
+
+    def wrong_blockwise(path, plan, launch=None):
+        attend = real(path, plan, launch)
+        if path != "blockwise":
+            return attend
+        return lambda q, k, v, qp, kp, s: attend(q, k, v, qp, kp - 1, s)
+    monkeypatch.setattr(selfcheck, "path_function", wrong_blockwise)
+    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
+    monkeypatch.setattr(selfcheck, "PATHS", ("dense", "blockwise"))
+    plan = selfcheck.make_plan(short=True, schemes="t5", lengths="24")
+    result, status = selfcheck.run(plan, tmp_path, say=lambda line: None)
+    assert status == 1 and result["wrong"] == 1
+    assert [r["status"] for r in result["rows"]] == ["ok", "WRONG"]
+    assert "**FAIL**" in (tmp_path / "selfcheck_cpu_short.md").read_text()
+
+
+def test_rows_are_judged_against_xla_paths_within_floor_and_cap():
+    rows = [dict(path="dense", status="ok", forward_error=0.004, gradient_error=0.005),
+            dict(path="blockwise", status="ok", forward_error=0.006, gradient_error=0.009),
+            dict(path="pallas", status="ok", forward_error=0.011, gradient_error=0.0269),
+            dict(path="fused", status="n/a"),
+            dict(path="pallas", status="refused", forward_error=0.5, gradient_error=0.5)]
+    selfcheck.judge(rows, "bfloat16")  # bounds: 3 x the largest of XLA's, 0.006 and 0.009
+    assert [r["status"] for r in rows] == ["ok", "ok", "ok", "n/a", "refused"]
+    assert rows[0]["forward_bound"] == pytest.approx(0.018) and rows[0]["gradient_bound"] == pytest.approx(0.027)
+    rows[2]["gradient_error"] = 0.0271
+    selfcheck.judge(rows, "bfloat16")
+    assert rows[2]["status"] == "WRONG"
+    far_off = [dict(path="dense", status="ok", forward_error=0.2, gradient_error=0.001)]
+    selfcheck.judge(far_off, "bfloat16")  # XLA's own paths are held to the cap
+    assert far_off[0]["status"] == "WRONG" and far_off[0]["forward_bound"] == pytest.approx(0.1)
+    alone = [dict(path="pallas", status="ok", forward_error=0.0, gradient_error=np.float64(0.004))]
+    selfcheck.judge(alone, "float32")  # no XLA path ran: the cap
+    assert alone[0]["status"] == "ok" and alone[0]["gradient_bound"] == pytest.approx(0.01)

@@ -1,0 +1,114 @@
+"""The fused kernel's check on the device (models/attention/verify.py) and what `choose` does with
+its verdict, in Pallas' interpreter on CPU standing in for a GPU: a kernel made wrong on purpose (its
+bias read one key position off) fails the check, `auto` keeps XLA's paths and says why in one line,
+an explicit model.attention=pallas refuses it unless model.attention_check is off; a correct kernel
+passes and `auto` takes it; verdicts are cached in memory and on disk, once per key."""
+import dataclasses
+import json
+
+import jax
+import jax.numpy as jnp
+import pytest
+from flax import nnx
+
+import posenc
+from models import ModelConfig
+from models.attention import choice, pallas, tuning, verify
+from models.attention.pallas import Launch
+
+LAUNCH = Launch(block=8, interpret=True)  # 21-token check inputs: diagonal, off-diagonal and padded tiles
+AUTO = ModelConfig(attention="auto")
+POS = jnp.arange(16, dtype=jnp.int32)[None]
+
+
+def _scheme(name: str = "t5", head_dim: int = 16):
+    dims = posenc.ModelDims(d_model=2 * head_dim, num_heads=2, head_dim=head_dim, num_layers=1, train_length=16)
+    return posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0))
+
+
+@pytest.fixture
+def gpu(monkeypatch, tmp_path):
+    """As on a GPU (the kernel 'compiled'), with one launch configuration to search, run in the
+    interpreter; caches empty, the disk cache in tmp_path. Returns the disk cache's folder."""
+    monkeypatch.setattr(pallas, "interpreted", lambda: False)
+    monkeypatch.setattr(tuning, "candidates", lambda *args: [LAUNCH])
+    monkeypatch.setattr(tuning, "measure", lambda *args: 1e-3)
+    monkeypatch.setattr(verify, "cache_folder", lambda: tmp_path / "kernel_checks")
+    monkeypatch.setattr(verify, "_VERDICTS", {})
+    monkeypatch.setattr(tuning, "_TUNED", {})
+    monkeypatch.setattr(choice, "_SAID", set())
+    return tmp_path / "kernel_checks"
+
+
+def _choose_inside_a_trace(cfg, scheme, dtype=jnp.float32, dropping=False) -> str:
+    """`choose` as the decoder calls it, inside a model's trace (the scheme's parameters are tracers)."""
+    graphdef, state = nnx.split(scheme)
+    kinds = []
+    jax.jit(lambda state: kinds.append(choice.choose(cfg, nnx.merge(graphdef, state), POS, dtype,
+                                                     dropping=dropping)) or 0.0).trace(state)
+    return kinds[0]
+
+
+def test_a_kernel_with_its_bias_one_position_off_fails_and_auto_keeps_xla(gpu, monkeypatch, capsys):
+    real = pallas._Config.bias
+    monkeypatch.setattr(pallas._Config, "bias", lambda self, leaves, refs, q_pos, k_pos:
+                        real(self, leaves, refs, q_pos, k_pos - 1))
+    scheme = _scheme("t5")
+    assert _choose_inside_a_trace(AUTO, scheme) == "triangular"  # what auto takes without the kernel
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and out.startswith("model.attention=auto: the Pallas kernel for 't5'")
+    assert "failed its numerical check" in out and "using XLA's attention paths" in out
+    verdict = tuning.kernel_verdict(scheme, jnp.float32)
+    assert verdict.status == "mismatch" and verdict.errors["dq"] > 10 * verdict.tolerances["dq"]
+    assert verdict.errors["dq"] > 1e3 * verdict.xla_errors["dq"]  # XLA's own float32 error is ~1e-7
+
+    explicit = dataclasses.replace(AUTO, attention="pallas")
+    with pytest.raises(ValueError, match="model.attention=pallas: the Pallas kernel .* failed its numerical check"):
+        choice.choose(explicit, scheme, POS, jnp.float32, dropping=False)
+    unchecked = dataclasses.replace(explicit, attention_check=False)  # benchmarking only
+    assert choice.choose(unchecked, scheme, POS, jnp.float32, dropping=False) == "pallas"
+    assert capsys.readouterr().out == ""  # said once
+
+
+def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatch):
+    scheme = _scheme("kerple_log")
+    assert _choose_inside_a_trace(AUTO, scheme) == "pallas"
+    assert _choose_inside_a_trace(AUTO, scheme, dropping=True) == "pallas"  # its dropout checked too
+    files = {"-".join(p.name.split("-")[:2]): p for p in gpu.iterdir()}
+    assert sorted(files) == ["check-pallas", "check-pallas+dropout", "search-pallas"]
+    dropped = json.loads(files["check-pallas+dropout"].read_text())
+    assert dropped["status"] == "passed" and dropped["errors"]["dv"] < 1e-5
+    saved = json.loads(files["check-pallas"].read_text())
+    assert saved["status"] == "passed" and set(saved["errors"]) >= {"out", "dq", "dk", "dv"}
+    assert any("r1" in name for name in saved["errors"])  # the bias's learned parameters are compared too
+    assert all(saved["errors"][n] <= saved["tolerances"][n] for n in saved["errors"])
+    assert "cpu-kerple_log-h2-d16-float32-b8w4s2-interpreted" in files["check-pallas"].name
+
+    def must_not_run(*args):
+        raise AssertionError("the cache should have answered")
+    monkeypatch.setattr(verify, "_VERDICTS", {})  # a new process: the disk answers, nothing runs
+    monkeypatch.setattr(tuning, "_TUNED", {})
+    monkeypatch.setattr(verify, "check", must_not_run)
+    monkeypatch.setattr(tuning, "measure", must_not_run)
+    assert tuning.kernel_verdict(scheme, jnp.float32).ok
+    assert tuning.device_launch(scheme, jnp.float32) == LAUNCH
+
+    key = verify.cache_key("check", scheme, jnp.float32, LAUNCH)
+    for other in (verify.cache_key("check", scheme, jnp.bfloat16, LAUNCH),
+                  verify.cache_key("check", scheme, jnp.float32, dataclasses.replace(LAUNCH, num_warps=8)),
+                  verify.cache_key("check", _scheme("kerple_log", head_dim=32), jnp.float32, LAUNCH)):
+        assert other != key
+
+
+def test_head_dimensions_the_compiled_kernel_cannot_take_are_refused_without_running(gpu, monkeypatch, capsys):
+    monkeypatch.setattr(verify, "check", lambda *args: pytest.fail("a refused shape must not run"))
+    scheme = _scheme("alibi", head_dim=24)
+    verdict = tuning.kernel_verdict(scheme, jnp.bfloat16)
+    assert verdict.status == "refused" and "powers of 2 from 16 to 256, not 24" in verdict.reason
+    assert choice.choose(AUTO, scheme, POS, jnp.bfloat16, dropping=False) == "triangular"
+    assert "not 24" in capsys.readouterr().out
+    with pytest.raises(ValueError, match="not 24"):
+        choice.choose(dataclasses.replace(AUTO, attention="pallas"), scheme, POS, jnp.bfloat16, dropping=False)
+    q = jnp.zeros((1, 16, 2, 24), jnp.bfloat16)
+    with pytest.raises(ValueError, match="not 24"):  # the kernel itself, compiled, refuses too
+        pallas.pallas_attention(q, q, q, POS, POS, scheme, launch=Launch(interpret=False))
