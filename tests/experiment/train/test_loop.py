@@ -17,7 +17,11 @@ def losses(workdir):
     return [json.loads(l)["loss"] for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
-@pytest.mark.parametrize("name", posenc.names())
+SLOW_TO_TRAIN = {"dape"}  # its MLP over every (query, key) pair: ~30 s here, so in the slow run
+
+
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_TRAIN else n
+                                  for n in posenc.names()])
 def test_loss_falls_and_evaluation_reaches_4x_the_training_length(name, tmp_path):
     config = tiny_config(name)
     config.train.update(dict(steps=12, checkpoint_every=100, log_every=3, warmup_steps=3, lr=1e-2))
