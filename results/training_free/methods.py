@@ -173,6 +173,7 @@ def write_tables(root: str, out: str) -> None:
                + ["## Fine-tunes at 4L (100 steps) from the re-imported base", ""]
                + fine_tune_tables(root, tunes, "passkey") + [""])
     (out / "ppl.md").write_text("\n".join(ppl))
+    write_figure(root, out)
     (out / "passkey.md").write_text("\n".join(passkey))
     for name in RUNS:
         run = RunDir(root / name)
@@ -181,6 +182,59 @@ def write_tables(root: str, out: str) -> None:
             for kind in ("perplexity", "passkey"):
                 if run.records_path(kind).exists():
                     shutil.copyfile(run.records_path(kind), out / "records" / name / run.records_path(kind).name)
+
+
+# --- figure ------------------------------------------------------------------------------------
+
+def method_curves(run: RunDir) -> dict[tuple[str, bool], tuple[list, list, list]]:
+    """{(method, log-n): (lengths, ppl, passkey accuracy)} of a run evaluated with every method."""
+    train_length = base_length(run)
+    ppl, passkey = _values(run)
+    curves = {}
+    for method in METHODS:
+        for logn in (False, True):
+            points = []
+            for k in MULTIPLES:
+                key = (k * train_length, _key({**settings(method, k, train_length), **(LOGN if logn else {})}))
+                if key in ppl:
+                    points.append((key[0], ppl[key]["ppl"], passkey.get(key, float("nan"))))
+            if points:
+                curves[(method, logn)] = tuple(map(list, zip(*points)))
+    return curves
+
+
+def write_figure(root: pathlib.Path, out: pathlib.Path) -> pathlib.Path:
+    """training_free.png: perplexity and passkey accuracy against length, a colour and marker per
+    method (and per fine-tune), solid without log-n, dashed with it."""
+    from experiment.report import plots
+    imported = RunDir(root / "imported")
+    curves = method_curves(imported)
+    tunes = {RUNS[n]: _values(RunDir(root / n)) for n in ("pi", "yarn", "plain") if RunDir(root / n).exists()}
+    train_length = base_length(imported)
+    fig, axes = plots.panels(["ppl", "passkey"], width=10, height=4.2)
+    series = {name: i for i, name in enumerate(list(METHODS) + list(tunes))}
+    for (method, logn), (lengths, ppl, acc) in curves.items():
+        kw = {**plots.style(series[method], int(logn)), "label": f"{method}{' + log-n' if logn else ''}"}
+        axes["ppl"].plot(lengths, ppl, **kw)
+        axes["passkey"].plot(lengths, acc, **kw)
+    for name, (ppl, passkey) in tunes.items():
+        for logn in (False, True):
+            key = _key(LOGN if logn else {})
+            lengths = sorted(n for (n, k) in ppl if k == key)
+            kw = {**plots.style(series[name], int(logn)), "label": f"{name}{' + log-n' if logn else ''}"}
+            axes["ppl"].plot(lengths, [ppl[(n, key)]["ppl"] for n in lengths], **kw)
+            axes["passkey"].plot(lengths, [passkey.get((n, key), float("nan")) for n in lengths], **kw)
+    axes["ppl"].set_title("The re-imported base with each training-free method, and the fine-tunes at 4L")
+    axes["ppl"].set_ylabel("byte perplexity (log scale)")
+    plots.format_ppl_axis(axes["ppl"])
+    axes["passkey"].set_ylabel("passkey accuracy (exact match,\nmean over depths)")
+    axes["passkey"].set_ylim(-0.03, 1.03)
+    plots.format_linear_axis(axes["passkey"].yaxis)
+    for ax in axes.values():
+        plots.length_axes(ax, [train_length])
+        ax.set_xlabel("evaluation length L_valid (bytes)")
+    plots.legend_beside(axes["ppl"])
+    return plots.save(fig, out / "training_free.png")
 
 
 def main(argv=None) -> None:

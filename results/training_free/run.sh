@@ -3,7 +3,7 @@
 # a Llama-block RoPE model trained at L = 64 with the passkey mix, exported to Hugging Face's format
 # and imported back; the re-imported model evaluated at 64 ... 1024 (perplexity and passkey) with
 # every training-free method, each with and without log-n (results/training_free/methods.py); three
-# 100-step fine-tunes at 4L from it (PI, YaRN, plain RoPE), evaluated the same way; then the tables.
+# 100-step fine-tunes at 4L from it (PI, YaRN, plain RoPE), evaluated the same way; then the tables and the figure (training_free.png).
 # Run from anywhere after the README's set-up; a second run resumes and skips what is done.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -23,4 +23,3 @@ for method in pi yarn plain; do
   $PY results/training_free/methods.py evaluate "$W/$method" --direct_only
 done
 $PY results/training_free/methods.py tables "$W" --out "$OUT"
-$PY report.py "$W/base" "$W/pi" "$W/yarn" "$W/plain" --out "$OUT/report"
