@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Every registered scheme and the notable options (experiment/scheme_table.py) at demo scale with the
 # passkey mix (configs/passkey.py), trained for 600 steps each (the demo's count; configs/passkey.py
-# has 1,500: cut so that the whole table fits in about 5 hours on 2 shared CPU cores), perplexity and
+# has 1,500: cut so that the whole table fits a day of 2 CPU cores; DAPE's evaluation at 8L and 16L
+# alone takes hours there), perplexity and
 # passkey retrieval at 64 ... 1024, then all_schemes.md / .png / .json here. Resumes where it stopped:
 # run it again after an interruption. PY, W and STEPS may be overridden.
 set -euo pipefail
