@@ -10,7 +10,6 @@ import pytest
 from flax import nnx
 
 import posenc
-from models.attention import pallas
 from tests.posenc.helpers import CFG, build_rope, logits_through_hooks, numpy_rope, qk, rope_model, tokens
 
 
@@ -63,17 +62,6 @@ def test_dca_logits_equal_the_authors(size, window, options):
     plain = np.asarray(logits_through_hooks(build_rope(**options), q, k, pos))[0]
     np.testing.assert_array_equal(got[:, same_chunk], plain[:, same_chunk])  # intra-chunk: RoPE's own
     assert not np.allclose(got[:, seen & ~same_chunk], plain[:, seen & ~same_chunk], atol=1e-3)
-
-
-def test_dca_bias_tile_is_block_of_full_bias_at_any_offset():
-    scheme = build_rope(dca_chunk_size=6, dca_local_window=2)
-    q, k = qk(20, 20)
-    pos = jnp.arange(20)[None] + 7
-    qr, kr = scheme.rotate(q, k, pos, pos)
-    full = scheme.bias(qr, kr, pos, pos)
-    tile = scheme.bias(qr[:, 12:18], kr[:, 1:9], pos[:, 12:18], pos[:, 1:9])
-    np.testing.assert_allclose(full[:, :, 12:18, 1:9], tile, atol=1e-5)
-    assert not pallas.supports(scheme, pos, pos)  # a bias without bias_fn: the kernel refuses it
 
 
 @pytest.mark.slow  # five forward passes of a decoder with DCA's bias; the cheap part is in test_rope_scaling's VARIANTS

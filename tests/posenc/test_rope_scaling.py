@@ -263,14 +263,21 @@ def test_self_extend_with_a_window_beyond_the_sequence_is_plain_rope():
     np.testing.assert_allclose(near, plain, atol=2e-5)  # G = 1: the grouped positions are the positions
 
 
-def test_self_extend_bias_tile_is_block_of_full_bias():
-    scheme = build(self_extend_window=3, self_extend_group=2)
-    q, k = qk(12, 12)
-    pos = jnp.arange(12)[None] + 2
+@pytest.mark.parametrize("options,length,offset,rows,cols", [
+    (dict(self_extend_window=3, self_extend_group=2), 12, 2, (7, 11), (1, 6)),
+    (dict(dca_chunk_size=6, dca_local_window=2), 20, 7, (12, 18), (1, 9)),  # Dual Chunk Attention
+], ids=["self_extend", "dca"])
+def test_moved_positions_bias_tile_is_block_of_full_bias(options, length, offset, rows, cols):
+    """Self-Extend's and DCA's bias (logits at moved positions minus the plain ones) of a tile is the
+    block of the whole sequence's bias, at any position offset."""
+    scheme = build(**options)
+    q, k = qk(length, length)
+    pos = jnp.arange(length)[None] + offset
     qr, kr = scheme.rotate(q, k, pos, pos)
     full = scheme.bias(qr, kr, pos, pos)
-    tile = scheme.bias(qr[:, 7:11], kr[:, 1:6], pos[:, 7:11], pos[:, 1:6])
-    np.testing.assert_allclose(full[:, :, 7:11, 1:6], tile, atol=1e-5)
+    (r0, r1), (c0, c1) = rows, cols
+    tile = scheme.bias(qr[:, r0:r1], kr[:, c0:c1], pos[:, r0:r1], pos[:, c0:c1])
+    np.testing.assert_allclose(full[:, :, r0:r1, c0:c1], tile, atol=1e-5)
     assert not pallas.supports(scheme, pos, pos)  # a bias without bias_fn: the kernel refuses it
 
 
