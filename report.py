@@ -18,7 +18,7 @@ from absl import app, flags
 from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
 from experiment.report import PAPER_MODES, schemes
-from experiment.run import refuse_folders_of_runs
+from experiment.report.runs import refuse_folders_of_runs
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),

@@ -10,9 +10,10 @@ import fcntl
 import json
 import os
 import pathlib
+import contextlib
 import socket
 import time
-from typing import Callable
+from typing import Callable, Iterator
 
 from experiment.config import ConfigError
 
@@ -49,6 +50,33 @@ def _open(lock_path: pathlib.Path) -> int:
                               f"{lock_path.parent} NEW) and use --workdir NEW") from None
         raise NotWritable(f"{lock_path} cannot be opened as the run directory's lock file ({e.strerror}); no "
                           f"process holds a lock there, so remove it: rm -r {lock_path}") from None
+
+
+@contextlib.contextmanager
+def holding(folder: pathlib.Path, purpose: str) -> Iterator[None]:
+    """The folder, created if needed, held for `purpose` by its lock file `folder/.lock`. Work that
+    stops before writing anything there (a bad data path, a bad option) leaves no trace: the lock
+    file goes, and so do the folders created here, while they are empty."""
+    created = [p for p in (folder, *folder.parents) if not p.exists()]
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise NotWritable(f"cannot create {folder} ({e.strerror}); give a --workdir in a folder you can "
+                          f"write") from None
+    lock_path = folder / ".lock"
+    release = acquire(lock_path, purpose)
+    try:
+        yield
+    finally:
+        unused = [p.name for p in folder.iterdir()] == [lock_path.name]
+        if unused:  # removed while held: a process that opened the old file finds it busy
+            lock_path.unlink(missing_ok=True)
+        release()
+        for created_folder in created if unused else ():
+            try:
+                created_folder.rmdir()
+            except OSError:
+                break
 
 
 def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:

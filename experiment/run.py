@@ -102,10 +102,6 @@ class RunDir:
         """Where a run started from another's parameters records that run (experiment/train/init_from.py)."""
         return self.path / "init_from.json"
 
-    @property
-    def lock_path(self) -> pathlib.Path:
-        return self.path / ".lock"
-
     def exists(self) -> bool:
         """A run has been set up here (its config.json has been written)."""
         return self.config_path.exists()
@@ -118,19 +114,14 @@ class RunDir:
     @contextlib.contextmanager
     def locked(self, purpose: str):
         """Hold the run directory exclusively for `purpose` ('training', 'evaluation'); a second
-        process (or a second RunDir of this one) gets WorkdirBusy at once, naming the holder."""
-        try:
-            self.path.mkdir(parents=True, exist_ok=True)
-        except OSError as e:
-            raise RunError(f"cannot create {self.path} ({e.strerror}); give a --workdir in a folder you can "
-                           f"write") from None
-        release = lock.acquire(self.lock_path, purpose)
-        self.held = True
-        try:
-            yield
-        finally:
-            self.held = False
-            release()
+        process (or a second RunDir of this one) gets WorkdirBusy at once, naming the holder. Work
+        that writes nothing leaves no folder behind (experiment/lock.py: holding)."""
+        with lock.holding(self.path, purpose):
+            self.held = True
+            try:
+                yield
+            finally:
+                self.held = False
 
     # --- config ------------------------------------------------------------------------------
     def load_config(self) -> config_lib.Config:
@@ -391,18 +382,6 @@ class RunDir:
 
     def record_origin(self, origin: dict) -> None:
         write_atomically(self.init_from_path, json.dumps(origin, indent=1))
-
-
-def refuse_folders_of_runs(workdirs: list, out: str) -> None:
-    """A folder given where a run is expected that is not one but holds runs (a sweep's root, given
-    for `ROOT/*`) is refused with the command that names its runs."""
-    for workdir in map(pathlib.Path, workdirs):
-        if not workdir.is_dir() or RunDir(workdir).exists():
-            continue
-        inside = [p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists()]
-        if inside:
-            raise RunError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
-                           f"runs, python report.py {workdir}/* --out {out}")
 
 
 @contextlib.contextmanager

@@ -12,6 +12,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import logging
+import math
 import pathlib
 from typing import Callable, Sequence
 
@@ -25,6 +26,7 @@ from corpora import passkey as task
 from experiment.evals.common import Scoring, apply_overrides, load_checkpoint, opened_for_scoring, window_positions
 from experiment.run import RunDir
 from experiment.runtime import interrupts, sharding
+from experiment.runtime.progress import Progress
 
 log = logging.getLogger(__name__)
 
@@ -135,11 +137,16 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         size = scoring.rows_per_batch(length, batch_tokens, at_most=len(batch))
 
-        def fn(inputs, rows):
-            arrays = sharding.global_batch(batch_sharding, inputs.shape, lambda lo, hi: (inputs[lo:hi], rows[lo:hi]))
-            return jax.device_get(predict(scoring.params, *arrays))
+        with Progress(f"passkey {config.posenc.name} L={length}", math.ceil(len(batch) / size), "batches",
+                      shown=scoring.run.writer) as progress:
+            def fn(inputs, rows):
+                arrays = sharding.global_batch(batch_sharding, inputs.shape,
+                                               lambda lo, hi: (inputs[lo:hi], rows[lo:hi]))
+                predicted = jax.device_get(predict(scoring.params, *arrays))
+                progress.update()
+                return predicted
 
-        cells = cell_records(batch, score_examples(fn, batch, size), length, **fields)
+            cells = cell_records(batch, score_examples(fn, batch, size), length, **fields)
         log.info("passkey %s L=%d: accuracy %s", config.posenc.name, length,
                  ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells))
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))

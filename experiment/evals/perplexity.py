@@ -20,7 +20,6 @@ import jax
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
-from tqdm.auto import tqdm
 
 import corpora
 from experiment import records
@@ -28,6 +27,7 @@ from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_c
 from experiment.evals.common import window_positions
 from experiment.run import RunDir
 from experiment.runtime import interrupts, sharding
+from experiment.runtime.progress import Progress
 from experiment.tensorboard import EventWriter
 
 log = logging.getLogger(__name__)
@@ -95,20 +95,21 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
     total, count = 0.0, 0.0
     pos_nll, pos_count = np.zeros(length), np.zeros(length)
     t0 = time.perf_counter()
-    for index, (inputs, targets, weights) in enumerate(tqdm(
-            corpora.eval_batches(stream, length, s, batch, tokenizer.eos_id),
-            total=math.ceil(len(windows) / batch), desc=f"eval {config.posenc.name} L={length} S={s}",
-            unit="batch", dynamic_ncols=True, disable=None if scoring.run.writer else True, leave=False)):
-        interrupts.check(stop)
-        window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
-        arrays = sharding.global_batch(
-            batch_sharding, inputs.shape,
-            lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
-        nll_sum, nll_pos, w_pos = jax.device_get(score(scoring.params, *arrays))
-        total += float(nll_sum)
-        pos_nll += nll_pos
-        pos_count += w_pos
-        count += float(w_pos.sum())
+    with Progress(f"eval {config.posenc.name} L={length} S={s}", math.ceil(len(windows) / batch), "batches",
+                  shown=scoring.run.writer) as progress:
+        for index, (inputs, targets, weights) in enumerate(corpora.eval_batches(stream, length, s, batch,
+                                                                                tokenizer.eos_id)):
+            interrupts.check(stop)
+            window_ids = np.arange(index * batch, (index + 1) * batch, dtype=np.int32)
+            arrays = sharding.global_batch(
+                batch_sharding, inputs.shape,
+                lambda lo, hi: (inputs[lo:hi], targets[lo:hi], weights[lo:hi], window_ids[lo:hi]))
+            nll_sum, nll_pos, w_pos = jax.device_get(score(scoring.params, *arrays))
+            total += float(nll_sum)
+            pos_nll += nll_pos
+            pos_count += w_pos
+            count += float(w_pos.sum())
+            progress.update()
     interrupts.check(stop)  # pressed during the last batch: its record is not written
     elapsed = time.perf_counter() - t0
     nll = total / count

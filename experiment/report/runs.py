@@ -7,7 +7,7 @@ import pathlib
 import re
 
 import posenc
-from experiment.run import RunDir
+from experiment.run import RunDir, RunError
 
 # tokenizer kind -> (name in titles, what one token is)
 UNITS = {"byte": ("byte", "byte"), "bpe": ("BPE", "BPE token"), "word": ("word", "word"),
@@ -128,3 +128,15 @@ def title(what: str, runs: list[dict], details: str = "", labels_in: str = "lege
     datasets = sorted({run["dataset"] for run in runs})
     return (what + (f" on {datasets[0]}" if len(datasets) == 1 else f" (datasets differ: see {labels_in})")
             + (f", {details}" if details else ""))
+
+
+def refuse_folders_of_runs(workdirs: list, out: str) -> None:
+    """A folder given where a run is expected that is not one but holds runs (a sweep's root, given
+    for `ROOT/*`) is refused with the command that names its runs."""
+    for workdir in map(pathlib.Path, workdirs):
+        if not workdir.is_dir() or RunDir(workdir).exists():
+            continue
+        inside = [p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists()]
+        if inside:
+            raise RunError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
+                           f"runs, python report.py {workdir}/* --out {out}")

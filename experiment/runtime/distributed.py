@@ -63,3 +63,13 @@ def barrier(name: str) -> None:
     if jax.process_count() > 1:
         from jax.experimental import multihost_utils
         multihost_utils.sync_global_devices(name)
+
+
+def any_process(flag: bool) -> bool:
+    """Whether `flag` is true in any process of the job (a collective: every process calls it at the
+    same point; in a single process, `flag` itself)."""
+    if jax.process_count() == 1:
+        return flag
+    from jax.experimental import multihost_utils
+    import numpy as np
+    return bool(np.asarray(multihost_utils.process_allgather(np.asarray(flag, dtype=np.int32))).any())

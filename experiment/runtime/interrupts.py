@@ -13,6 +13,11 @@ tokens: every file written there is replaced atomically), `immediate(saved)` mak
 Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
 a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
 
+In a job of several processes a Ctrl-C may reach only some of them; the training loop's processes
+agree on it every few steps (experiment/train/loop.py: _stop_requested) and stop at one step with
+one checkpoint. The other safe points (start-up, evaluation, a sweep's runs) are not agreed yet:
+there, stop a multi-process job with a Ctrl-C to every process (a terminal's process group, scancel).
+
 Before this module is imported (the seconds in which an entry point imports JAX), each entry point
 sets a handler of its own first thing: Ctrl-C there ends with rc 130 and one line, not a traceback
 from inside an import.

@@ -13,7 +13,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import pathlib
-from typing import NamedTuple
+from typing import Callable, NamedTuple
 
 import jax
 import numpy as np
@@ -229,11 +229,13 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
         checkpoints.save(mngr, step, params, opt_state, {"step": step, "data_position": step, "seed": config.seed})
 
     step = start
+    stop_requested = _stop_requested(start, min(tc.log_every, AGREE_EVERY))
     with MetricsLog(run, config, start, throughput) as metrics:
         try:  # Ctrl-C takes effect between steps: a dispatched step has donated its inputs' buffers
             with _out_of_memory_explained(advice_args), interrupts.deferred():
                 while step < end:
-                    interrupts.check("")  # the message is written below, once the checkpoint is
+                    if stop_requested(step):  # the message is written below, once the checkpoint is
+                        raise interrupts.Interrupted("")
                     params, opt_state, step_metrics = step_fn(params, opt_state, *batch(step), _scalar(step, mesh))
                     metrics.add(step_metrics)
                     step += 1
@@ -241,7 +243,8 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
                         metrics.log(step)
                     if step % tc.checkpoint_every == 0 or step == end:
                         save(step)
-                interrupts.check("")  # pressed during the last step or checkpoint write
+                if stop_requested(step, last=True):  # pressed during the last step or checkpoint write
+                    raise interrupts.Interrupted("")
         except KeyboardInterrupt:  # Interrupted at a safe point, or raised by code between two steps
             metrics.bar.close()
             if metrics.pending:
@@ -265,6 +268,21 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
                  "resumes it", step, tc.steps, max_steps)
     return {"workdir": str(run.path), "step": step, "done": step >= tc.steps, "params": n_params,
             "micro_steps": micro_steps}
+
+
+AGREE_EVERY = 10  # steps between the processes' agreements on a Ctrl-C (below)
+
+
+def _stop_requested(start: int, every: int) -> Callable[..., bool]:
+    """Whether to stop before `step` for a Ctrl-C. One process: at once. Several processes (a Ctrl-C
+    may reach only some of them): they agree, every `every` steps from `start` and after the last
+    one, so that all stop at the same step and write its checkpoint together. An agreement is one
+    tiny collective that waits for the steps before it, so it is made only every `every` steps
+    (min(log_every, AGREE_EVERY)): one pause of the host in that many steps."""
+    if jax.process_count() == 1:
+        return lambda step, last=False: interrupts.requested()
+    return lambda step, last=False: ((last or (step - start) % every == 0)
+                                     and distributed.any_process(interrupts.requested()))
 
 
 def is_trained(workdir: str | pathlib.Path | RunDir, config) -> bool:

@@ -50,6 +50,24 @@ def test_a_second_train_on_a_busy_workdir_refuses_and_writes_nothing(tmp_path):
     assert (tmp_path / "config.json").read_text() == "{}"
 
 
+def test_work_that_writes_nothing_leaves_no_folder_or_lock_behind(tmp_path):
+    nested = tmp_path / "a" / "b" / "run"
+    with RunDir(nested).locked("training"):
+        assert (nested / ".lock").exists()
+    assert list(tmp_path.iterdir()) == []  # the folders it created went with the lock
+    kept = tmp_path / "kept"
+    kept.mkdir()
+    with RunDir(kept).locked("training"):
+        (kept / "config.json").write_text("{}")
+    assert sorted(p.name for p in kept.iterdir()) == [".lock", "config.json"]
+    with RunDir(tmp_path / "given").locked("training"):
+        pass
+    out = run_entry("train.py", "--config", "configs/demo.py", "--workdir", str(tmp_path / "cli"),
+                    "--config.data.source=local", "--config.data.path", str(tmp_path / "no_such_folder"))
+    assert out.returncode == 2 and "does not exist" in out.stderr, out.stderr
+    assert not (tmp_path / "cli").exists() and not (tmp_path / "given").exists()
+
+
 def test_a_failed_first_attempt_does_not_block_the_corrected_command(tmp_path):
     """A run exists once it has a checkpoint: before that, any corrected command replaces the attempt
     (issue 22, item 10: a diverged run and a too short train split blocked the fix)."""
@@ -59,7 +77,7 @@ def test_a_failed_first_attempt_does_not_block_the_corrected_command(tmp_path):
     bad.data.update(source="local", path=str(tmp_path / "no_such_folder"))
     with pytest.raises(ValueError):
         train(bad, tmp_path / "run")
-    assert not (tmp_path / "run" / "config.json").exists()
+    assert not (tmp_path / "run").exists()  # nothing left behind, not even the lock
     too_long = tiny_config("learned")
     too_long.posenc.learned.max_length = 8  # shorter than train.seq_len = 16: refused by the model
     with pytest.raises(ValueError, match="max_length"):

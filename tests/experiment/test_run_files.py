@@ -9,7 +9,8 @@ import pytest
 
 from experiment import config as config_lib, train
 from experiment.evals.common import load_checkpoint
-from experiment.run import RunDir, RunError, refuse_folders_of_runs
+from experiment.report.runs import refuse_folders_of_runs
+from experiment.run import RunDir, RunError
 from tests.conftest import tiny_config
 
 

@@ -72,3 +72,59 @@ def test_two_processes_train_resume_and_evaluate_as_one(tmp_path):  # about 30 s
     np.testing.assert_allclose(losses(tmp_path / "two"), losses(tmp_path / "one"), rtol=1e-5)
     records = json.loads((tmp_path / "two" / "eval" / "extrapolation.json").read_text())
     assert len(records) == 1 and records[0]["step"] == 6
+
+
+INTERRUPTED_WORKER = """
+import json, sys
+sys.path.insert(0, {repo!r})
+process_id, port, workdir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], int(sys.argv[4])
+from experiment.runtime import distributed, interrupts
+distributed.initialize(f"127.0.0.1:{{port}}", 2, process_id)
+from tests.conftest import tiny_config
+from experiment import train
+config = tiny_config("rope")
+config.train.update(dict(steps=steps, checkpoint_every=10_000, log_every=5, batch_size=8))
+with interrupts.deferred():
+    try:
+        summary = train(config, workdir)
+        print(json.dumps({{"step": summary["step"]}}))
+    except interrupts.Interrupted as e:
+        print(json.dumps({{"interrupted": e.saved}}))
+"""
+
+
+def test_ctrl_c_in_one_process_stops_every_process_at_one_step(tmp_path):
+    """A SIGINT that reaches one process of a job (the others never see it) stops them all at the same
+    step, the next multiple of log_every, with one checkpoint there."""
+    import os
+    import re
+    import signal
+    import socket
+    import subprocess
+    import sys
+    import time
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = str(s.getsockname()[1])
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
+           "LX_COMPILATION_CACHE": "off"}
+    script, workdir = INTERRUPTED_WORKER.format(repo=str(REPO)), tmp_path / "two"
+    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), port, str(workdir), "100000"], cwd=REPO,
+                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    try:
+        metrics = workdir / "metrics.jsonl"
+        deadline = time.time() + 300
+        while time.time() < deadline and not (metrics.exists() and len(metrics.read_text().splitlines()) >= 3):
+            time.sleep(0.2)
+        os.kill(procs[1].pid, signal.SIGINT)  # the second process only, not the writer
+        outs = [p.communicate(timeout=120) for p in procs]
+    finally:
+        for p in procs:
+            p.kill()
+    results = [json.loads(out.strip().splitlines()[-1]) for out, _ in outs]
+    assert all("interrupted" in r for r in results), results
+    steps = {int(re.search(r"interrupted at step (\d+)", r["interrupted"]).group(1)) for r in results}
+    assert len(steps) == 1, results
+    (step,) = steps
+    assert step % 5 == 0 and step >= 15
+    assert sorted(int(p.name) for p in (workdir / "checkpoints").iterdir() if p.name.isdigit()) == [step]

@@ -1,0 +1,52 @@
+"""Progress of long work where people look: a bar in a terminal (tqdm), and where there is none (a
+batch job's log) a line every minute with what is done and about how long is left, so that a log of
+an evaluation that takes an hour shows it moving. Training has its own lines (train/metrics.py)."""
+from __future__ import annotations
+
+import logging
+import time
+
+from tqdm.auto import tqdm
+
+log = logging.getLogger(__name__)
+
+EVERY_S = 60.0  # seconds between two log lines
+
+
+def _minutes(seconds: float) -> str:
+    return f"{seconds:.0f} s" if seconds < 90 else f"{seconds / 60:.1f} min"
+
+
+class Progress:
+    """`with Progress(desc, total, unit) as p: ... p.update()` after each of `total` items.
+    `shown=False` (a process that does not write: the others of a job) shows nothing."""
+
+    def __init__(self, desc: str, total: int, unit: str, *, shown: bool = True, every_s: float | None = None):
+        self.desc, self.total, self.unit = desc, total, unit
+        self.every_s = EVERY_S if every_s is None else every_s
+        self.bar = tqdm(total=total, desc=desc, unit=unit, dynamic_ncols=True, leave=False,
+                        disable=None if shown else True)
+        self.lines = shown and self.bar.disable  # no terminal: log lines instead of the bar
+        self.done, self.start = 0, time.perf_counter()
+        self.last = self.start
+
+    def update(self, n: int = 1) -> None:
+        self.bar.update(n)
+        self.done += n
+        now = time.perf_counter()
+        if self.lines and now - self.last >= self.every_s and self.done < self.total:
+            self.last = now
+            elapsed = now - self.start
+            left = elapsed / self.done * (self.total - self.done)
+            log.info("%s: %d of %d %s (%d%%), %s so far, about %s left", self.desc, self.done, self.total,
+                     self.unit, 100 * self.done // self.total, _minutes(elapsed), _minutes(left))
+
+    def close(self) -> None:
+        self.bar.close()
+
+    def __enter__(self) -> "Progress":
+        return self
+
+    def __exit__(self, *exc) -> bool:
+        self.close()
+        return False
