@@ -5,12 +5,12 @@ locks, a lock file created with O_EXCL stands in (its holder's host and pid are 
 it after a crash)."""
 from __future__ import annotations
 
+import contextlib
 import errno
 import fcntl
 import json
 import os
 import pathlib
-import contextlib
 import socket
 import time
 from typing import Callable, Iterator
@@ -68,7 +68,10 @@ def holding(folder: pathlib.Path, purpose: str) -> Iterator[None]:
     try:
         yield
     finally:
-        unused = [p.name for p in folder.iterdir()] == [lock_path.name]
+        try:
+            unused = [p.name for p in folder.iterdir()] == [lock_path.name]
+        except OSError:  # the folder went away or cannot be listed: leave it to the work's own error
+            unused = False
         if unused:  # removed while held: a process that opened the old file finds it busy
             lock_path.unlink(missing_ok=True)
         release()
