@@ -14,6 +14,7 @@ import logging
 import os
 
 import jax
+import numpy as np
 
 log = logging.getLogger(__name__)
 
@@ -71,5 +72,4 @@ def any_process(flag: bool) -> bool:
     if jax.process_count() == 1:
         return flag
     from jax.experimental import multihost_utils
-    import numpy as np
     return bool(np.asarray(multihost_utils.process_allgather(np.asarray(flag, dtype=np.int32))).any())

@@ -29,19 +29,25 @@ print(json.dumps({{"processes": jax.process_count(), "devices": jax.device_count
 """
 
 
-def run_two_processes(tmp_path, workdir, steps):
+def start_two_processes(script: str, workdir, steps) -> list:
+    """The two processes of one job (jax.distributed on a free local port, 2 CPU devices each)
+    running `script` (a WORKER_SCRIPT-like text) with (process id, port, workdir, steps)."""
+    import os
     import socket
     import subprocess
     import sys
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         port = str(s.getsockname()[1])
-    env = {**__import__("os").environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
+    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2",
            "JAX_PLATFORMS": "cpu", "LX_COMPILATION_CACHE": "off"}
-    script = WORKER_SCRIPT.format(repo=str(REPO))
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), port, str(workdir), str(steps)],
-                              cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
-             for i in range(2)]
+    return [subprocess.Popen([sys.executable, "-c", script.format(repo=str(REPO)), str(i), port, str(workdir),
+                              str(steps)], cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                             text=True) for i in range(2)]
+
+
+def run_two_processes(tmp_path, workdir, steps):
+    procs = start_two_processes(WORKER_SCRIPT, workdir, steps)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
         assert p.returncode == 0, err[-3000:]
@@ -99,18 +105,9 @@ def test_ctrl_c_in_one_process_stops_every_process_at_one_step(tmp_path):
     import os
     import re
     import signal
-    import socket
-    import subprocess
-    import sys
     import time
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = str(s.getsockname()[1])
-    env = {**os.environ, "XLA_FLAGS": "--xla_force_host_platform_device_count=2", "JAX_PLATFORMS": "cpu",
-           "LX_COMPILATION_CACHE": "off"}
-    script, workdir = INTERRUPTED_WORKER.format(repo=str(REPO)), tmp_path / "two"
-    procs = [subprocess.Popen([sys.executable, "-c", script, str(i), port, str(workdir), "100000"], cwd=REPO,
-                              env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for i in range(2)]
+    workdir = tmp_path / "two"
+    procs = start_two_processes(INTERRUPTED_WORKER, workdir, 100000)
     try:
         metrics = workdir / "metrics.jsonl"
         deadline = time.time() + 300
