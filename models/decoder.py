@@ -2,7 +2,7 @@
 
 Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causal attention ->
 residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
-module shared by every layer unless it sets `per_layer = True` (one instance per layer). Which
+module shared by every layer unless its traits say `per_layer` (one instance per layer). Which
 attention implementation a call runs is decided in models/attention/choice.py.
 
 ModelConfig's block options also give the Llama family's block (RMSNorm, SwiGLU, grouped-query
@@ -315,7 +315,7 @@ class DecoderLM(nnx.Module):
         # Per-layer schemes get one instance per block (the first block's is also `self.scheme`, for
         # `embed`); read off the instance, since a wrapper decides by what it wraps.
         layer_schemes = [self.scheme] * cfg.num_layers
-        if self.scheme.per_layer:
+        if self.scheme.traits.per_layer:
             layer_schemes = [self.scheme] + [posenc.build(posenc_cfg, dims, rngs=rngs)
                                              for _ in range(cfg.num_layers - 1)]
         if cfg.adaptive_cutoffs:

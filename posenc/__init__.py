@@ -3,30 +3,41 @@
 Renamed schemes keep their old names working (`LEGACY_NAMES`; `canonical_config(block)` rewrites a
 saved `posenc` block to the registered names).
 
-Importing this package registers every scheme family below.
+Importing this package loads no JAX: the names, defaults and config checks come from the
+declarations (posenc/registry.py, posenc/options/); the scheme classes and the functions below that
+compute with JAX are imported on first use (`get(name)` imports the scheme's module).
 """
-from posenc.base import (LEGACY_NAMES, BiasFunction, LengthError, ModelDims, Scheme, build, canonical_config,
-                         canonical_name, check_option_key, check_options, default_config, get, names, register,
-                         used_schemes, wrapped, wrapper_names)
-from posenc.domains import DomainError
-from posenc.absolute import fairseq_sinusoidal_table, sinusoidal_table
-from posenc.rope_scaling import rope_inverse_frequencies, rope_mscale, scaled_inverse_frequencies, yarn_mscale
-from posenc.rotary import apply_rotary, xpos_zeta
-from posenc.bias import alibi_slopes, t5_relative_position_bucket
-from posenc.sandwich import sandwich_compression, sinusoid_inner_product
-from posenc.naive import binary_digits
-from posenc.hierarchical import hierarchical_positions
-from posenc import fire, kerple, multiplicative  # noqa: F401  (registers their schemes)
+import importlib
+import importlib.util
 
-__all__ = [
-    "BiasFunction", "DomainError", "LengthError", "ModelDims", "Scheme", "build", "check_option_key", "check_options",
-    "default_config", "get", "names",
-    "register", "used_schemes", "wrapped", "wrapper_names", "LEGACY_NAMES", "canonical_name", "canonical_config",
-    "sinusoidal_table", "fairseq_sinusoidal_table", "apply_rotary", "rope_inverse_frequencies", "scaled_inverse_frequencies",
-    "xpos_zeta", "yarn_mscale", "rope_mscale", "alibi_slopes", "t5_relative_position_bucket",
-    "sandwich_compression", "sinusoid_inner_product", "binary_digits", "hierarchical_positions",
-]
-from posenc import relative_content  # noqa: F401,E402  (registers shaw, transformer_xl, deberta, tupe)
-from posenc import complex_order, conv, cope, floater, wrappers  # noqa: F401,E402  (register their schemes)
-from posenc import fope, pope, pose  # noqa: F401,E402  (register fope, pope and pose)
-from posenc import dape, fox, stickbreaking  # noqa: F401,E402  (register dape, fox, stickbreaking)
+from posenc.domains import DomainError
+from posenc.registry import (LEGACY_NAMES, canonical_config, canonical_name, check_option_key, check_options,
+                             default_config, get, names, register, used_schemes, wrapped, wrapper_names)
+from posenc.traits import Traits
+
+_LAZY = {  # public name -> the module that defines it (JAX), imported on first use
+    "BiasFunction": "posenc.kernel_bias", "LengthError": "posenc.base", "ModelDims": "posenc.base",
+    "Scheme": "posenc.base", "build": "posenc.base",
+    "sinusoidal_table": "posenc.absolute", "fairseq_sinusoidal_table": "posenc.absolute",
+    "rope_inverse_frequencies": "posenc.rope_scaling", "scaled_inverse_frequencies": "posenc.rope_scaling",
+    "yarn_mscale": "posenc.rope_scaling", "rope_mscale": "posenc.rope_scaling",
+    "apply_rotary": "posenc.rotary", "xpos_zeta": "posenc.rotary",
+    "alibi_slopes": "posenc.bias", "t5_relative_position_bucket": "posenc.bias",
+    "sandwich_compression": "posenc.sandwich", "sinusoid_inner_product": "posenc.sandwich",
+    "binary_digits": "posenc.naive", "hierarchical_positions": "posenc.hierarchical",
+}
+
+__all__ = ["DomainError", "LEGACY_NAMES", "Traits", "canonical_config", "canonical_name", "check_option_key",
+           "check_options", "default_config", "get", "names", "register", "used_schemes", "wrapped",
+           "wrapper_names", *_LAZY]
+
+
+def __getattr__(name: str):
+    """The JAX parts of the public face (and submodules such as `posenc.rope_scaling`), on first use."""
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -1,14 +1,14 @@
 """Absolute schemes: a position vector added to the token embedding (or nothing at all)."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, check_table_length, register
-from posenc.domains import at_least, one_of, positive
+from posenc.base import ModelDims, Scheme, check_table_length
+from posenc.options.absolute import LearnedOptions, SinusoidalOptions
+from posenc.registry import register
 
 
 @register("nope")
@@ -56,13 +56,6 @@ def fairseq_sinusoidal_table(positions: jax.Array, d_model: int, base: float = 1
 FAIRSEQ_POSITION_OFFSET = 2  # fairseq numbers positions from padding_idx + 1, and padding_idx = 1
 
 
-@dataclasses.dataclass(frozen=True)
-class SinusoidalOptions:
-    base: float = 10000.0
-    layout: str = "fairseq"  # "fairseq": the ALiBi paper's baseline; "vaswani": interleaved, from 0
-    DOMAINS = {"base": positive(), "layout": one_of("fairseq", "vaswani")}
-
-
 @register("sinusoidal")
 class Sinusoidal(Scheme):
     """Fixed sinusoidal position vectors added to the (sqrt(d)-scaled) token embeddings.
@@ -97,12 +90,6 @@ class Sinusoidal(Scheme):
 
     def embed(self, x_BxTxD, positions_BxT):
         return x_BxTxD + self.table(positions_BxT, x_BxTxD.shape[-1]).astype(x_BxTxD.dtype)
-
-
-@dataclasses.dataclass(frozen=True)
-class LearnedOptions:
-    max_length: int = 0  # rows of the table; 0 means the training length
-    DOMAINS = {"max_length": at_least(0, note="0 = the training length")}
 
 
 @register("learned")

@@ -1,15 +1,17 @@
 """Schemes that add a bias, a function of the query and key positions, to the attention logits."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc.base import BiasFunction, ModelDims, Scheme, register
-from posenc.domains import above, at_least
+from posenc.base import ModelDims, Scheme
+from posenc.kernel_bias import BiasFunction
+from posenc.options.bias import T5Options
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def alibi_slopes(num_heads: int) -> np.ndarray:
@@ -38,6 +40,7 @@ class ALiBi(Scheme):
     family = "relative"
     citation = "Press et al. 2022"
     extrapolates = "yes"
+    traits = Traits(bias="function")
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         slopes_H = jnp.asarray(alibi_slopes(self.dims.num_heads), jnp.float32)
@@ -51,15 +54,6 @@ class ALiBi(Scheme):
 
 def _alibi_tile(shared, slope, q_pos_Qx1, k_pos_1xS):
     return -slope * (q_pos_Qx1 - k_pos_1xS).astype(jnp.float32)
-
-
-T5_MAX_EXACT = "the exact distances, num_buckets // 2 (// 4 when bidirectional)"
-
-
-def t5_max_exact(options) -> int:
-    """The distances T5's buckets hold one by one; max_distance must exceed it (the log-spaced
-    buckets divide by log(max_distance / max_exact))."""
-    return options["num_buckets"] // (4 if options["bidirectional"] else 2)
 
 
 def t5_relative_position_bucket(relative_position, bidirectional: bool = True,
@@ -85,14 +79,6 @@ def t5_relative_position_bucket(relative_position, bidirectional: bool = True,
     return bucket + jnp.where(n < max_exact, n, large)
 
 
-@dataclasses.dataclass(frozen=True)
-class T5Options:
-    num_buckets: int = 32
-    max_distance: int = 128
-    bidirectional: bool = False  # a causal decoder only sees the past
-    DOMAINS = {"num_buckets": at_least(2), "max_distance": above(t5_max_exact, T5_MAX_EXACT)}
-
-
 @register("t5")
 class T5Bias(Scheme):
     """T5 relative position bias: a learned scalar per (bucket of i - j, head), shared by all layers.
@@ -104,6 +90,7 @@ class T5Bias(Scheme):
     citation = "Raffel et al. 2020"
     extrapolates = "partly"
     Options = T5Options
+    traits = Traits(bias="function")
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

@@ -12,7 +12,8 @@ import pathlib
 import jax
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, build, default_config, get, names
+from posenc.base import ModelDims, Scheme, build
+from posenc.registry import default_config, get, names
 
 HOOKS = ("embed", "rotate", "bias", "bias_fn", "value_bias", "logit_scale", "sample_positions", "token_context",
          "context_bias", "transform_logits")
@@ -23,7 +24,8 @@ _DIMS = ModelDims(d_model=64, num_heads=4, head_dim=16, num_layers=2, train_leng
 def hooks_of(cls: type[Scheme]) -> list[str]:
     """The hooks a scheme overrides, and its attention weights where they are not a softmax."""
     hooks = [f"`{h}`" for h in HOOKS if hasattr(Scheme, h) and getattr(cls, h) is not getattr(Scheme, h)]
-    return hooks + ([f"weights: {cls.normalization}"] if cls.normalization != "softmax" else [])
+    weights = cls.traits.normalization
+    return hooks + ([f"weights: {weights}"] if weights != "softmax" else [])
 
 
 def learned_parameters(name: str) -> str:
@@ -43,7 +45,7 @@ def markdown_table() -> str:
              "|---|---|---|---|---|---|"]
     for name in names():
         cls = get(name)
-        per_layer = " (per layer)" if cls.per_layer else ""
+        per_layer = " (per layer)" if cls.traits.per_layer else ""
         if "per_layer" in {f.name for f in dataclasses.fields(cls.Options)}:
             per_layer = " (shared by all layers; option `per_layer`)"
         lines.append(f"| `{name}` | {cls.family or '-'} | {', '.join(hooks_of(cls)) or '-'} | "
@@ -62,7 +64,6 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser()
     ap.add_argument("--write", help="file whose table (between the markers) to replace")
     args = ap.parse_args()
-    import posenc  # noqa: F401  (registers every scheme)
     if args.write:
         replace_in(pathlib.Path(args.write))
     else:

@@ -5,7 +5,8 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
+from posenc.base import ModelDims, Scheme
+from posenc.registry import register
 
 
 @register("complex_order")

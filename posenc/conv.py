@@ -5,14 +5,14 @@ sequence, as Islam et al. (2020) found for CNNs and Chu et al. (2021) used for v
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import at_least
+from posenc.base import ModelDims, Scheme
+from posenc.options.absolute import ConvOptions
+from posenc.registry import register
 
 
 def causal_conv(x_BxTxD: jax.Array, kernel: jax.Array) -> jax.Array:
@@ -31,13 +31,6 @@ def causal_conv(x_BxTxD: jax.Array, kernel: jax.Array) -> jax.Array:
         else:
             y = y + jnp.einsum("btd,de->bte", shifted, kernel[k])
     return y
-
-
-@dataclasses.dataclass(frozen=True)
-class ConvOptions:
-    kernel_size: int = 3    # tokens each output sees (the current one and K-1 before it)
-    depthwise: bool = True  # one filter per feature (K x D); False: a full K x D x D convolution
-    DOMAINS = {"kernel_size": at_least(1)}
 
 
 @register("conv")

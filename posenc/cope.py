@@ -1,14 +1,15 @@
 """Contextual Position Encoding (CoPE): positions that count gated keys instead of tokens."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import at_least
+from posenc.base import ModelDims, Scheme
+from posenc.options.content import CopeOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def contextual_positions(gates_BxHxTxS: jax.Array) -> jax.Array:
@@ -28,12 +29,6 @@ def interpolate_logits(z_BxHxTxP: jax.Array, p_BxHxTxS: jax.Array) -> jax.Array:
     z_lo = jnp.take_along_axis(z_BxHxTxP, lo_i, axis=-1)
     z_hi = jnp.take_along_axis(z_BxHxTxP, hi_i, axis=-1)
     return (1.0 - w) * z_lo + w * z_hi
-
-
-@dataclasses.dataclass(frozen=True)
-class CopeOptions:
-    max_positions: int = 0  # rows of e (P); 0 means train_length + 1, every count seen in training
-    DOMAINS = {"max_positions": at_least(0, note="0 = train_length + 1")}
 
 
 @register("cope")
@@ -61,9 +56,7 @@ class Cope(Scheme):
     citation = "Golovneva et al. 2024"
     extrapolates = "yes"
     Options = CopeOptions
-    per_layer = True
-    needs_full_rows = True
-    carries_bias = True
+    traits = Traits(per_layer=True, needs_full_rows=True, carries_bias=True, bias="tile")
 
     def __init__(self, options: CopeOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

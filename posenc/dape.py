@@ -2,26 +2,20 @@
 sees the attention scores."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, register
+from posenc.base import ModelDims
 from posenc.fire import _torch_linear_init
-from posenc.domains import at_least
-from posenc.wrappers import REGISTERED, Wrapper
+from posenc.options.wrappers import DapeOptions
+from posenc.registry import register
+from posenc.traits import Traits
+from posenc.wrappers import Wrapper
 
 LEAKY_SLOPE = 0.01  # PyTorch's nn.LeakyReLU default, the reference's activation
-
-
-@dataclasses.dataclass(frozen=True)
-class DapeOptions:
-    base: str = "kerple_log"  # the bias refined: the paper's ALiBi, KERPLE (its best) or FIRE; any scheme works
-    hidden: int = 32          # the MLP's width (the reference's mlp_width)
-    DOMAINS = {"base": REGISTERED, "hidden": at_least(1)}
 
 
 @register("dape")
@@ -50,14 +44,13 @@ class Dape(Wrapper):
     citation = "Zheng et al. 2024"
     extrapolates = "yes"
     Options = DapeOptions
-    per_layer = True
-    transforms_logits = True
+    traits = Traits(wrapper=True, per_layer=True, transforms_logits=True)  # whatever the base: one MLP per layer
 
-    def __init__(self, options: DapeOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
-        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
-        if self.inner.transforms_logits or self.inner.normalization != "softmax":
+    def __init__(self, options: DapeOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg, chain=chain)
+        if self.inner.traits.transforms_logits or self.inner.traits.normalization != "softmax":
             raise ValueError(f"dape cannot wrap {options.base!r}: it already transforms logits or is not a softmax")
-        self.per_layer, self.transforms_logits = True, True  # whatever the base: one MLP per layer
         h, width = dims.num_heads, options.hidden
         self.w1 = nnx.Param(_torch_linear_init(rngs.params(), 2 * h, (2 * h, width)))
         self.b1 = nnx.Param(_torch_linear_init(rngs.params(), 2 * h, (width,)))
@@ -67,6 +60,11 @@ class Dape(Wrapper):
     def refinement(self, scores_BxHxTxS: jax.Array, bias_BxHxTxS: jax.Array) -> jax.Array:
         """f([S, B]), B x H x T x S (`refine`)."""
         return refine(scores_BxHxTxS, bias_BxHxTxS, self.w1[...], self.b1[...], self.w2[...], self.b2[...])
+
+    def traits_around(self, inner: Traits) -> Traits:
+        """The base's bias reaches the logits only through `transform_logits`: never as a function
+        a kernel adds alone (`bias_fn` is None)."""
+        return super().traits_around(inner).replace(bias="none" if inner.bias == "none" else "tile")
 
     def bias_fn(self):
         return None  # a kernel that adds the base bias alone would miss the refinement

@@ -1,24 +1,16 @@
 """FIRE: a learned function of the progressively normalised distance as the logits bias."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import BiasFunction, ModelDims, Scheme, register
-from posenc.domains import at_least, positive
-
-
-@dataclasses.dataclass(frozen=True)
-class FireOptions:
-    hidden: int = 32               # width of f_theta's hidden layer
-    c_init: float = 0.1            # initial c of psi(x) = log(|c x| + 1) (reference: 0.1)
-    threshold_init: float = 512.0  # L_0 of the threshold L = |m L_0|, m learned from 1 (reference:
-                                   # 512); 0 means the training length
-    DOMAINS = {"hidden": at_least(1), "c_init": positive(),
-               "threshold_init": at_least(0, note="0 = the training length")}
+from posenc.base import ModelDims, Scheme
+from posenc.kernel_bias import BiasFunction
+from posenc.options.bias import FireOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def _torch_linear_init(key: jax.Array, fan_in: int, shape: tuple[int, ...]) -> jax.Array:
@@ -50,7 +42,7 @@ class Fire(Scheme):
     citation = "Li et al. 2024"
     extrapolates = "yes"
     Options = FireOptions
-    per_layer = True
+    traits = Traits(per_layer=True, bias="function")
     eps = 1e-6
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):

@@ -4,7 +4,6 @@ Registered as `floater`; runs saved before the rename name it `recurrent`, which
 here (posenc.base.LEGACY_NAMES)."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Callable
 
 import jax
@@ -12,8 +11,9 @@ import jax.numpy as jnp
 from flax import nnx
 
 from posenc.absolute import sinusoidal_table
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import at_least
+from posenc.base import ModelDims, Scheme
+from posenc.options.absolute import FloaterOptions
+from posenc.registry import register
 
 
 def rk4_positions(dynamics: Callable[[jax.Array, jax.Array], jax.Array], p0_D: jax.Array,
@@ -42,15 +42,6 @@ def rk4_positions(dynamics: Callable[[jax.Array, jax.Array], jax.Array], p0_D: j
     starts = jnp.arange(num_positions, dtype=jnp.float32)
     _, table_NxD = jax.lax.scan(unit, p0_D.astype(jnp.float32), starts)
     return table_NxD
-
-
-@dataclasses.dataclass(frozen=True)
-class FloaterOptions:
-    steps_per_unit: int = 4   # RK4 steps per unit of position (accuracy vs sequential cost)
-    hidden_dim: int = 0       # width of the MLP h; 0 means d_model
-    extra_positions: int = 0  # integrate this far beyond T-1 under jit (for offset positions)
-    DOMAINS = {"steps_per_unit": at_least(1), "hidden_dim": at_least(0, note="0 = d_model"),
-               "extra_positions": at_least(0)}
 
 
 @register("floater")

@@ -2,7 +2,6 @@
 that the training length cannot train clipped to zero."""
 from __future__ import annotations
 
-import dataclasses
 import functools
 import math
 
@@ -11,8 +10,9 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import above, at_least
+from posenc.base import ModelDims, Scheme
+from posenc.options.rotary import FopeOptions
+from posenc.registry import register
 
 
 def fope_frequencies(head_dim: int, train_length: int, base: float = 10000.0, floor_ratio: float = 1.0) -> np.ndarray:
@@ -46,16 +46,6 @@ def fourier_coefficients(heads: int, rows: int, cols: int, gain: float, seed: in
     sin = eye + (std * rng.standard_normal((heads, rows, cols))).astype(np.float32)
     cos = eye + (std * rng.standard_normal((heads, rows, cols))).astype(np.float32)
     return sin, cos
-
-
-@dataclasses.dataclass(frozen=True)
-class FopeOptions:
-    base: float = 10000.0     # RoPE's base, for the frequencies the series are made of
-    init_gain: float = 0.3    # gain of the random coefficients beside the identity (reference: 0.3)
-    floor_ratio: float = 1.0  # frequencies below floor_ratio * 2 pi / L_train are clipped to zero
-    seed: int = 0             # the coefficients' draw (fixed, not trained, as in the reference)
-    DOMAINS = {"base": above(lambda o: 1, "1"), "init_gain": at_least(0, note="0 = RoPE with clipped frequencies"),
-               "floor_ratio": at_least(0, note="0 = keep every frequency"), "seed": at_least(0)}
 
 
 @register("fope")

@@ -1,21 +1,15 @@
 """The Forgetting Transformer (FoX): a forget gate per head, computed from the layer's input."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import between
-
-
-@dataclasses.dataclass(frozen=True)
-class FoxOptions:
-    gate_bias_init: float = 0.0  # b's initial value: 0 in the authors' code (f starts near 1/2);
-                                 # x-transformers' data-dependent ALiBi starts it at 5 (f near 0.99)
-    DOMAINS = {"gate_bias_init": between(note="sigmoid(b) is the forget gate's starting value")}
+from posenc.base import ModelDims, Scheme
+from posenc.options.content import FoxOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 @register("fox")
@@ -45,8 +39,7 @@ class ForgettingTransformer(Scheme):
     citation = "Lin et al. 2025"
     extrapolates = "yes"
     Options = FoxOptions
-    per_layer = True
-    reads_input = True
+    traits = Traits(per_layer=True, reads_input=True)
 
     def __init__(self, options: FoxOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

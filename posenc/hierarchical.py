@@ -1,14 +1,14 @@
 """Hierarchical decomposition: a learned table of n rows extended to n^2 positions (Su 2020)."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax.numpy as jnp
 
 from posenc.absolute import Learned
-from posenc.base import LengthError, register
-from posenc.domains import at_least, between
+from posenc.base import LengthError
+from posenc.options.absolute import HierarchicalOptions
+from posenc.registry import register
 
 
 def hierarchical_positions(table_NxD: jnp.ndarray, positions, alpha: float) -> jnp.ndarray:
@@ -22,14 +22,6 @@ def hierarchical_positions(table_NxD: jnp.ndarray, positions, alpha: float) -> j
     i, j = positions // n, positions % n
     t_i, t_j = jnp.take(table_NxD, i, axis=0), jnp.take(table_NxD, j, axis=0)
     return t_j + (alpha / (1.0 - alpha)) * (t_i - table_NxD[0])
-
-
-@dataclasses.dataclass(frozen=True)
-class HierarchicalOptions:
-    max_length: int = 0  # n, rows of the learned table; 0 means the training length
-    alpha: float = 0.4   # evaluation-time: the weight of the "high digit" i
-    DOMAINS = {"max_length": at_least(0, note="0 = the training length"),
-               "alpha": between(0, 1, lo_open=True, hi_open=True)}
 
 
 @register("hierarchical")

@@ -1,14 +1,16 @@
 """KERPLE: logits biases from conditionally positive definite kernels of the distance |i - j|."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import BiasFunction, ModelDims, Scheme, register
-from posenc.domains import above, between, positive, satisfies
+from posenc.base import ModelDims, Scheme
+from posenc.kernel_bias import BiasFunction
+from posenc.options.bias import KerpleLogOptions, KerplePowerOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def inverse_softplus(y: jax.Array) -> jax.Array:
@@ -24,27 +26,6 @@ def inverse_sigmoid(y: jax.Array) -> jax.Array:
 def head_distances(q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
     """|i - j| as float32, B x 1 x T x S (broadcasts over heads)."""
     return jnp.abs(q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :]).astype(jnp.float32)[:, None]
-
-
-@dataclasses.dataclass(frozen=True)
-class KerpleLogOptions:
-    r1_init_max: float = 2.0  # r1 starts uniform in (init_min, r1_init_max), one per head
-    r2_init_max: float = 1.0  # r2 starts uniform in (init_min, r2_init_max), one per head
-    init_min: float = 0.01
-    per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
-    DOMAINS = {"init_min": positive(), "r1_init_max": above(lambda o: o["init_min"], "init_min"),
-               "r2_init_max": above(lambda o: o["init_min"], "init_min")}
-
-
-@dataclasses.dataclass(frozen=True)
-class KerplePowerOptions:
-    r1_init_max: float = 1.0  # r1 starts uniform in (init_min, r1_init_max), one per head
-    r2_init_max: float = 1.99  # r2 starts uniform in (init_min, r2_init_max); r2 < 2 always
-    init_min: float = 0.01
-    per_layer: bool = False   # False: one (r1, r2) for the whole stack, as the authors' code
-    DOMAINS = {"init_min": between(0, 2, lo_open=True, hi_open=True),
-               "r1_init_max": above(lambda o: o["init_min"], "init_min"),
-               "r2_init_max": satisfies(lambda v, o: o["init_min"] < v < 2, "in (init_min, 2)", 1.99)}
 
 
 def _uniform_per_head(rngs: nnx.Rngs, num_heads: int, low: float, high: float) -> jax.Array:
@@ -66,10 +47,11 @@ class KerpleLog(Scheme):
     citation = "Chi et al. 2022"
     extrapolates = "yes"
     Options = KerpleLogOptions
+    traits = Traits(bias="function")  # per layer with option per_layer
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
-        self.per_layer = options.per_layer
+        self.traits = self.traits.replace(per_layer=options.per_layer)
         r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
         r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
         self.r1_raw = nnx.Param(inverse_softplus(r1))
@@ -105,13 +87,14 @@ class KerplePower(Scheme):
     citation = "Chi et al. 2022"
     extrapolates = "yes"
     Options = KerplePowerOptions
+    traits = Traits(bias="function")  # per layer with option per_layer
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
         if not 0 < options.init_min < options.r2_init_max < 2:
             raise ValueError(f"kerple_power needs 0 < init_min < r2_init_max < 2, got "
                              f"{options.init_min} and {options.r2_init_max}")
-        self.per_layer = options.per_layer
+        self.traits = self.traits.replace(per_layer=options.per_layer)
         r1 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r1_init_max)
         r2 = _uniform_per_head(rngs, dims.num_heads, options.init_min, options.r2_init_max)
         self.r1_raw = nnx.Param(inverse_softplus(r1))

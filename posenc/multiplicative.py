@@ -1,24 +1,14 @@
 """Multiplicative absolute encoding: the token embedding times a position vector, x_p * PE(p)."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax.numpy as jnp
 from flax import nnx
 
 from posenc.absolute import sinusoidal_table
-from posenc.base import ModelDims, Scheme, check_table_length, register
-from posenc.domains import at_least, between, one_of, positive
-
-
-@dataclasses.dataclass(frozen=True)
-class MultiplicativeOptions:
-    table: str = "sinusoidal"  # "sinusoidal" (fixed) | "learned" (max_length rows)
-    base: float = 10000.0      # of the sinusoidal table (also the learned table's initial value)
-    max_length: int = 0        # rows of the learned table; 0 means the training length
-    offset: float = 0.0        # x * (offset + PE(p)); 0 is the literature's x * PE(p)
-    DOMAINS = {"table": one_of("sinusoidal", "learned"), "base": positive(),
-               "max_length": at_least(0, note="0 = the training length"), "offset": between()}
+from posenc.base import ModelDims, Scheme, check_table_length
+from posenc.options.absolute import MultiplicativeOptions
+from posenc.registry import register
 
 
 @register("multiplicative")

@@ -8,14 +8,14 @@ as the candidates that motivate sinusoids.
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 
-from posenc.base import LengthError, ModelDims, Scheme, register
-from posenc.domains import between, one_of
+from posenc.base import LengthError, ModelDims, Scheme
+from posenc.options.absolute import BinaryOptions, NormalizedOptions
+from posenc.registry import register
 
 
 def add_to_first_features(x_BxTxD: jax.Array, values_BxTxF: jax.Array) -> jax.Array:
@@ -37,14 +37,6 @@ class Integer(Scheme):
 
     def embed(self, x_BxTxD, positions_BxT):
         return add_to_first_features(x_BxTxD, positions_BxT.astype(jnp.float32)[..., None])
-
-
-@dataclasses.dataclass(frozen=True)
-class NormalizedOptions:
-    # "train_length": p / (L_train - 1). "row": p / (largest position of the row), the textbook
-    # definition; it makes a token's encoding depend on the length of its window (see the class).
-    denominator: str = "train_length"
-    DOMAINS = {"denominator": one_of("train_length", "row")}
 
 
 @register("normalized")
@@ -86,12 +78,6 @@ def binary_digits(positions: jax.Array, num_bits: int) -> jax.Array:
     """Bit k of p (least significant first) as -1 (0) or +1 (1): positions.shape + (num_bits,)."""
     bits = (positions.astype(jnp.int32)[..., None] >> jnp.arange(num_bits, dtype=jnp.int32)) & 1
     return 2.0 * bits.astype(jnp.float32) - 1.0
-
-
-@dataclasses.dataclass(frozen=True)
-class BinaryOptions:
-    max_bits: int = 16  # digits on the first max_bits features: positions 0 .. 2**max_bits - 1
-    DOMAINS = {"max_bits": between(1, 30, note="and <= d_model")}
 
 
 @register("binary")

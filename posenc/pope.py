@@ -1,17 +1,15 @@
 """PoPE: polar positional embedding, content in the magnitude and position in the phase."""
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import above, one_of
-
-BIAS_INITS = ("zeros", "uniform")
+from posenc.base import ModelDims, Scheme
+from posenc.options.rotary import PopeOptions
+from posenc.registry import register
 
 
 def pope_frequencies(head_dim: int, base: float = 10000.0) -> jax.Array:
@@ -24,13 +22,6 @@ def polar(x_BxTxHxK: jax.Array, angles_BxTxHxK: jax.Array) -> jax.Array:
     complex number of magnitude softplus(x) >= 0 and phase `angle`, in Cartesian form."""
     magnitude = jax.nn.softplus(x_BxTxHxK.astype(jnp.float32))
     return jnp.concatenate([magnitude * jnp.cos(angles_BxTxHxK), magnitude * jnp.sin(angles_BxTxHxK)], axis=-1)
-
-
-@dataclasses.dataclass(frozen=True)
-class PopeOptions:
-    base: float = 10000.0      # theta_c = base^(-c/K)
-    bias_init: str = "zeros"   # the phase bias delta: "zeros" (x-transformers' default) or "uniform" on [-2 pi, 0]
-    DOMAINS = {"base": above(lambda o: 1, "1"), "bias_init": one_of(*BIAS_INITS)}
 
 
 @register("pope")

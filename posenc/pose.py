@@ -1,16 +1,17 @@
 """PoSE: positional skip-wise training, a target length simulated inside the training window."""
 from __future__ import annotations
 
-import dataclasses
 from typing import Any
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, register
-from posenc.domains import at_least
-from posenc.wrappers import REGISTERED, Wrapper
+from posenc.base import ModelDims
+from posenc.options.wrappers import PoseOptions
+from posenc.registry import register
+from posenc.traits import Traits
+from posenc.wrappers import Wrapper
 
 
 def pose_positions(positions_BxT: jax.Array, first_chunk_B: jax.Array, skip_B: jax.Array) -> jax.Array:
@@ -29,13 +30,6 @@ def sample_chunks(key: jax.Array, batch: int, length: int, target_length: int) -
     first_B = jax.random.randint(k_first, (batch,), 1, (length + 1) // 2 + 1)
     skip_B = jax.random.randint(k_skip, (batch,), 0, max(target_length - length, 0) + 1)
     return first_B, skip_B
-
-
-@dataclasses.dataclass(frozen=True)
-class PoseOptions:
-    base: str = "rope"       # the wrapped scheme (the paper's models use RoPE)
-    target_length: int = 0   # L_t, the length simulated in training; 0 means 16 x train_length
-    DOMAINS = {"base": REGISTERED, "target_length": at_least(0, note="0 = 16 x train_length; else >= it")}
 
 
 @register("pose")
@@ -60,13 +54,14 @@ class Pose(Wrapper):
     citation = "Zhu et al. 2024"
     extrapolates = "with option"  # to target_length (a training-time choice)
     Options = PoseOptions
-    samples_positions = True
+    traits = Traits(wrapper=True, samples_positions=True)
 
-    def __init__(self, options: PoseOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+    def __init__(self, options: PoseOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
         if options.target_length < 0 or 0 < options.target_length < dims.train_length:
             raise ValueError(f"pose.target_length is the length simulated in training: at least the training "
                              f"length {dims.train_length} (0 = 16 x train_length), got {options.target_length}")
-        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg, chain=chain)
         self.target_length = options.target_length or 16 * dims.train_length
 
     def check_length(self, length):

@@ -8,15 +8,16 @@ the angle-difference identity into a per-query and a per-key feature (exact for 
 """
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, check_table_length, register
-from posenc.domains import above, at_least, one_of, positive
-from posenc.bias import T5_MAX_EXACT, t5_max_exact, t5_relative_position_bucket
+from posenc.base import ModelDims, Scheme, check_table_length
+from posenc.bias import t5_relative_position_bucket
+from posenc.options.content import DebertaOptions, ShawOptions, TransformerXLOptions, TupeOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def _gather_rows(scores_BxHxTxR: jax.Array, index_BxTxS: jax.Array) -> jax.Array:
@@ -38,13 +39,6 @@ def _sum_by_row(probs_BxHxTxS: jax.Array, index_BxTxS: jax.Array, rows: int) -> 
 
 # --- Shaw et al. 2018 ---------------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class ShawOptions:
-    max_relative_position: int = 16  # k: distances are clipped to [-k, k] (the paper's k = 16)
-    value_term: bool = True          # also add sum_j a_ij R^V_{ij} to the output (the paper's eq. 3)
-    DOMAINS = {"max_relative_position": at_least(0)}
-
-
 @register("shaw")
 class Shaw(Scheme):
     """Relative position representations: learned vectors per clipped distance in keys and values.
@@ -63,10 +57,11 @@ class Shaw(Scheme):
     citation = "Shaw et al. 2018"
     extrapolates = "yes"
     Options = ShawOptions
-    per_layer = True
+    traits = Traits(per_layer=True, bias="tile", value_term=True)
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
+        self.traits = self.traits.replace(value_term=options.value_term)
         if options.max_relative_position < 0:
             raise ValueError(f"shaw.max_relative_position must be >= 0, got {options.max_relative_position}")
         rows = 2 * options.max_relative_position + 1
@@ -92,12 +87,6 @@ class Shaw(Scheme):
 
 
 # --- Transformer-XL (Dai et al. 2019) ------------------------------------------------------------
-
-@dataclasses.dataclass(frozen=True)
-class TransformerXLOptions:
-    base: float = 10000.0  # wavelength base of the sinusoidal relative encodings R
-    DOMAINS = {"base": positive()}
-
 
 def txl_inverse_frequencies(d_model: int, base: float = 10000.0) -> jax.Array:
     """omega_f = base^(-2f / d_model), f = 0 .. d_model/2 - 1 (R_r = [sin(r omega), cos(r omega)])."""
@@ -125,7 +114,7 @@ class TransformerXL(Scheme):
     citation = "Dai et al. 2019"
     extrapolates = "partly"
     Options = TransformerXLOptions
-    per_layer = True
+    traits = Traits(per_layer=True, bias="tile")
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
@@ -155,13 +144,6 @@ class TransformerXL(Scheme):
 
 # --- DeBERTa (He et al. 2021) --------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class DebertaOptions:
-    max_relative_positions: int = 512  # k: 2k relative embeddings (released DeBERTa: k = 512)
-    p2c_index: str = "code"  # "code": K^c_j . Q^r at i - j + k (released code); "paper": j - i + k
-    DOMAINS = {"max_relative_positions": at_least(1), "p2c_index": one_of("code", "paper")}
-
-
 @register("deberta")
 class Deberta(Scheme):
     """DeBERTa's disentangled attention: content-to-content + content-to-position + position-to-content,
@@ -187,8 +169,8 @@ class Deberta(Scheme):
     citation = "He et al. 2021"
     extrapolates = "yes"
     Options = DebertaOptions
-    per_layer = True
-    bias_work_per_key = True  # every key against all 2k relative embeddings (2.5x at L = 256 in rows)
+    # bias_work_per_key: every key against all 2k relative embeddings (2.5x at L = 256 in rows)
+    traits = Traits(per_layer=True, bias_work_per_key=True, bias="tile", logit_scale="per_query")
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)
@@ -229,17 +211,6 @@ class Deberta(Scheme):
 
 # --- TUPE (Ke, He & Liu 2021) --------------------------------------------------------------------
 
-@dataclasses.dataclass(frozen=True)
-class TupeOptions:
-    max_length: int = 0        # rows of the absolute table p; 0 means the training length
-    relative: bool = True      # TUPE-R (add T5's b_{j-i}); False gives TUPE-A
-    num_buckets: int = 32      # of b_{j-i}, as T5
-    max_distance: int = 128
-    bidirectional: bool = False  # a causal decoder only sees the past
-    DOMAINS = {"max_length": at_least(0, note="0 = the training length"), "num_buckets": at_least(2),
-               "max_distance": above(t5_max_exact, T5_MAX_EXACT)}
-
-
 @register("tupe")
 class Tupe(Scheme):
     """Transformer with Untied Positional Encoding (TUPE-R):
@@ -258,6 +229,7 @@ class Tupe(Scheme):
     citation = "Ke et al. 2021"
     extrapolates = "no"
     Options = TupeOptions
+    traits = Traits(bias="tile", logit_scale="per_query")
 
     def __init__(self, options, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

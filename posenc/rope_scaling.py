@@ -1,19 +1,18 @@
 """RoPE's frequency scalings and their options: position interpolation, NTK-aware and dynamic NTK
 base scaling, YaRN, Llama 3 scaling and LongRoPE (the inverse frequencies and attention factors of
 each, as their authors' code and HF transformers compute them), p-RoPE's dropped frequencies, and
-the options of ReRoPE, Self-Extend, Dual Chunk Attention and xPos, checked. The scheme that uses them is
-`rope` (posenc/rotary.py).
+the options of ReRoPE, Self-Extend, Dual Chunk Attention and xPos, checked (the options dataclass
+itself is in posenc/options/rotary.py, free of JAX). The scheme that uses them is `rope` (posenc/rotary.py).
 """
 from __future__ import annotations
 
-import dataclasses
 import math
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc.domains import above, at_least, between, each, one_of, positive, unit_interval
+from posenc.options.rotary import YARN_RAMPS, RopeOptions, longrope_on  # noqa: F401  (RopeOptions: re-exported)
 
 
 def rope_powers(rotary_dim: int, base: float | jax.Array = 10000.0) -> jax.Array:
@@ -33,65 +32,6 @@ def rope_inverse_frequencies(rotary_dim: int, base: float | jax.Array = 10000.0)
     1 / base^(2i / rotary_dim) in float32 as HF transformers does (`rope_powers`): the angles of late
     positions then agree, which Hugging Face checkpoints' logits need (tests/models/test_hf.py)."""
     return 1.0 / rope_powers(rotary_dim, base)
-
-
-@dataclasses.dataclass(frozen=True)
-class RopeOptions:
-    base: float = 10000.0
-    fraction: float = 1.0         # share of each head's features that are rotated (partial rotary)
-    # Evaluation-time extensions (no parameters); the defaults below are plain RoPE.
-    pi_factor: float = 1.0        # position interpolation: positions x pi_factor (= L_train / L_target)
-    ntk_alpha: float = 1.0        # NTK-aware scaling: base' = base * alpha^(d / (d - 2))
-    dynamic_ntk: bool = False     # alpha = max(1, f (largest key position + 1) / L_train - (f - 1)), per row
-    dynamic_ntk_factor: float = 1.0  # f, HF's rope_scaling "factor" for "dynamic" (published: 2 or more)
-    yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
-    yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
-    yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
-    yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
-    yarn_ramp: str = "index"      # "index": the authors' code (linear in the feature index between
-                                  # whole correction dimensions); "turns": the paper's equation (linear in r)
-    original_length: int = 0      # L_train that YaRN, dynamic NTK, Llama 3 and LongRoPE scale from (HF's
-                                  # original_max_position_embeddings); 0 = this run's training length.
-                                  # A run extended from a shorter one (train.init_from) sets the base's.
-    llama3_factor: float = 1.0    # Llama 3.1 scaling (HF "llama3"): low frequencies / factor (1 = off)
-    llama3_low_freq_factor: float = 1.0   # wavelengths > L_train / this are divided by llama3_factor
-    llama3_high_freq_factor: float = 4.0  # wavelengths < L_train / this are kept; smooth in between
-    longrope_short_factor: tuple = ()  # LongRoPE (HF "longrope"): theta_i / short_factor_i in rows whose
-                                       # largest key position + 1 <= L_train, one factor per pair (() = off)
-    longrope_long_factor: tuple = ()   # theta_i / long_factor_i in rows beyond L_train
-    longrope_factor: float = 1.0       # HF's "factor" (L_target / L_train): sets the default attention factor
-    longrope_attention_factor: float = 0.0  # cos and sin x this; 0 = sqrt(1 + ln f / ln L_train) if f > 1, else 1
-    rerope_window: int = 0        # ReRoPE: relative positions beyond w count as w (0 = off)
-    self_extend_window: int = 0   # Self-Extend: W, exact relative positions while m - n < W (0 = off)
-    self_extend_group: int = 1    # G: beyond W, q at m // G + W - W // G and k at n // G
-    dca_chunk_size: int = 0       # Dual Chunk Attention: s, keys in chunks of c = s - w positions (0 = off)
-    dca_local_window: int = 0     # w: the successive chunk's queries sit at most s from its keys
-    xpos: bool = False            # xPos: q x zeta^(m/gamma), k x zeta^(-n/gamma)
-    xpos_gamma0: float = 0.4      # zeta_i = (2i/d + gamma0) / (1 + gamma0)
-    xpos_scale_base: float = 512.0  # gamma
-    p_rope: float = 1.0           # p-RoPE: share of the frequency pairs that rotate, the highest ones;
-                                  # the others get frequency 0 (position-free). 1 = off (plain RoPE)
-    # Each option alone (validate_rope_options checks how they combine).
-    DOMAINS = {"base": positive(), "fraction": unit_interval(), "pi_factor": positive(note="L_train / L_target"),
-               "ntk_alpha": positive(), "dynamic_ntk_factor": at_least(1),
-               "yarn_scale": at_least(1, note="L_target / L_train; 1 = off"), "yarn_beta_fast": positive(),
-               "yarn_beta_slow": between(0, lo_open=True, note="and < yarn_beta_fast"),
-               "yarn_ramp": one_of("index", "turns"), "original_length": at_least(0, note="0 = the training length"),
-               "llama3_factor": at_least(1, note="1 = off"), "llama3_low_freq_factor": positive(),
-               "llama3_high_freq_factor": above(lambda o: o["llama3_low_freq_factor"], "llama3_low_freq_factor"),
-               "longrope_short_factor": each(positive()), "longrope_long_factor": each(positive()),
-               "longrope_factor": positive(), "longrope_attention_factor": at_least(0, note="0 = HF's default"),
-               "rerope_window": at_least(0, note="0 = off"), "self_extend_window": at_least(0, note="0 = off"),
-               "self_extend_group": at_least(1), "xpos_gamma0": positive(), "xpos_scale_base": positive(),
-               "p_rope": unit_interval(note="1 = plain RoPE"), "dca_chunk_size": at_least(0, note="0 = off"),
-               "dca_local_window": at_least(0, note="and < dca_chunk_size")}
-
-
-YARN_RAMPS = ("index", "turns")
-
-
-def longrope_on(options: RopeOptions) -> bool:
-    return bool(options.longrope_short_factor or options.longrope_long_factor)
 
 
 def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -> None:

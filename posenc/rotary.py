@@ -13,8 +13,10 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.rope_scaling import (RopeOptions, longrope_on, rope_mscale, rotary_dim_of, scaled_inverse_frequencies,
+from posenc.base import ModelDims, Scheme
+from posenc.options.rotary import RopeOptions, XposOptions, longrope_on, rope_bias_on
+from posenc.registry import register
+from posenc.rope_scaling import (rope_mscale, rotary_dim_of, scaled_inverse_frequencies,
                                  validate_rope_options)
 
 
@@ -183,7 +185,7 @@ class Rope(Scheme):
     family = "relative"
     citation = "Su et al. 2021"
     extrapolates = "with option"  # plain RoPE degrades; PI / NTK / YaRN / ReRoPE / Self-Extend / DCA at evaluation
-    Options = RopeOptions
+    Options = RopeOptions  # traits: a tile bias where ReRoPE, Self-Extend or DCA is on (`bias`)
 
     def __init__(self, options, dims: ModelDims, *, rngs):
         # Factor lists arrive as lists from config.json: tuples, so that the options stay hashable.
@@ -192,6 +194,8 @@ class Rope(Scheme):
         super().__init__(options, dims, rngs=rngs)
         self.rotary_dim = rotary_dim_of(options, dims.head_dim)
         validate_rope_options(options, self.rotary_dim)
+        if self.rotary_dim and rope_bias_on(options):
+            self.traits = self.traits.replace(bias="tile")
         uses_ntk = options.dynamic_ntk or options.ntk_alpha != 1.0
         if uses_ntk and 0 < self.rotary_dim <= 2:
             raise ValueError(f"NTK scaling needs more than 2 rotated features per head, got "
@@ -267,11 +271,6 @@ class Rope(Scheme):
 def _logits(q_BxTxHxK, k_BxSxHxK):
     """q k^T, float32 B x H x T x S (unscaled)."""
     return jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32)
-
-
-@dataclasses.dataclass(frozen=True)
-class XposOptions(RopeOptions):
-    xpos: bool = True
 
 
 @register("xpos")

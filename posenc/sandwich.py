@@ -1,14 +1,16 @@
 """Sandwich: the inner product of two sinusoidal position vectors as a parameter-free logits bias."""
 from __future__ import annotations
 
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 import numpy as np
 
-from posenc.base import BiasFunction, Scheme, register
-from posenc.domains import positive, satisfies
+from posenc.base import Scheme
+from posenc.kernel_bias import BiasFunction
+from posenc.options.bias import SandwichOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 def sandwich_compression(num_heads: int) -> np.ndarray:
@@ -61,16 +63,6 @@ def distance_function(fn, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Arr
     return jax.lax.cond(consecutive, by_table, by_pair, None)
 
 
-@dataclasses.dataclass(frozen=True)
-class SandwichOptions:
-    dim: int = 128         # d': width of the sinusoidal vectors whose inner product is the bias;
-                           # 0 means the head dimension (NeMo's choice)
-    base: float = 10000.0
-    DOMAINS = {"dim": satisfies(lambda v, _: v == 0 or (v >= 2 and v % 2 == 0),
-                                "0 (the head dimension) or an even number >= 2"),
-               "base": positive()}
-
-
 @register("sandwich")
 class Sandwich(Scheme):
     """Sandwich: logits[h, i, j] += (p_i . p_j - d'/2) / (8h/H), no parameters.
@@ -94,6 +86,7 @@ class Sandwich(Scheme):
     citation = "Chi et al. 2023"
     extrapolates = "yes"
     Options = SandwichOptions
+    traits = Traits(bias="function")
 
     def __init__(self, options, dims, *, rngs):
         super().__init__(options, dims, rngs=rngs)

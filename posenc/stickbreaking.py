@@ -1,21 +1,13 @@
 """Stick-breaking attention: attention weights that need no positional encoding."""
 from __future__ import annotations
 
-import dataclasses
 
 from flax import nnx
 
-from posenc.base import ModelDims, Scheme, register
-from posenc.domains import one_of
-
-
-@dataclasses.dataclass(frozen=True)
-class StickbreakingOptions:
-    attend_current: bool = False  # whether a query also breaks its stick at its own key (the
-                                  # reference kernels' default: no)
-    remainder: str = "value"      # where the stick left over goes: "value", the query's own value
-                                  # (the authors' reference test, o + rem * v), or "none" (dropped)
-    DOMAINS = {"remainder": one_of("value", "none")}
+from posenc.base import ModelDims, Scheme
+from posenc.options.content import StickbreakingOptions
+from posenc.registry import register
+from posenc.traits import Traits
 
 
 @register("stickbreaking")
@@ -36,7 +28,7 @@ class StickBreaking(Scheme):
     times the query's value). The authors' 3B model (IBM dolomite-engine) adds the remainder times a
     learned per-head vector and normalises the heads' outputs instead; not offered here.
 
-    The weights are computed by models/attention/stickbreaking.py (read off `normalization`): dense
+    The weights are computed by models/attention/stickbreaking.py (read off `traits.normalization`): dense
     over whole rows, blockwise with key tiles right to left and each query's log stick carried
     (O(T x block) memory). The triangular, fused and Pallas paths, softmax kernels, refuse it; so
     do attention dropout, LM-Infinite's mask and the attention statistics.
@@ -45,7 +37,7 @@ class StickBreaking(Scheme):
     citation = "Tan et al. 2025"
     extrapolates = "yes"
     Options = StickbreakingOptions
-    normalization = "stickbreaking"
+    traits = Traits(normalization="stickbreaking")
 
     def __init__(self, options: StickbreakingOptions, dims: ModelDims, *, rngs: nnx.Rngs):
         super().__init__(options, dims, rngs=rngs)

@@ -15,33 +15,36 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc.base import LengthError, ModelDims, Scheme, build, canonical_name, get, names, register
-from posenc.domains import at_least, one_of, positive, satisfies
+from posenc.base import LengthError, ModelDims, Scheme, build
+from posenc.options.wrappers import LognOptions, RandomizedOptions, SsmaxOptions
+from posenc.registry import get, register
+from posenc.traits import Traits
 
 
 class Wrapper(Scheme):
-    """Delegates every hook to `self.inner`, the scheme named by `options.base`."""
-    wraps_scheme = True
+    """Delegates every hook to `self.inner`, the scheme named by `options.base`. Its traits are the
+    inner scheme's plus what the wrapper's class traits switch on (`traits_around`)."""
+    traits = Traits(wrapper=True)
 
-    def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+    def __init__(self, options: Any, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
         super().__init__(options, dims, rngs=rngs)
-        chain = tuple((posenc_cfg or {}).get("_wrapped_by", ())) + (self.name,)
+        chain = tuple(chain) + (self.name,)  # the wrappers around the inner scheme, outermost first
         get(options.base)  # unknown names: the registry's error, listing the valid ones
         if options.base in chain:
             raise ValueError(f"positional scheme {self.name!r} cannot wrap {options.base!r}: the chain "
                              f"{' -> '.join(chain + (options.base,))} wraps itself")
         inner_cfg = {key: posenc_cfg[key] for key in posenc_cfg.keys()} if posenc_cfg is not None else {}
-        inner_cfg.update(name=options.base, _wrapped_by=chain)
-        self.inner = build(inner_cfg, dims, rngs=rngs)
-        # Read off the instance by the decoder and attention: what the inner scheme needs.
-        self.per_layer = self.inner.per_layer
-        self.needs_full_rows = self.inner.needs_full_rows
-        self.bias_work_per_key = self.inner.bias_work_per_key
-        self.carries_bias = self.inner.carries_bias
-        self.reads_input = self.inner.reads_input
-        self.transforms_logits = self.inner.transforms_logits
-        self.normalization = self.inner.normalization
-        self.samples_positions = type(self).samples_positions or self.inner.samples_positions
+        inner_cfg.update(name=options.base)
+        self.inner = build(inner_cfg, dims, rngs=rngs, chain=chain)
+        self.traits = self.traits_around(self.inner.traits)
+
+    def traits_around(self, inner: Traits) -> Traits:
+        """The traits of this wrapper around a scheme with traits `inner`: those, with every flag
+        that this wrapper's class traits set switched on (ssmax: per_layer; randomized and pose:
+        samples_positions)."""
+        own = type(self).traits
+        return inner.replace(**{f.name: True for f in dataclasses.fields(Traits) if getattr(own, f.name) is True})
 
     def embed(self, x_BxTxD, positions_BxT):
         return self.inner.embed(x_BxTxD, positions_BxT)
@@ -86,16 +89,6 @@ def logn_scale(q_pos_BxT: jax.Array, train_length: int) -> jax.Array:
     return jnp.maximum(1.0, jnp.log(n) / math.log(train_length))
 
 
-REGISTERED = satisfies(lambda v, _: canonical_name(v) in names(),
-                       lambda _: f"a registered positional scheme ({', '.join(names())})", "rope")
-
-
-@dataclasses.dataclass(frozen=True)
-class LognOptions:
-    base: str = "rope"  # the wrapped scheme (RoPE: the pairing of Su 2021 and later long-context LMs)
-    DOMAINS = {"base": REGISTERED}
-
-
 @register("logn")
 class LogN(Wrapper):
     """Log-n attention scaling around any scheme: the query vector at position m (which attends to
@@ -118,23 +111,16 @@ class LogN(Wrapper):
     extrapolates = "partly"  # as far as its inner scheme (rope by default) does
     Options = LognOptions
 
-    def __init__(self, options: LognOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
+    def __init__(self, options: LognOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
         if dims.train_length < 2:
             raise ValueError(f"logn divides by log(train_length); it needs train_length >= 2, got {dims.train_length}")
-        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg, chain=chain)
 
     def rotate(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         q_BxTxHxK, k_BxSxHxK = self.inner.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)
         scale_BxTx1x1 = logn_scale(q_pos_BxT, self.dims.train_length)[:, :, None, None]
         return (q_BxTxHxK * scale_BxTx1x1).astype(q_BxTxHxK.dtype), k_BxSxHxK
-
-
-@dataclasses.dataclass(frozen=True)
-class SsmaxOptions:
-    base: str = "rope"    # the wrapped scheme (the paper's models use RoPE)
-    s_init: float = 0.43  # s of every head at initialisation (the reference's default)
-    bias: bool = False    # the paper's variant with a learned b per head: (s log n + b) z
-    DOMAINS = {"base": REGISTERED, "s_init": positive(note="the reference's 0.43")}
 
 
 @register("ssmax")
@@ -160,11 +146,11 @@ class SSMax(Wrapper):
     citation = "Nakanishi 2025"
     extrapolates = "partly"  # as far as its inner scheme (rope by default) does
     Options = SsmaxOptions
-    per_layer = True
+    traits = Traits(wrapper=True, per_layer=True)  # s is per layer, whatever the inner scheme shares
 
-    def __init__(self, options: SsmaxOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
-        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
-        self.per_layer = True  # s is per layer, whatever the inner scheme shares
+    def __init__(self, options: SsmaxOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg, chain=chain)
         self.s = nnx.Param(jnp.full((dims.num_heads,), options.s_init, jnp.float32))
         self.b = nnx.Param(jnp.zeros((dims.num_heads,), jnp.float32)) if options.bias else None
 
@@ -184,15 +170,6 @@ def sorted_random_positions(key: jax.Array, batch: int, length: int, max_length:
     def row(k):
         return jnp.sort(jax.random.choice(k, max_length, (length,), replace=False))
     return jax.vmap(row)(jax.random.split(key, batch)).astype(jnp.int32)
-
-
-@dataclasses.dataclass(frozen=True)
-class RandomizedOptions:
-    base: str = "rope"    # the wrapped scheme
-    max_length: int = 0   # L, the range positions are drawn from; 0 means 16 x train_length
-    eval_positions: str = "sampled"  # "sampled" (the reference's) or "consecutive" (0 .. T-1)
-    DOMAINS = {"base": REGISTERED, "max_length": at_least(0, note="0 = 16 x train_length"),
-               "eval_positions": one_of("sampled", "consecutive")}
 
 
 @register("randomized")
@@ -217,10 +194,11 @@ class Randomized(Wrapper):
     citation = "Ruoss et al. 2023"
     extrapolates = "with option"  # up to max_length (a training-time choice)
     Options = RandomizedOptions
-    samples_positions = True
+    traits = Traits(wrapper=True, samples_positions=True)
 
-    def __init__(self, options: RandomizedOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None):
-        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg)
+    def __init__(self, options: RandomizedOptions, dims: ModelDims, *, rngs: nnx.Rngs, posenc_cfg: Any = None,
+                 chain: tuple[str, ...] = ()):
+        super().__init__(options, dims, rngs=rngs, posenc_cfg=posenc_cfg, chain=chain)
         if options.max_length < 0:
             raise ValueError(f"randomized.max_length must be >= 0 (0 = 16 x train_length), got {options.max_length}")
         if options.eval_positions not in ("sampled", "consecutive"):

@@ -215,7 +215,7 @@ def window_positions(scheme, config: Config, rows: jax.Array, length: int) -> ja
     """Positions for windows `rows` (their indices in the evaluation) where the scheme samples them
     at evaluation (randomized: each window its own draw from the run's seed, so a result does not
     depend on batching); None otherwise (0 .. T-1)."""
-    if not scheme.samples_positions:
+    if not scheme.traits.samples_positions:
         return None
     seed = jax.random.fold_in(jax.random.key(int(config.seed)), EVAL_POSITIONS_STREAM)
 

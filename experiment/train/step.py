@@ -110,4 +110,4 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
 def is_stochastic(model_cfg, scheme) -> bool:
     """Whether a training step draws random numbers (dropout, sampled positions)."""
     rates = (model_cfg.dropout, model_cfg.attention_dropout, model_cfg.activation_dropout)
-    return any(r > 0 for r in rates) or bool(scheme.samples_positions)
+    return any(r > 0 for r in rates) or scheme.traits.samples_positions

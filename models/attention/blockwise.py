@@ -13,8 +13,9 @@ from posenc import Scheme
 
 def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
     """Whether the scheme's bias needs all keys of a row at once: `needs_full_rows` without a
-    `carried_bias` to carry it across key tiles (`carries_bias`). Such a scheme cannot run blockwise."""
-    return scheme.needs_full_rows and not scheme.carries_bias
+    `carried_bias` to carry it across key tiles (`carries_bias`; posenc/traits.py). Such a scheme
+    cannot run blockwise."""
+    return scheme.traits.needs_whole_rows
 
 
 def _softmax_update(state, s_BxHxQxS, v_BxSxHxK, value_term):
@@ -58,10 +59,10 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
                          f"carried_bias; set --config.model.attention=dense (or auto)")
     if mask is not None:
         check_lambda(scheme)
-    if scheme.normalization == "stickbreaking":
+    if scheme.traits.normalization == "stickbreaking":
         return stickbreaking_blockwise(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, block_size,
                                        context_BxTxC)
-    carried = scheme.needs_full_rows  # and so `carries_bias`
+    carried = scheme.traits.needs_full_rows  # and so `carries_bias`
     sinks = None
     if mask is not None and mask.sinks:
         sinks = sink_branch(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, mask, context_BxTxC)

@@ -58,7 +58,7 @@ def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], length:
         return "pallas"
     if is_long(length, block) and not dropping and not needs_whole_rows(scheme):
         return "blockwise"
-    if triangular and not scheme.bias_work_per_key:
+    if triangular and not scheme.traits.bias_work_per_key:
         return "triangular"
     return "dense"
 

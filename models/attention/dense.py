@@ -38,10 +38,10 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
     `mask_TxS` is True where a query may attend to a key (the causal order of the sequence, which
     is independent of the position values a scheme is given). Logits and softmax are float32.
     `context_BxTxC`: the scheme's `token_context` of the layer's input (self-attention), where it
-    reads one. A stick-breaking scheme (`normalization`) runs its own causal recurrence instead
+    reads one. A stick-breaking scheme (`traits.normalization`) runs its own causal recurrence instead
     (stickbreaking.py; causal self-attention, no dropout).
     """
-    if scheme.normalization == "stickbreaking":
+    if scheme.traits.normalization == "stickbreaking":
         if dropout.active:
             raise ValueError(f"positional scheme {scheme.name!r} (stick-breaking attention) does not implement "
                              f"attention dropout; set --config.model.attention_dropout=0")
@@ -81,9 +81,10 @@ def fused_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, schem
     composite elsewhere), for schemes whose positional signal is a rotation and / or an additive
     bias (a `context_bias` from the layer's input included): no `logit_scale`, no `value_bias`, no
     logit transform, softmax weights. The bias is materialised for the whole sequence."""
-    if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or scheme.needs_full_rows
-            or adds_value_term(scheme, q_pos_BxT, k_pos_BxT) or scheme.transforms_logits
-            or scheme.normalization != "softmax"):
+    traits = scheme.traits
+    if (scheme.logit_scale(q_pos_BxT, k_pos_BxT) is not None or traits.needs_full_rows
+            or adds_value_term(scheme, q_pos_BxT, k_pos_BxT) or traits.transforms_logits
+            or traits.normalization != "softmax"):
         raise ValueError(f"positional scheme {scheme.name!r} scales or transforms logits, adds a value term, needs "
                          f"whole rows or is not a softmax; model.attention=fused cannot express it: use dense or "
                          f"blockwise")

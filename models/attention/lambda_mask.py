@@ -65,7 +65,7 @@ def lambda_mask(model_cfg: Any, train_length: int) -> LambdaMask | None:
 
 def check(scheme: Scheme) -> None:
     """Refuse what the mask cannot apply to, naming it."""
-    if scheme.needs_full_rows or scheme.normalization != "softmax":
+    if scheme.traits.needs_full_rows or scheme.traits.normalization != "softmax":
         raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys or is not a softmax; the "
                          f"Lambda mask (model.attention_sinks / model.attention_window) cannot apply to it: "
                          f"leave both at 0")

@@ -72,7 +72,7 @@ def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool
     """Whether the kernel can express `scheme`: what the triangular path can (a rotation, a
     per-query logit scale, an additive bias; no value term, no bias over whole rows), with the
     bias given as `bias_fn` (or none), and no bias from the layer's input (`reads_input`, FoX)."""
-    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS) or scheme.reads_input:
+    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS) or scheme.traits.reads_input:
         return False
     if scheme.bias_fn() is not None:
         return True

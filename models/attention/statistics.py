@@ -61,7 +61,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
     `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one; with a
     `window` W > 0 (a sliding window, Mistral's), over the last W keys only. The statistics are
     those of a softmax: a stick-breaking scheme is refused."""
-    if scheme.normalization != "softmax":
+    if scheme.traits.normalization != "softmax":
         raise ValueError(f"positional scheme {scheme.name!r} is not a softmax (stick-breaking); attention "
                          f"statistics are computed for softmax attention only")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
@@ -70,7 +70,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
     nb = -(-t // block)
     pad = nb * block - t
     whole_rows = needs_whole_rows(scheme)
-    carried = scheme.needs_full_rows and not whole_rows  # and so `carries_bias`
+    carried = scheme.traits.needs_full_rows and not whole_rows  # and so `carries_bias`
 
     def blocks(x, fill=0):  # B x T x ... -> NB x B x block x ...
         x = jnp.pad(x, [(0, 0), (0, pad)] + [(0, 0)] * (x.ndim - 2), constant_values=fill)

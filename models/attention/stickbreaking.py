@@ -1,5 +1,5 @@
 """Stick-breaking attention (Tan et al., ICLR 2025): attention weights from a stick-breaking process
-instead of a softmax, for schemes whose `normalization` is "stickbreaking" (posenc/stickbreaking.py).
+instead of a softmax, for schemes whose `traits.normalization` is "stickbreaking" (posenc/stickbreaking.py).
 
 With z_ij the tile logits (q_i . k_j / sqrt(K) and any hook of the scheme) and beta_ij = sigmoid(z_ij),
 query i breaks off beta_ij of what is left of its stick at each key, nearest key first:

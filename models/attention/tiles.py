@@ -29,7 +29,7 @@ def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
         from_input = scheme.context_bias(context[0], context[1], q_pos_BxT, k_pos_BxS)
         if from_input is not None:
             bias = from_input if bias is None else bias + from_input
-    if scheme.transforms_logits:
+    if scheme.traits.transforms_logits:
         return scheme.transform_logits(logits_BxHxTxS, bias, q_pos_BxT, k_pos_BxS)
     if bias is not None:
         logits_BxHxTxS = logits_BxHxTxS + bias

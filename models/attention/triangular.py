@@ -40,7 +40,8 @@ def tile_size(length: int) -> int:
 def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
     """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale,
     under a softmax."""
-    if scheme.needs_full_rows or scheme.transforms_logits or scheme.normalization != "softmax":
+    traits = scheme.traits
+    if traits.needs_full_rows or traits.transforms_logits or traits.normalization != "softmax":
         return False
     if adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
         return False

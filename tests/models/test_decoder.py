@@ -51,7 +51,7 @@ def test_bias_of_a_tile_equals_that_block_of_the_full_bias(name):
     q = jax.random.normal(jax.random.key(0), (2, T, 4, 8))
     k = jax.random.normal(jax.random.key(1), (2, T, 4, 8))
     pos = jnp.broadcast_to(jnp.arange(T), (2, T))
-    if getattr(posenc.get(name), "needs_full_rows", False):
+    if posenc.get(name).traits.needs_full_rows:
         pytest.skip(f"{name}'s bias of a tile needs the keys outside the tile (needs_full_rows)")
     full = scheme.bias(q, k, pos, pos)
     if full is None:

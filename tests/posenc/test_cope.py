@@ -51,7 +51,7 @@ def test_cope_positions_count_gates_and_integer_counts_hit_table_rows():
     from posenc.cope import interpolate_logits
     np.testing.assert_allclose(interpolate_logits(z, jnp.asarray([[[[0.0, 2.0, 2.25, 11.0]]]])),
                                [[[[0.0, 2.0, 2.25, 11.0]]]])
-    assert scheme.needs_full_rows and posenc.get("cope").per_layer
+    assert scheme.traits.needs_full_rows and posenc.get("cope").traits.per_layer
 
 
 @pytest.mark.parametrize("wrapper", [None, "logn", "randomized"])
@@ -71,7 +71,7 @@ def test_cope_runs_blockwise_by_carrying_gate_sums_also_inside_a_wrapper(wrapper
 def test_blockwise_refuses_a_whole_row_bias_it_cannot_carry():
     class WholeRows(posenc.Scheme):
         name = "whole_rows"
-        needs_full_rows = True  # and no carried_bias
+        traits = posenc.Traits(needs_full_rows=True)  # and no carried_bias
 
     scheme = WholeRows(None, DIMS, rngs=nnx.Rngs(0))
     assert needs_whole_rows(scheme)

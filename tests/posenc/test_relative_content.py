@@ -37,8 +37,8 @@ def test_registered_with_citation_family_and_options():
     assert posenc.get("shaw").Options().max_relative_position == 16
     assert posenc.get("deberta").Options().max_relative_positions == 512
     assert posenc.get("tupe").Options().max_length == 0
-    assert all(getattr(posenc.get(n), "per_layer", False) for n in ("shaw", "transformer_xl", "deberta"))
-    assert not getattr(posenc.get("tupe"), "per_layer", False)  # shared by all layers, as in the paper
+    assert all(posenc.get(n).traits.per_layer for n in ("shaw", "transformer_xl", "deberta"))
+    assert not posenc.get("tupe").traits.per_layer  # shared by all layers, as in the paper
 
 
 def test_shaw_bias_and_value_term_by_loops():

@@ -87,8 +87,8 @@ def test_logn_delegates_to_its_inner_scheme():
 
 def test_wrappers_take_on_what_their_inner_scheme_needs():
     wrapped = build("logn", logn__base="cope")
-    assert wrapped.per_layer and wrapped.needs_full_rows and wrapped.carries_bias
-    assert not build("logn").needs_full_rows and not build("logn").carries_bias
+    assert wrapped.traits.per_layer and wrapped.traits.needs_full_rows and wrapped.traits.carries_bias
+    assert not build("logn").traits.needs_full_rows and not build("logn").traits.carries_bias
     with pytest.raises(ValueError, match="wraps itself"):
         build("logn", logn__base="logn")
     with pytest.raises(ValueError, match=r"posenc.randomized.base must be a registered positional scheme \(alibi, "):

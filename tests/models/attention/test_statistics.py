@@ -65,7 +65,7 @@ def test_whole_rows_fallback_equals_the_dense_softmax(monkeypatch):
     """A bias that needs whole rows and cannot carry them is computed per query tile on whole rows."""
     dims = posenc.ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=2, train_length=16)
     scheme = posenc.build(posenc.default_config("cope"), dims, rngs=nnx.Rngs(0))
-    monkeypatch.setattr(type(scheme), "carries_bias", False)
+    monkeypatch.setattr(type(scheme), "traits", scheme.traits.replace(carries_bias=False))
     q, k = (jax.random.normal(jax.random.key(s), (2, T, 4, 8)) for s in (1, 2))
     pos = jnp.broadcast_to(jnp.arange(T), (2, T))
     tiled = jax.jit(lambda q, k: qk_statistics(q, k, pos, pos, scheme, BLOCK))
