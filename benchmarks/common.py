@@ -29,7 +29,8 @@ import posenc
 from experiment.config import TrainConfig
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import make_train_step
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
+from models.config import ModelConfig
 
 RESULTS = pathlib.Path(__file__).parent / "results"
 

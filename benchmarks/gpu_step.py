@@ -85,7 +85,7 @@ def model_flops_per_step(model: dict, seq_len: int, batch: int, band_shares=None
     """Model FLOPs of one training step of `model` (ModelConfig options, vocab_size included) on a
     batch x seq_len batch: the formula of the module docstring."""
     from experiment.runtime.accelerator import training_flops_per_token
-    from models import ModelConfig
+    from models.config import ModelConfig
     cfg = ModelConfig.from_config({k: v for k, v in model.items() if k != "vocab_size"}, model["vocab_size"])
     return training_flops_per_token(cfg, seq_len, cfg.vocab_size, band_shares) * batch * seq_len
 
@@ -102,7 +102,7 @@ def slug(text: str) -> str:
 
 def usable_attention_kinds(kinds: list[str], model: dict) -> tuple[list[str], list[str]]:
     """(the kinds ModelConfig accepts, a note for each it does not)."""
-    from models import ModelConfig
+    from models.config import ModelConfig
     good, notes = [], []
     for kind in kinds:
         try:

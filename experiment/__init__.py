@@ -9,12 +9,25 @@
     report/        plots and tables of the records: perplexity, passkey, attention (+ plots.py)
     runtime/       devices and processes: sharding, distributed, accelerator, host_memory, start
     pipeline.py    train_and_evaluate, sweep;  cli.py what the entry points share
-"""
-from experiment.config import ConfigError
-from experiment.evals import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
-from experiment.pipeline import sweep, train_and_evaluate
-from experiment.report import write_report
-from experiment.train import is_trained, train
 
-__all__ = ["ConfigError", "PasskeySpec", "evaluate", "evaluate_attention", "evaluate_passkey", "is_trained",
-           "sweep", "train", "train_and_evaluate", "write_report"]
+Importing the package (or `experiment.config`) loads nothing else: the names below are imported
+from their modules on first use. `train` is also the name of a subpackage, which is what
+`experiment.train` is where something imported the subpackage first: import the function as
+`from experiment.train import train`.
+"""
+import importlib
+
+_LAZY = {"ConfigError": "experiment.config", "PasskeySpec": "experiment.evals", "evaluate": "experiment.evals",
+         "evaluate_attention": "experiment.evals", "evaluate_passkey": "experiment.evals",
+         "sweep": "experiment.pipeline", "train_and_evaluate": "experiment.pipeline",
+         "write_report": "experiment.report.write", "is_trained": "experiment.train", "train": "experiment.train"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,7 +2,7 @@
 
     seed                  int
     data   DataConfig     where the text comes from and how it becomes tokens
-    model  ModelConfig    the decoder (models/decoder.py; its defaults live there)
+    model  ModelConfig    the decoder (models/config.py; its defaults live there)
     posenc                the positional scheme: `name` and one options block per scheme used
                           (typed by the registry, posenc/: each scheme's Options dataclass)
     train  TrainConfig    the update, the optimizer and its schedule, logging and checkpoints
@@ -15,7 +15,7 @@ valid ones. A run saved before an option existed is read with the behaviour it w
 (`LEGACY_OPTION_DEFAULTS`), and `config_differences` says what a resumed run may not change.
 
 What each option may hold is declared next to it: `DOMAINS` in each section below, in
-models/decoder.py's ModelConfig and in each positional scheme's `Options` (posenc/domains.py says
+models/config.py's ModelConfig and in each positional scheme's `Options` (posenc/domains.py says
 how to declare one). `check_domains` checks them all, once, in `resolve` (so before any data is
 read or anything is written) and wherever a config is read back (`load_config`) or changed at
 evaluation. A value from a config file, a --config flag, --grid, --set or config.json gets the
@@ -31,11 +31,10 @@ from typing import Any
 
 import ml_collections
 
-import posenc
 from corpora.sources import SOURCES
 from corpora.splits import SPLIT_ALIASES
-from models.decoder import ModelConfig
-from posenc import domains
+from models.config import ModelConfig
+from posenc import domains, registry
 from posenc.domains import at_least, between, each, one_of, positive, satisfies, unit_interval
 
 
@@ -163,7 +162,7 @@ def defaults(scheme: str = "alibi") -> ml_collections.ConfigDict:
     c.seed = 0
     for name, cls in SECTIONS.items():
         c[name] = _fields(_make(cls))
-    c.posenc = posenc.default_config(scheme)
+    c.posenc = registry.default_config(scheme)
     return c
 
 
@@ -202,7 +201,7 @@ def typed(config: Any) -> Config:
         raise ConfigError("the config has no posenc section; start from experiment.config.defaults(scheme)")
     sections = {name: _section(cls, dict(raw.get(name) or {}), name) for name, cls in SECTIONS.items()}
     # former scheme names -> current; sequence options as tuples (config.json reads them back as lists)
-    scheme = ml_collections.ConfigDict(_tuples(posenc.canonical_config(dict(raw["posenc"]))))
+    scheme = ml_collections.ConfigDict(_tuples(registry.canonical_config(dict(raw["posenc"]))))
     return Config(seed=raw.get("seed", 0), posenc=scheme, **sections)
 
 
@@ -220,7 +219,7 @@ def check_domains(config: Config) -> None:
     domains.check(_Seed, {"seed": config.seed}, "")
     for name, cls in SECTIONS.items():
         domains.check(cls, _fields(getattr(config, name)), name)
-    posenc.check_options(config.posenc)  # unknown scheme -> ValueError with the valid names
+    registry.check_options(config.posenc)  # unknown scheme -> ValueError with the valid names
 
 
 @dataclasses.dataclass(frozen=True)
@@ -322,7 +321,7 @@ def read_saved_config(path: pathlib.Path) -> dict:
     if not isinstance(saved, dict):
         raise ConfigError(f"a config is a mapping of sections, found a {type(saved).__name__}")
     if isinstance(saved.get("posenc"), dict):
-        saved["posenc"] = posenc.canonical_config(saved["posenc"])  # a scheme saved under a former name
+        saved["posenc"] = registry.canonical_config(saved["posenc"])  # a scheme saved under a former name
     posenc_block = saved.get("posenc")
     if isinstance(posenc_block, dict):
         for scheme, options in LEGACY_OPTION_DEFAULTS.items():

@@ -39,9 +39,10 @@ from experiment.runtime.accelerator import device_memory_limit, program_bytes
 from experiment.selfcheck_table import markdown, one_line, slug
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import make_train_step
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import (blockwise_attention, choice, dense_attention, fused_attention, pallas,
                               triangular_attention, tuning, verify)
+from models.config import ModelConfig
 
 PATHS = ("dense", "triangular", "blockwise", "fused", "pallas")
 XLA_PATHS = ("dense", "triangular", "blockwise")  # XLA's own code on every backend

@@ -23,7 +23,7 @@ from typing import Any, Callable
 
 import jax.numpy as jnp
 
-from models.decoder import ModelConfig
+from models.config import ModelConfig
 
 
 class HFError(ValueError):

@@ -1,33 +1,20 @@
 """Reports from run directories' records: one module per evaluation kind (perplexity, passkey,
 attention), what their figures share (plots.py: styles, saving; ticks.py: tick labels), what the
-runs are and how they are named (runs.py), and the paper's published numbers (paper.py). Reports
-read JSON, checked on reading (experiment/records.py); nothing here scores.
+runs are and how they are named (runs.py), the paper's published numbers (paper.py), and the whole
+report of a set of runs (write.py: `write_report`). Reports read JSON, checked on reading
+(experiment/records.py); nothing here scores. `write_report` and `PAPER_MODES` are imported from
+their modules on first use, so that a config reading paper.py loads no other module of the package.
 """
-from __future__ import annotations
+import importlib
 
-import pathlib
-
-from experiment.report import attention, passkey, perplexity
-from experiment.report.perplexity import PAPER_MODES
-
-
-def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, paper_mode: str = "auto") -> dict:
-    """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md, and
-    OUT/attention_<run>.png and the passkey report (experiment/report/passkey.py) for the runs
-    that have those records."""
-    if paper_mode not in PAPER_MODES:
-        raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
-    out = pathlib.Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a folder")
-    runs = perplexity.load_runs(workdirs)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = perplexity.write(runs, out, paper_mode)
-    paths["attention_pngs"] = attention.write(runs, out)
-    with_passkey = [run for run in runs if run["run"].records_path("passkey").exists()]
-    if with_passkey:
-        paths["passkey"] = passkey.write(with_passkey, out)
-    return paths
-
+_LAZY = {"write_report": "experiment.report.write", "PAPER_MODES": "experiment.report.perplexity"}
 
 __all__ = ["PAPER_MODES", "write_report"]
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name]), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

@@ -2,16 +2,26 @@
 triangular, blockwise, fused, pallas); choice.py decides which one runs, statistics.py measures
 where attention looks. NEG_INF and the hooks' tile logits are in tiles.py (re-exported by dense.py),
 for every path; stickbreaking.py holds the stick-breaking weights and lambda_mask.py LM-Infinite's
-Lambda mask, which the dense and blockwise paths apply."""
-from models.attention.blockwise import blockwise_attention, needs_whole_rows
-from models.attention.choice import attention_path, choose, is_long, runs_per_device, tile_width
-from models.attention.dense import NEG_INF, Dropout, dense_attention, fused_attention, tile_logits
-from models.attention.lambda_mask import LambdaMask, lambda_dense_attention
-from models.attention.pallas import pallas_attention
-from models.attention.statistics import attention_statistics, layer_statistics, qk_statistics
-from models.attention.triangular import triangular_attention
+Lambda mask, which the dense and blockwise paths apply. The names below are imported from their
+modules on first use, so that importing one module of the package loads no other path."""
+import importlib
 
-__all__ = ["NEG_INF", "Dropout", "LambdaMask", "attention_path", "attention_statistics", "blockwise_attention",
-           "choose", "dense_attention", "fused_attention", "is_long", "lambda_dense_attention", "layer_statistics",
-           "needs_whole_rows", "pallas_attention", "qk_statistics", "runs_per_device", "tile_logits", "tile_width",
-           "triangular_attention"]
+_LAZY = {"blockwise_attention": "blockwise", "needs_whole_rows": "blockwise",
+         "attention_path": "choice", "choose": "choice", "is_long": "choice", "runs_per_device": "choice",
+         "tile_width": "choice",
+         "NEG_INF": "dense", "Dropout": "dense", "dense_attention": "dense", "fused_attention": "dense",
+         "tile_logits": "dense",
+         "LambdaMask": "lambda_mask", "lambda_dense_attention": "lambda_mask",
+         "pallas_attention": "pallas",
+         "attention_statistics": "statistics", "layer_statistics": "statistics", "qk_statistics": "statistics",
+         "triangular_attention": "triangular"}
+
+__all__ = sorted(_LAZY)
+
+
+def __getattr__(name: str):
+    if name in _LAZY:
+        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")

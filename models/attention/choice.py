@@ -31,11 +31,9 @@ import jax.numpy as jnp
 from models.attention import pallas, tuning, verify
 from models.attention.blockwise import needs_whole_rows
 from models.attention.triangular import supports as triangular_supports
+from models.config import ATTENTION_PATHS as PATHS, DEFAULT_BLOCK, DEFAULT_PATH  # noqa: F401  (PATHS: re-exported)
 from posenc import Scheme
 
-PATHS = ("auto", "dense", "triangular", "blockwise", "fused", "pallas")
-DEFAULT_PATH = "auto"
-DEFAULT_BLOCK = 512  # tile width of blockwise attention (and of the MLP, evaluating long)
 NO_DROPOUT_PATHS = ("fused", "blockwise")
 
 

@@ -15,7 +15,8 @@ import pytest
 
 from flax import nnx
 
-from experiment import config as config_lib, evaluate, train
+from experiment import config as config_lib, evaluate
+from experiment.train import train
 from experiment.evals.common import apply_overrides, load_checkpoint, parse_overrides
 from experiment.model import abstract_model
 from experiment.train import init_from

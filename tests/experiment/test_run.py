@@ -8,7 +8,8 @@ import sys
 import numpy as np
 import pytest
 
-from experiment import config as config_lib, evaluate, records, train
+from experiment import config as config_lib, evaluate, records
+from experiment.train import train
 from experiment.train.metrics import TrainingDiverged
 from experiment.run import RunDir, WorkdirBusy, opened
 from tests.conftest import REPO, run_entry, tiny_config

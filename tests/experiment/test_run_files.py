@@ -7,7 +7,8 @@ import shutil
 import numpy as np
 import pytest
 
-from experiment import config as config_lib, train
+from experiment import config as config_lib
+from experiment.train import train
 from experiment.evals.common import load_checkpoint
 from experiment.report.runs import refuse_folders_of_runs
 from experiment.run import RunDir, RunError

@@ -240,7 +240,8 @@ def test_export_round_trip(tmp_path, arch, case):
 
 def test_export_refuses_a_block_without_hf_form(tmp_path):
     import posenc
-    from models import DecoderLM, ModelConfig
+    from models import DecoderLM
+    from models.config import ModelConfig
     model = DecoderLM(ModelConfig(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64),
                       posenc.default_config("rope"), 16, rngs=nnx.Rngs(0))
     with pytest.raises(hf.HFError, match="cannot be exported"):

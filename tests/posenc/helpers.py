@@ -6,8 +6,9 @@ import numpy as np
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention.dense import tile_logits
+from models.config import ModelConfig
 
 
 # --- absolute embeddings: test_naive, test_multiplicative, test_hierarchical -----------------------

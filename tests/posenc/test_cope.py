@@ -8,8 +8,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import blockwise_attention, needs_whole_rows
+from models.config import ModelConfig
 from posenc.cope import contextual_positions
 from tests.posenc.helpers import CFG, DIMS, build_with as build, positions
 

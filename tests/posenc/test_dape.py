@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import tile_logits
+from models.config import ModelConfig
 from tests.posenc.helpers import build_with as build, positions
 
 DIMS = posenc.ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=1, train_length=16)

@@ -8,7 +8,7 @@ import pytest
 
 import posenc
 from experiment import config as config_lib
-from models.decoder import ModelConfig
+from models.config import ModelConfig
 from posenc import domains
 from tests.conftest import tiny_config
 

@@ -8,8 +8,9 @@ import numpy as np
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import blockwise_attention, dense_attention
+from models.config import ModelConfig
 from tests.posenc.helpers import DIMS, build_with as build, positions
 
 

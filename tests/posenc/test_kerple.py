@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
+from models.config import ModelConfig
 from posenc.kerple import inverse_sigmoid, inverse_softplus
 from tests.posenc.helpers import POS, build_bias as build, set_param
 

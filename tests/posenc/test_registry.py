@@ -35,7 +35,8 @@ def test_register_refuses_a_class_its_declaration_does_not_describe():
 
 def test_names_defaults_and_checks_load_no_jax():
     code = ("import sys, posenc, posenc.registry\n"
-            "posenc.default_config('rope'); posenc.check_options(posenc.wrapped(posenc.default_config('cope'), 'logn'))\n"
+            "wrapped = posenc.wrapped(posenc.default_config('cope'), 'logn')\n"
+            "posenc.check_options(wrapped); assert posenc.used_schemes(wrapped) == ['logn', 'cope']\n"
             "posenc.check_option_key(posenc.default_config('rope'), 'posenc.rope.base')\n"
             "print(sorted({m.split('.')[0] for m in sys.modules} & {'jax', 'flax', 'orbax', 'optax'}))")
     out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, check=True)

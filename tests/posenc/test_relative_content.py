@@ -9,8 +9,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import blockwise_attention, dense_attention
+from models.config import ModelConfig
 
 H, K, D = 2, 4, 8
 NAMES = ["shaw", "transformer_xl", "deberta", "tupe"]

@@ -9,7 +9,8 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
+from models.config import ModelConfig
 from posenc.rope_scaling import RopeOptions, ntk_base
 
 CFG = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)

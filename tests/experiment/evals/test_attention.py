@@ -5,7 +5,8 @@ import json
 import numpy as np
 import pytest
 
-from experiment import evaluate_attention, train
+from experiment import evaluate_attention
+from experiment.train import train
 from experiment.report import attention as attention_report, plots
 from experiment.report.attention import attention_figure
 from experiment.run import RunDir

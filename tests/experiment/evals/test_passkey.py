@@ -7,7 +7,8 @@ import numpy as np
 import pytest
 
 from corpora import passkey as pk
-from experiment import PasskeySpec, evaluate_passkey, train
+from experiment import PasskeySpec, evaluate_passkey
+from experiment.train import train
 from experiment.evals.passkey import cell_records, score_examples
 from experiment.evals.request import Request, check_request
 from experiment.report import passkey as passkey_report

@@ -6,11 +6,11 @@ import jax
 import pytest
 
 from configs import wikitext103
-from experiment import train
+from experiment.train import train
 from experiment.config import ConfigError
 from experiment.runtime import accelerator, sharding
 from experiment.train import loop
-from models import ModelConfig
+from models.config import ModelConfig
 from tests.conftest import run_entry, tiny_config
 
 

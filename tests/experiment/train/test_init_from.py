@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 import posenc
-from experiment import config as config_lib, train
+from experiment import config as config_lib
+from experiment.train import train
 from experiment.runtime import sharding
 from experiment.train import init_from
 from experiment.run import RunDir

@@ -7,7 +7,8 @@ import pytest
 
 import posenc
 from corpora import count_words, load_lines
-from experiment import evaluate, train, train_and_evaluate, write_report
+from experiment import evaluate, train_and_evaluate, write_report
+from experiment.train import train
 from experiment.config import ConfigError
 from experiment.train import loop
 from tests.conftest import tiny_config

@@ -7,7 +7,8 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
+from models.config import ModelConfig
 
 
 def _peak_bytes(name: str, length: int, **model) -> int:

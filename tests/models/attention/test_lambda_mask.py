@@ -10,11 +10,13 @@ import pytest
 from flax import nnx
 
 import posenc
-from experiment import config as config_lib, evaluate, train
+from experiment import config as config_lib, evaluate
+from experiment.train import train
 from experiment.evals.common import apply_overrides
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention import blockwise_attention, choice
 from models.attention.lambda_mask import LambdaMask, lambda_dense_attention, lambda_mask
+from models.config import ModelConfig
 from tests.conftest import tiny_config
 
 L, T, D = 8, 21, 8

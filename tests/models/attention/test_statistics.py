@@ -7,9 +7,10 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention.dense import NEG_INF, tile_logits
 from models.attention.statistics import attention_statistics, layer_statistics, qk_statistics
+from models.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=37, num_layers=2, d_model=32, num_heads=4, mlp_dim=64)
 T, BLOCK = 40, 8

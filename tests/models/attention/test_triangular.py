@@ -7,8 +7,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import DecoderLM, ModelConfig
+from models import DecoderLM
 from models.attention.triangular import _tile_attention, supports, tile_size
+from models.config import ModelConfig
 
 CFG = dict(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64)
 T = 70  # two row tiles of 64 and 6 rows: an uneven last tile

@@ -12,9 +12,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from models import ModelConfig
 from models.attention import choice, pallas, tuning, verify
 from models.attention.pallas import Launch
+from models.config import ModelConfig
 
 LAUNCH = Launch(block=8, interpret=True)  # 21-token check inputs: diagonal, off-diagonal and padded tiles
 AUTO = ModelConfig(attention="auto")
