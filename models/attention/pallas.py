@@ -7,7 +7,7 @@ are never visited, and only the diagonal tile is masked. The backward pass recom
 probabilities from the saved log-sum-exp: one kernel accumulates dQ (walking key blocks), one
 accumulates dK and dV (walking query blocks), with dS = P * (dP - rowsum(dO * O)).
 
-The bias is never materialised: a scheme provides `bias_fn()` (posenc.base.BiasFunction), an
+The bias is never materialised: a scheme provides `bias_fn()` (posenc.kernel_bias.BiasFunction), an
 elementwise function of (query positions, key positions) and its parameters for one head, and / or
 a learned table read at an elementwise index (T5's buckets, gathered from memory). The kernel
 evaluates it per tile, and the dQ kernel also takes its vector-Jacobian product with the tile's dS
