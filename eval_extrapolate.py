@@ -16,7 +16,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 
 from absl import app, flags
 
-from experiment import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
+from experiment.evals import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
 from experiment.cli import define_numbers, overrides_from_flags, parse_flags, run_cleanly
 from experiment.evals.request import Request, check_request
 from posenc.domains import at_least, between, unit_interval

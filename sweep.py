@@ -21,8 +21,8 @@ from absl import app, flags
 from ml_collections import config_flags
 
 from experiment.cli import check_scheme_options, define_numbers, parse_flags, run_cleanly
-from experiment.pipeline import run_config, sweep
-from experiment.scheme_table import build as build_table
+from experiment.pipeline.run import run_config, sweep
+from experiment.pipeline.table import build as build_table
 from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)

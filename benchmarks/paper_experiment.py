@@ -83,7 +83,7 @@ def timed_training(config, run_dir: pathlib.Path, args) -> dict:
     """Train through `train()`; tokens/s and MFU (medians after the first logged interval), peak
     memory, and the hours the paper's updates would take at that speed."""
     import jax
-    from experiment import train
+    from experiment.train import train
 
     t0 = time.perf_counter()
     summary = train(config, run_dir)
@@ -104,7 +104,7 @@ def timed_training(config, run_dir: pathlib.Path, args) -> dict:
 
 def timed_evaluation(run_dir: pathlib.Path) -> dict:
     """Evaluate through `evaluate()` at the run's lengths: wall time and tokens/s per length."""
-    from experiment import evaluate
+    from experiment.evals import evaluate
 
     t0 = time.perf_counter()
     evaluated = evaluate(run_dir)

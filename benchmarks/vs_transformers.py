@@ -41,8 +41,8 @@ def export_cases(out: pathlib.Path, trained: str | None) -> None:
     import jax.numpy as jnp
     import numpy as np
     from experiment.evals.common import load_checkpoint
-    from experiment.hf_runs import export_hf, import_hf
-    from experiment.run import RunDir
+    from experiment.convert.hf import export_hf, import_hf
+    from experiment.store.run import RunDir
 
     def ours(workdir, ids, overrides, folder, **extra):
         run = RunDir(workdir)

@@ -1,20 +1,17 @@
-"""The library behind the entry points.
+"""The library behind the entry points, by verb (README: Layout):
 
-    config.py      the typed config (sections, defaults written once, legacy runs, differences)
-    run.py         one run directory: every path, its lock (lock.py), records, origin
-    records.py     every kind of evaluation record: file, key, merging
-    checkpoints.py orbax checkpoints; model.py the model a config describes
-    train/         the training loop, step, optimizer, metrics, init_from
-    evals/         scoring a checkpoint: perplexity, passkey, attention (+ common.py)
-    report/        plots and tables of the records: perplexity, passkey, attention (+ plots.py)
-    runtime/       devices and processes: sharding, distributed, accelerator, host_memory, start
-    pipeline.py    train_and_evaluate, sweep;  cli.py what the entry points share
+    config.py   the typed config (sections, defaults written once, legacy runs, differences)
+    store/      the run folder at the ground: run.py (RunDir, opened), files, lock, records,
+                tensorboard, checkpoints (orbax: the one module of store/ that needs JAX)
+    model.py    the model a config describes;  cli.py what the entry points share
+    train/      the training loop, step, optimizer, metrics, init_from
+    evals/      scoring a checkpoint: one registry entry and module per evaluation kind (kinds.py)
+    report/     plots and tables of the records, one module per kind
+    pipeline/   run.py (train_and_evaluate, sweep), table.py (the table of every scheme)
+    runtime/    devices and processes: sharding, distributed, accelerator, host_memory, start
+    selfcheck/  the first command on a new machine;  convert/ runs from and to other formats
+
+Nothing is imported here: `import experiment.config` or a report loads only what it needs (no JAX).
+Import what you use from where it lives: `from experiment.train import train`, `from
+experiment.evals import evaluate`, `from experiment.pipeline.run import sweep`.
 """
-from experiment.config import ConfigError
-from experiment.evals import PasskeySpec, evaluate, evaluate_attention, evaluate_passkey
-from experiment.pipeline import sweep, train_and_evaluate
-from experiment.report import write_report
-from experiment.train import is_trained, train
-
-__all__ = ["ConfigError", "PasskeySpec", "evaluate", "evaluate_attention", "evaluate_passkey", "is_trained",
-           "sweep", "train", "train_and_evaluate", "write_report"]

@@ -1,7 +1,7 @@
 """Attention statistics of a trained run: per layer and head, the mean distance attended to and the
 attention entropy by query position (models/attention/statistics.py), at chosen evaluation lengths.
 
-Records (kind `attention`, WORKDIR/eval/attention.json; experiment/records.py): one per (split,
+Records (kind `attention`, WORKDIR/eval/attention.json; experiment/store/records.py): one per (split,
 eval_length, overrides), merged with what the file already holds. Values are averaged over the first `max_windows`
 nonoverlapping windows of the split (the first windows `evaluate` scores), then over query
 positions in at most 64 bins of geometrically growing width, as the per-position loss is.
@@ -20,7 +20,7 @@ import numpy as np
 import corpora
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
 from experiment.evals.common import window_positions
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from experiment.runtime import interrupts
 from models.attention.statistics import attention_statistics
 

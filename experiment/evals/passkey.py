@@ -4,7 +4,7 @@ An example counts as correct iff the model's argmax at every answer position is 
 teacher forced: the same as greedy decoding producing the answer after the final cue. Each
 (eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
 
-Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/records.py): one per (eval_length,
+Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/store/records.py): one per (eval_length,
 depth, digits, overrides), merged with what the file holds, each length as it finishes.
 """
 from __future__ import annotations
@@ -24,7 +24,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from corpora import passkey as task
 from experiment.evals.common import Scoring, apply_overrides, load_checkpoint, opened_for_scoring, window_positions
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
 

@@ -4,7 +4,7 @@ The windows of a batch are split over every device of the job; each length compi
 (the last batch is padded to the same shape), and the entry points cache compiled programs on disk
 (experiment/runtime/accelerator.py), so evaluating the same shapes again compiles nothing.
 
-Records (kind `perplexity`, WORKDIR/eval/extrapolation.json; experiment/records.py) are merged
+Records (kind `perplexity`, WORKDIR/eval/extrapolation.json; experiment/store/records.py) are merged
 with what the file already holds, each length as it finishes.
 """
 from __future__ import annotations
@@ -22,13 +22,13 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
-from experiment import records
+from experiment.store import records
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
 from experiment.evals.common import window_positions
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
-from experiment.tensorboard import EventWriter
+from experiment.store.tensorboard import EventWriter
 
 log = logging.getLogger(__name__)
 

@@ -8,7 +8,7 @@ import pathlib
 
 from experiment.evals.common import apply_overrides, eval_spec
 from experiment.evals.passkey import PasskeySpec, checked_spec
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 
 KINDS = ("perplexity", "passkey", "attention")
 

@@ -1,7 +1,7 @@
 """Reports from run directories' records: one module per evaluation kind (perplexity, passkey,
 attention), what their figures share (plots.py: styles, saving; ticks.py: tick labels), what the
 runs are and how they are named (runs.py), and the paper's published numbers (paper.py). Reports
-read JSON, checked on reading (experiment/records.py); nothing here scores.
+read JSON, checked on reading (experiment/store/records.py); nothing here scores.
 """
 from __future__ import annotations
 

@@ -17,9 +17,9 @@ import pathlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
-from experiment import records
+from experiment.store import records
 from experiment.report import plots
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 
 MANIFEST = "rows.json"
 TIMINGS = "timings.json"

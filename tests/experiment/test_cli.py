@@ -7,7 +7,7 @@ from absl import flags
 from ml_collections import config_flags
 
 import posenc
-from experiment import train
+from experiment.train import train
 from experiment.cli import _load_config, parse_flags
 from tests.conftest import REPO, run_entry, tiny_config
 

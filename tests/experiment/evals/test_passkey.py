@@ -7,11 +7,12 @@ import numpy as np
 import pytest
 
 from corpora import passkey as pk
-from experiment import PasskeySpec, evaluate_passkey, train
+from experiment.evals import PasskeySpec, evaluate_passkey
+from experiment.train import train
 from experiment.evals.passkey import cell_records, score_examples
 from experiment.evals.request import Request, check_request
 from experiment.report import passkey as passkey_report
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from tests.conftest import run_entry, tiny_config
 
 

@@ -5,7 +5,7 @@ import pathlib
 
 import pytest
 
-from experiment import write_report
+from experiment.report import write_report
 from experiment.report import paper, perplexity as reporting
 from tests.experiment.report.synthetic import fake_run
 

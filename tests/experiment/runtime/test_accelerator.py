@@ -6,7 +6,7 @@ import jax
 import pytest
 
 from configs import wikitext103
-from experiment import train
+from experiment.train import train
 from experiment.config import ConfigError
 from experiment.runtime import accelerator, sharding
 from experiment.train import loop

@@ -6,7 +6,7 @@ import jax
 import numpy as np
 import pytest
 
-from experiment import train
+from experiment.train import train
 from tests.conftest import REPO, tiny_config
 from tests.helpers import losses, restored_params
 
@@ -19,7 +19,8 @@ from experiment.runtime import distributed
 distributed.initialize(f"127.0.0.1:{{port}}", 2, process_id)
 import jax
 from tests.conftest import tiny_config
-from experiment import evaluate, train
+from experiment.evals import evaluate
+from experiment.train import train
 config = tiny_config("rope")
 config.train.update(dict(steps=steps, checkpoint_every=3, batch_size=8))
 summary = train(config, workdir)
@@ -55,7 +56,7 @@ def run_two_processes(tmp_path, workdir, steps):
 
 
 def test_two_processes_train_resume_and_evaluate_as_one(tmp_path):  # about 30 s on 2 cores
-    from experiment import evaluate
+    from experiment.evals import evaluate
     first = run_two_processes(tmp_path, tmp_path / "two", 3)
     assert [o["processes"] for o in first] == [2, 2] and first[0]["devices"] == 4
     reference = tiny_config("rope")
@@ -87,7 +88,7 @@ process_id, port, workdir, steps = int(sys.argv[1]), sys.argv[2], sys.argv[3], i
 from experiment.runtime import distributed, interrupts
 distributed.initialize(f"127.0.0.1:{{port}}", 2, process_id)
 from tests.conftest import tiny_config
-from experiment import train
+from experiment.train import train
 config = tiny_config("rope")
 config.train.update(dict(steps=steps, checkpoint_every=10_000, log_every=5, batch_size=8))
 with interrupts.deferred():

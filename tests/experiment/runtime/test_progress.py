@@ -3,7 +3,8 @@ lines that say what is done and about how long is left; an evaluation's lengths 
 batches report through it."""
 import logging
 
-from experiment import PasskeySpec, evaluate, evaluate_passkey, train
+from experiment.evals import PasskeySpec, evaluate, evaluate_passkey
+from experiment.train import train
 from experiment.runtime import progress
 from tests.conftest import tiny_config
 

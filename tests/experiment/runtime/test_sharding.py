@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 from jax.sharding import PartitionSpec as P
 
-from experiment import train
+from experiment.train import train
 from tests.conftest import REPO, run_entry, tiny_config
 from tests.helpers import EIGHT_DEVICES, losses, paper_config_shrunk, restored_params
 
@@ -18,7 +18,8 @@ sys.path.insert(0, {repo!r})
 import jax
 from tests.conftest import tiny_config
 from tests.helpers import paper_config_shrunk
-from experiment import config as config_lib, train
+from experiment import config as config_lib
+from experiment.train import train
 from experiment.runtime import sharding
 from experiment.train import loop, optimizer as optimizer_lib
 out = {{"devices": jax.device_count()}}

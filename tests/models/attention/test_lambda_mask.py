@@ -10,7 +10,9 @@ import pytest
 from flax import nnx
 
 import posenc
-from experiment import config as config_lib, evaluate, train
+from experiment import config as config_lib
+from experiment.evals import evaluate
+from experiment.train import train
 from experiment.evals.common import apply_overrides
 from models import DecoderLM, ModelConfig
 from models.attention import blockwise_attention, choice

@@ -5,9 +5,9 @@ import json
 import pytest
 
 import posenc
-from experiment import scheme_table
+from experiment.pipeline import table as scheme_table
 from experiment.evals.passkey import PasskeySpec
-from experiment.pipeline import run_config
+from experiment.pipeline.run import run_config
 from experiment.report import schemes as report
 from tests.conftest import tiny_config
 

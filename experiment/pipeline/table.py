@@ -35,15 +35,15 @@ from typing import Callable
 import ml_collections
 
 import posenc
-from experiment import records
+from experiment.store import records
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, eval_spec
 from experiment.evals.passkey import PasskeySpec, evaluate_passkey
 from experiment.evals.perplexity import evaluate
 from experiment.model import abstract_model
-from experiment.pipeline import run_config
+from experiment.pipeline.run import run_config
 from experiment.report import schemes as report
-from experiment.run import RunDir, opened
+from experiment.store.run import RunDir, opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)

@@ -1,4 +1,4 @@
-"""The run directory (experiment/run.py): one owner, a lock, leftovers of failed attempts, damaged
+"""The run directory (experiment/store/run.py): one owner, a lock, leftovers of failed attempts, damaged
 checkpoints (and TensorBoard's view of a run resumed from an older one), stale evaluation records,
 unattended logs, and the CLI's refusals."""
 import json
@@ -8,16 +8,19 @@ import sys
 import numpy as np
 import pytest
 
-from experiment import config as config_lib, evaluate, records, train
+from experiment import config as config_lib
+from experiment.evals import evaluate
+from experiment.train import train
+from experiment.store import records
 from experiment.train.metrics import TrainingDiverged
-from experiment.run import RunDir, WorkdirBusy, opened
+from experiment.store.run import RunDir, WorkdirBusy, opened
 from tests.conftest import REPO, run_entry, tiny_config
-from tests.experiment.test_tensorboard import run_scalars
+from tests.experiment.store.test_tensorboard import run_scalars
 
 
 def test_lock_refuses_a_second_process_and_is_released_when_its_holder_dies(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from experiment.run import RunDir\n"
+        [sys.executable, "-c", "import sys, time; from experiment.store.run import RunDir\n"
          f"with RunDir({str(tmp_path)!r}).locked('training'):\n    print('held', flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -108,7 +111,7 @@ def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, monkeypatch):
     import errno
     import os
 
-    from experiment import lock
+    from experiment.store import lock
     real_open = os.open
 
     def read_only(path, *args):
@@ -132,7 +135,7 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, cap
     config.train.update(steps=4, checkpoint_every=2)
     train(config, tmp_path)
     run = RunDir(tmp_path)
-    assert sorted(run.manager().all_steps()) == [2, 4]
+    assert run.steps() == [2, 4]
     biggest = max((p for p in (tmp_path / "checkpoints" / "4" / "params").rglob("*") if p.is_file()),
                   key=lambda p: p.stat().st_size)
     biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
@@ -234,6 +237,6 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_the_steps_logged_since(tm
     proc.send_signal(signal.SIGINT)
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130, rest
-    (step,) = RunDir(tmp_path).manager().all_steps()
+    (step,) = RunDir(tmp_path).steps()
     logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged[0] == 7 and logged[-1] == step and logged == sorted(set(logged)), rest

@@ -14,12 +14,13 @@ import pathlib
 import ml_collections
 
 import posenc
-from experiment import config as config_lib, records
+from experiment import config as config_lib
+from experiment.store import records
 from experiment.config import Config
 from experiment.evals.common import eval_spec
 from experiment.evals.perplexity import evaluate
 from experiment.report import write_report
-from experiment.run import RunDir, opened
+from experiment.store.run import RunDir, opened
 from experiment.runtime import distributed, interrupts
 from experiment.train import is_trained, train
 
