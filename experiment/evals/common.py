@@ -2,8 +2,9 @@
 opened for scoring, its newest readable checkpoint loaded once (`Scoring`), windows per batch, the
 positions of sampled-position schemes, and the header every record carries.
 
-Adding an evaluation kind is one module here (score, build records, `Scoring.write`) and one in
-experiment/report/ (draw and tabulate them); its record kind goes in experiment/store/records.py.
+Adding an evaluation kind is three files (README: Layout): its record kind in
+experiment/store/records.py, its module here (score, build records, `Scoring.write`, and its
+registry entry `KIND`: experiment/evals/kinds.py) and its module in experiment/report/.
 """
 from __future__ import annotations
 
