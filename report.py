@@ -47,6 +47,9 @@ def main(argv):
             print(f"wrote {path}")
         if "passkey" in paths:
             print(f"wrote the passkey report: {', '.join(str(v) for v in paths['passkey'].values())}")
+        for key, value in paths.items():  # the part of an evaluation kind added later
+            if key not in ("png", "md", "positions_png", "attention_pngs", "passkey"):
+                print(f"wrote {key}: {value}")
     run_cleanly(go, at_once="interrupted; the report may be incomplete: the same command writes it again")
 
 

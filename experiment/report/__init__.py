@@ -2,13 +2,18 @@
 attention), what their figures share (plots.py: styles, saving; ticks.py: tick labels), what the
 runs are and how they are named (runs.py), and the paper's published numbers (paper.py). Reports
 read JSON, checked on reading (experiment/store/records.py); nothing here scores.
+
+Every report starts from the perplexity records (the runs, their curves); each other record kind
+(experiment/store/records.py: KINDS) adds its part with `report(runs, out)` of its module here.
 """
 from __future__ import annotations
 
+import importlib
 import pathlib
 
-from experiment.report import attention, passkey, perplexity
+from experiment.report import perplexity
 from experiment.report.perplexity import PAPER_MODES
+from experiment.store import records
 
 
 def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, paper_mode: str = "auto") -> dict:
@@ -23,10 +28,9 @@ def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, pa
     runs = perplexity.load_runs(workdirs)
     out.mkdir(parents=True, exist_ok=True)
     paths = perplexity.write(runs, out, paper_mode)
-    paths["attention_pngs"] = attention.write(runs, out)
-    with_passkey = [run for run in runs if run["run"].records_path("passkey").exists()]
-    if with_passkey:
-        paths["passkey"] = passkey.write(with_passkey, out)
+    for kind in records.KINDS:
+        if kind != "perplexity":
+            paths.update(importlib.import_module(f"experiment.report.{kind}").report(runs, out))
     return paths
 
 

@@ -1,5 +1,7 @@
 """The registry of evaluation kinds (experiment/evals/kinds.py): one entry per record kind, each
 flag read by the kinds that declare it, and one command of every kind restores the checkpoint once."""
+import importlib
+
 import pytest
 
 from experiment.evals import kinds as kinds_lib
@@ -23,6 +25,8 @@ def test_every_record_kind_has_one_entry_and_each_option_names_the_kinds_that_re
     assert sorted(o.name for o in kinds_lib.options(registry)) == sorted(acts_on)  # each flag defined once
     with pytest.raises(ValueError, match="evaluation kinds are perplexity, passkey, attention"):
         kinds_lib.chosen(["perplexity", "loss"])
+    for name in records.KINDS:  # a kind's three files: its record kind, its scoring here, its report part
+        assert name == "perplexity" or callable(importlib.import_module(f"experiment.report.{name}").report)
 
 
 @pytest.fixture(scope="module")
