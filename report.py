@@ -15,9 +15,8 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 
 from absl import app, flags
 
-from experiment.report import write_report
 from experiment.cli import parse_flags, run_cleanly
-from experiment.report import PAPER_MODES, schemes
+from experiment.report import PAPER_MODES, schemes, write_report
 from experiment.report.runs import refuse_folders_of_runs
 
 flags.DEFINE_string("out", "report", "output folder")

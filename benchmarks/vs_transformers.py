@@ -40,8 +40,8 @@ def export_cases(out: pathlib.Path, trained: str | None) -> None:
     """Our side: an HF folder and ours.npz per case."""
     import jax.numpy as jnp
     import numpy as np
-    from experiment.evals.common import load_checkpoint
     from experiment.convert.hf import export_hf, import_hf
+    from experiment.evals.common import load_checkpoint
     from experiment.store.run import RunDir
 
     def ours(workdir, ids, overrides, folder, **extra):

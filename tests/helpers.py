@@ -12,9 +12,9 @@ import corpora
 from configs import wikitext103
 from experiment import config as config_lib
 from experiment.model import build_model
+from experiment.runtime import sharding
 from experiment.store import checkpoints
 from experiment.store.run import RunDir
-from experiment.runtime import sharding
 from experiment.train import loop, optimizer as optimizer_lib, step as step_lib
 from tests.conftest import SHARED_WIKITEXT
 

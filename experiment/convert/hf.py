@@ -29,9 +29,9 @@ from flax import nnx
 import corpora
 import posenc
 from experiment import config as config_lib
-from experiment.store import checkpoints
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, load_checkpoint
+from experiment.store import checkpoints
 from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models import hf

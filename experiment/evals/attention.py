@@ -20,7 +20,7 @@ import numpy as np
 
 import corpora
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, window_positions
-from experiment.evals.kinds import SPLIT, EvalKind, Option, Request, Target, evaluate_kinds
+from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds
 from experiment.runtime import interrupts
 from experiment.store.run import RunDir
 from models.attention.statistics import attention_statistics

@@ -25,9 +25,9 @@ import posenc
 from experiment import config as config_lib
 from experiment.config import Config
 from experiment.model import abstract_model
+from experiment.runtime import sharding
 from experiment.store import checkpoints
 from experiment.store.run import RunDir, opened
-from experiment.runtime import sharding
 from models.attention.choice import tile_width
 
 log = logging.getLogger(__name__)

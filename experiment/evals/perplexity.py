@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, window_positions
-from experiment.evals.kinds import SPLIT, EvalKind, Option, Request, Target, evaluate_kinds
+from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
 from experiment.store import records

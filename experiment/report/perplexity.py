@@ -6,9 +6,9 @@ from __future__ import annotations
 import pathlib
 from collections import defaultdict
 
-from experiment.store import records
 from experiment.report import paper, plots
 from experiment.report.runs import describe, label_runs, title, unit_names
+from experiment.store import records
 from experiment.store.run import RunDir
 
 PAPER_MODES = ("auto", "always", "never")

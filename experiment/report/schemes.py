@@ -17,8 +17,8 @@ import pathlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
-from experiment.store import records
 from experiment.report import plots
+from experiment.store import records
 from experiment.store.run import RunDir
 
 MANIFEST = "rows.json"

@@ -21,11 +21,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
-from experiment.store import checkpoints
 from experiment.config import Config, ConfigError, resolve, typed
 from experiment.model import abstract_model, build_model
-from experiment.store.run import RunDir, opened
 from experiment.runtime import accelerator, distributed, interrupts, sharding
+from experiment.store import checkpoints
+from experiment.store.run import RunDir, opened
 from experiment.train import init_from
 from experiment.train.metrics import MetricsLog, Throughput, TrainingDiverged
 from experiment.train.optimizer import make_optimizer

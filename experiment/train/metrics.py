@@ -14,8 +14,8 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiment.config import ConfigError
-from experiment.store.run import RunDir
 from experiment.runtime import accelerator
+from experiment.store.run import RunDir
 from experiment.store.tensorboard import EventWriter
 from experiment.train.optimizer import lr_at
 

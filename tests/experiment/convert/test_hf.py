@@ -14,9 +14,9 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import corpora
+from experiment.convert.hf import export_hf, hf_rope_parameters, import_hf
 from experiment.evals import evaluate
 from experiment.evals.common import load_checkpoint
-from experiment.convert.hf import export_hf, hf_rope_parameters, import_hf
 from experiment.store import checkpoints
 from experiment.store.run import RunDir
 from models import hf

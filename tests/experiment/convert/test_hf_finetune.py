@@ -16,13 +16,12 @@ import pytest
 from flax import nnx
 
 from experiment import config as config_lib
+from experiment.convert.hf import export_hf, import_hf
 from experiment.evals import evaluate
-from experiment.train import train
 from experiment.evals.common import apply_overrides, load_checkpoint, parse_overrides
 from experiment.model import abstract_model
-from experiment.train import init_from
-from experiment.convert.hf import export_hf, import_hf
 from experiment.store.run import RunDir
+from experiment.train import init_from, train
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import REPO, tiny_config

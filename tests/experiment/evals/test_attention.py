@@ -6,10 +6,10 @@ import numpy as np
 import pytest
 
 from experiment.evals import evaluate_attention
-from experiment.train import train
 from experiment.report import attention as attention_report, plots
 from experiment.report.attention import attention_figure
 from experiment.store.run import RunDir
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

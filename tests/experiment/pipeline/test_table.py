@@ -7,8 +7,8 @@ import pytest
 
 import posenc
 from experiment.cli import config_file
-from experiment.pipeline import table as scheme_table
 from experiment.evals.passkey import PasskeySpec
+from experiment.pipeline import table as scheme_table
 from experiment.pipeline.run import run_config
 from experiment.report import schemes as report
 from tests.conftest import REPO, run_entry, tiny_config

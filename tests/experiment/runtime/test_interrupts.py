@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from experiment.store.run import RunDir
 from experiment.runtime import interrupts
+from experiment.store.run import RunDir
 from tests.conftest import REPO
 
 TINY = ["--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.mlp_dim=64",

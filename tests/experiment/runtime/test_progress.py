@@ -4,8 +4,8 @@ batches report through it."""
 import logging
 
 from experiment.evals import PasskeySpec, evaluate, evaluate_passkey
-from experiment.train import train
 from experiment.runtime import progress
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 
 from experiment import config as config_lib
-from experiment.train import train
 from experiment.evals.common import load_checkpoint
 from experiment.report.runs import refuse_folders_of_runs
 from experiment.store.run import RunDir, RunError
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

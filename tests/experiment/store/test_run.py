@@ -10,10 +10,10 @@ import pytest
 
 from experiment import config as config_lib
 from experiment.evals import evaluate
-from experiment.train import train
 from experiment.store import records
-from experiment.train.metrics import TrainingDiverged
 from experiment.store.run import RunDir, WorkdirBusy, opened
+from experiment.train import train
+from experiment.train.metrics import TrainingDiverged
 from tests.conftest import REPO, run_entry, tiny_config
 from tests.experiment.store.test_tensorboard import run_scalars
 

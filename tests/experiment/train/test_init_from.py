@@ -8,13 +8,11 @@ from flax import nnx
 
 import posenc
 from experiment import config as config_lib
-from experiment.train import train
+from experiment.pipeline.run import grid_points, run_config, run_name
 from experiment.runtime import sharding
-from experiment.train import init_from
 from experiment.store import checkpoints
 from experiment.store.run import RunDir
-from experiment.pipeline.run import grid_points, run_config, run_name
-from experiment.train import init_state
+from experiment.train import init_from, init_state, train
 from experiment.train.optimizer import make_optimizer
 from tests.conftest import tiny_config
 

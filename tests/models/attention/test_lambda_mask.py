@@ -12,8 +12,8 @@ from flax import nnx
 import posenc
 from experiment import config as config_lib
 from experiment.evals import evaluate
-from experiment.train import train
 from experiment.evals.common import apply_overrides
+from experiment.train import train
 from models import DecoderLM, ModelConfig
 from models.attention import blockwise_attention, choice
 from models.attention.lambda_mask import LambdaMask, lambda_dense_attention, lambda_mask
