@@ -21,9 +21,9 @@ from experiment.store import checkpoints
 from experiment.store.run import RunDir
 from models import hf
 from models.hf_mapping import HFError
-from tests.conftest import run_entry
+from tests.conftest import REPO, run_entry
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"
+FIXTURES = REPO / "tests" / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
 
 
