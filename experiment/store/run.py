@@ -290,7 +290,7 @@ class RunDir:
         if not self.checkpoints_dir.is_dir():
             return []
         return sorted(int(p.name) for p in self.checkpoints_dir.iterdir()
-                      if STEP_FOLDER.fullmatch(p.name) and p.is_dir() and not p.is_symlink())
+                      if STEP_FOLDER.fullmatch(p.name) and p.is_dir())
 
     def latest_step(self) -> int | None:
         steps = self.steps()
