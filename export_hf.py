@@ -1,7 +1,7 @@
 """Export a run's newest checkpoint in Hugging Face's format: python export_hf.py WORKDIR --out DIR
 
 DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and the run's
-tokenizer as tokenizer.json (experiment/hf_runs.py). --set switches eval-time rope options on for the
+tokenizer as tokenizer.json (experiment/convert/hf.py). --set switches eval-time rope options on for the
 export, as eval_extrapolate.py's --set does: --set posenc.rope.yarn_scale=4 exports YaRN x4.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
@@ -12,7 +12,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 from absl import app, flags
 
 from experiment.cli import overrides_from_flags, parse_flags, run_cleanly
-from experiment.hf_runs import export_hf
+from experiment.convert.hf import export_hf
 
 flags.DEFINE_string("out", None, "folder for the Hugging Face checkpoint")
 flags.DEFINE_multi_string("set", [], "eval-time rope option KEY=VALUE to export with, e.g. posenc.rope.yarn_scale=4")

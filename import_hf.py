@@ -1,7 +1,7 @@
 """Import a Hugging Face checkpoint as a run: python import_hf.py SRC --workdir DIR
 
 SRC: a local folder (config.json, model.safetensors, tokenizer.json) or a hub id. DIR becomes a run
-at step 0 (experiment/hf_runs.py) that eval_extrapolate.py, report.py and train.py's
+at step 0 (experiment/convert/hf.py) that eval_extrapolate.py, report.py and train.py's
 train.init_from take like any other. --rope_parameters replaces the checkpoint's rope scaling
 (HF's dict as JSON text or a .json file); --data_* set the run's evaluation data (default: the
 demo's built-in corpus; DIR/config.json's data section may also be edited before evaluating).
@@ -17,7 +17,7 @@ import pathlib
 from absl import app, flags
 
 from experiment.cli import parse_flags, run_cleanly
-from experiment.hf_runs import import_hf
+from experiment.convert.hf import import_hf
 
 flags.DEFINE_string("workdir", None, "the new run directory (must not hold a run)")
 flags.DEFINE_string("rope_parameters", None, "HF rope dict (JSON text or a .json file) in place of the checkpoint's")

@@ -15,9 +15,8 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 
 from absl import app, flags
 
-from experiment import write_report
 from experiment.cli import parse_flags, run_cleanly
-from experiment.report import PAPER_MODES, schemes
+from experiment.report import PAPER_MODES, schemes, write_report
 from experiment.report.runs import refuse_folders_of_runs
 
 flags.DEFINE_string("out", "report", "output folder")
@@ -47,6 +46,9 @@ def main(argv):
             print(f"wrote {path}")
         if "passkey" in paths:
             print(f"wrote the passkey report: {', '.join(str(v) for v in paths['passkey'].values())}")
+        for key, value in paths.items():  # the part of an evaluation kind added later
+            if key not in ("png", "md", "positions_png", "attention_pngs", "passkey"):
+                print(f"wrote {key}: {value}")
     run_cleanly(go, at_once="interrupted; the report may be incomplete: the same command writes it again")
 
 

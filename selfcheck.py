@@ -3,14 +3,14 @@
 Every attention path against a float32 reference, per scheme and length (16k tokens in the full
 mode), with training and evaluation throughput, planned memory and `auto`'s choice; prints the rows
 as they come and writes selfcheck_<device>.json and .md to --out. Exit status 1 if a path the
-framework would use is wrong here (experiment/selfcheck.py says how each number is taken).
+framework would use is wrong here (experiment/selfcheck/check.py says how each number is taken).
 """
 import sys
 
 from absl import app, flags
 
 from experiment.cli import parse_flags, run_cleanly
-from experiment.selfcheck import make_plan, run
+from experiment.selfcheck.check import make_plan, run
 
 flags.DEFINE_bool("short", False, "the short plan (tiny model, 2 schemes, 2 lengths): CI's machine, a minute")
 flags.DEFINE_string("schemes", "", "comma-separated schemes (default: the plan's)")

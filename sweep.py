@@ -4,11 +4,12 @@
 Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
 interrupted ones resume; the plot and table go to WORKDIR/report.
 
---table: instead of a grid, every registered scheme and the notable options (experiment/scheme_table.py),
+--table: instead of a grid, the rows of the table the --config file gives (its get_table(): every
+registered scheme and the notable options in configs/all_schemes.py; experiment/pipeline/table.py),
 perplexity and passkey retrieval at each length, then one table and heat map in --out (default
 WORKDIR/report); --schemes then names the runs to train and evaluate this time (default: all):
 
-    python sweep.py --config configs/passkey.py --table --workdir runs/all_schemes --out results/all_schemes
+    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --out results/all_schemes
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -20,9 +21,9 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiment.cli import check_scheme_options, define_numbers, parse_flags, run_cleanly
-from experiment.pipeline import run_config, sweep
-from experiment.scheme_table import build as build_table
+from experiment.cli import check_scheme_options, config_file, define_numbers, parse_flags, run_cleanly
+from experiment.pipeline.run import run_config, sweep
+from experiment.pipeline.table import build as build_table
 from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
@@ -31,8 +32,8 @@ define_numbers("train_lengths", None, "training lengths (default: the config's t
                domain=at_least(1), example="--train_lengths=64,128")
 flags.DEFINE_string("workdir", None, "root folder; one sub-folder per run")
 flags.DEFINE_multi_string("grid", [], "KEY=v1,v2: also sweep this config key (repeatable), e.g. train.steps=25,100")
-flags.DEFINE_boolean("table", False, "train and evaluate every registered scheme and the notable options "
-                     "(experiment/scheme_table.py) and write one table of them")
+flags.DEFINE_boolean("table", False, "train and evaluate the rows of the --config file's get_table() "
+                     "(configs/all_schemes.py: every scheme and the notable options) and write one table of them")
 flags.DEFINE_string("out", None, "--table: the report's folder (default: WORKDIR/report)")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
@@ -46,7 +47,13 @@ def main(argv):
             if FLAGS.train_lengths or FLAGS.grid:
                 raise ValueError("--table trains every scheme at the config's train.seq_len; drop --train_lengths "
                                  "and --grid")
-            paths = build_table(FLAGS.config, FLAGS.workdir, FLAGS.out, FLAGS.schemes)
+            config_path = config_flags.get_config_filename(FLAGS["config"]).partition(":")[0]
+            get_table = getattr(config_file(config_path), "get_table", None)
+            if not callable(get_table):
+                raise ValueError(f"--table: {config_path} has no get_table() (the table's rows); give a config that "
+                                 f"has one: --config configs/all_schemes.py")
+            paths = build_table(FLAGS.config, get_table(), FLAGS.workdir, FLAGS.out, FLAGS.schemes,
+                                where=f"{config_path}: get_table()")
             print(f"table: {paths['md']}, {paths['png']}, {paths['json']}")
             if paths["failed"]:
                 raise ValueError(f"{len(paths['failed'])} run(s) failed (their cells say so; see the log above): "

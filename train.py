@@ -13,8 +13,8 @@ import sys
 from absl import app, flags
 from ml_collections import config_flags
 
-from experiment import train_and_evaluate
 from experiment.cli import check_scheme_options, define_numbers, parse_flags, run_cleanly
+from experiment.pipeline.run import train_and_evaluate
 from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)

@@ -104,7 +104,7 @@ def timed_training(config, run_dir: pathlib.Path, args) -> dict:
 
 def timed_evaluation(run_dir: pathlib.Path) -> dict:
     """Evaluate through `evaluate()` at the run's lengths: wall time and tokens/s per length."""
-    from experiment import evaluate
+    from experiment.evals import evaluate
 
     t0 = time.perf_counter()
     evaluated = evaluate(run_dir)

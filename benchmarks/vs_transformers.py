@@ -40,9 +40,9 @@ def export_cases(out: pathlib.Path, trained: str | None) -> None:
     """Our side: an HF folder and ours.npz per case."""
     import jax.numpy as jnp
     import numpy as np
+    from experiment.convert.hf import export_hf, import_hf
     from experiment.evals.common import load_checkpoint
-    from experiment.hf_runs import export_hf, import_hf
-    from experiment.run import RunDir
+    from experiment.store.run import RunDir
 
     def ours(workdir, ids, overrides, folder, **extra):
         run = RunDir(workdir)

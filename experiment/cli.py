@@ -6,6 +6,7 @@ from __future__ import annotations
 import ast
 import contextlib
 import errno
+import importlib.util
 import os
 import sys
 from typing import Callable
@@ -149,17 +150,23 @@ def _config_arg(argv: list[str]) -> str | None:
     return None
 
 
+def config_file(spec: str):
+    """The module of a --config file (`path[:arg]`), loaded from its path: what a config file gives
+    beside get_config (a table's rows: configs/all_schemes.py's get_table, read by sweep.py --table)."""
+    module_spec = importlib.util.spec_from_file_location("_config_file", spec.partition(":")[0])
+    module = importlib.util.module_from_spec(module_spec)
+    module_spec.loader.exec_module(module)
+    return module
+
+
 def _load_config(argv: list[str]) -> ml_collections.ConfigDict | None:
     """The config that --config names (its get_config(arg)), or None where it cannot be loaded."""
     spec = _config_arg(argv)
     if not spec:
         return None
-    import importlib.util
-    path, _, arg = spec.partition(":")
+    arg = spec.partition(":")[2]
     try:
-        module_spec = importlib.util.spec_from_file_location("_config_for_check", path)
-        module = importlib.util.module_from_spec(module_spec)
-        module_spec.loader.exec_module(module)
+        module = config_file(spec)
         return module.get_config(arg) if arg else module.get_config()
     except Exception:
         return None

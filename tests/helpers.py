@@ -12,8 +12,9 @@ import corpora
 from configs import wikitext103
 from experiment import config as config_lib
 from experiment.model import build_model
-from experiment.run import RunDir
 from experiment.runtime import sharding
+from experiment.store import checkpoints
+from experiment.store.run import RunDir
 from experiment.train import loop, optimizer as optimizer_lib, step as step_lib
 from tests.conftest import SHARED_WIKITEXT
 
@@ -56,5 +57,5 @@ def restored_params(workdir, config, vocab_size=256):
     """The parameters of a run's newest checkpoint, in the structure `config`'s model has."""
     config = config_lib.resolve(config)
     template = nnx.split(build_model(config, vocab_size))[1]
-    params, _, _ = RunDir(workdir).restore(template)
+    params, _, _ = checkpoints.restore(RunDir(workdir), template)
     return params

@@ -1,7 +1,7 @@
 """Attention statistics of a trained run: per layer and head, the mean distance attended to and the
 attention entropy by query position (models/attention/statistics.py), at chosen evaluation lengths.
 
-Records (kind `attention`, WORKDIR/eval/attention.json; experiment/records.py): one per (split,
+Records (kind `attention`, WORKDIR/eval/attention.json; experiment/store/records.py): one per (split,
 eval_length, overrides), merged with what the file already holds. Values are averaged over the first `max_windows`
 nonoverlapping windows of the split (the first windows `evaluate` scores), then over query
 positions in at most 64 bins of geometrically growing width, as the per-position loss is.
@@ -9,6 +9,7 @@ Single host: the windows run on this process's devices.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import pathlib
 import time
@@ -18,11 +19,12 @@ import jax.numpy as jnp
 import numpy as np
 
 import corpora
-from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
-from experiment.evals.common import window_positions
-from experiment.run import RunDir
+from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, window_positions
+from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds
 from experiment.runtime import interrupts
+from experiment.store.run import RunDir
 from models.attention.statistics import attention_statistics
+from posenc.domains import at_least
 
 log = logging.getLogger(__name__)
 
@@ -50,23 +52,40 @@ def evaluate_attention(workdir: str | pathlib.Path | RunDir, lengths: list[int] 
 
     A record: {scheme, train_length, eval_length, step, split, windows, block, layers, heads,
     positions: [[first, last], ...] (the bins of query positions, 0-based, inclusive),
-    mean_distance, entropy: layers x heads x bins (tokens; nats), data, tokenizer, overrides?}."""
-    if max_windows < 1:
-        raise ValueError(f"max_windows must be >= 1, got {max_windows}")
-    with opened_for_scoring(workdir, "evaluation") as (run, config):
-        spec = eval_spec(config, lengths, split=split, overrides=overrides)
-        block = int(block or config.model.attention_block)
-        if block < 1:
-            raise ValueError(f"block must be >= 1, got {block}")
-        scoring = load_checkpoint(run, config, spec.lengths, spec.overrides, what="attention statistics")
-        stream, _ = run.stream(scoring.config.data, spec.split, scoring.tokenizer, write=False)
-        rows = int(batch_tokens or scoring.config.eval.batch_tokens)
-        new = []
-        for length in scoring.lengths:  # written together at the end: a Ctrl-C keeps none of them
-            inputs = first_windows(stream, length, max_windows, scoring.tokenizer.eos_id)
-            new.append(_statistics(scoring, spec, length, inputs, (block, rows)))
-            interrupts.check(lambda: scoring.interrupted("attention", [], length))
-        scoring.write("attention", new)
+    mean_distance, entropy: layers x heads x bins (tokens; nats), data, tokenizer, overrides?}.
+    One kind of evaluate_kinds."""
+    request = Request(lengths, overrides, batch_tokens, False,
+                      {"attention_windows": max_windows, "split": split, "attention_block": block})
+    return evaluate_kinds(workdir, ("attention",), request)["attention"]
+
+
+@dataclasses.dataclass(frozen=True)
+class Settings:
+    spec: EvalSpec
+    windows: int  # the first nonoverlapping windows of the split, per length
+    block: int    # the key block of the statistics
+
+
+def _check(target: Target, request: Request) -> Settings:
+    """The split and the lengths as perplexity reads them; windows and `attention_block` (not a flag:
+    model.attention_block unless a caller gives one) at least 1."""
+    windows, block = request.option(WINDOWS), int(request.options.get("attention_block") or
+                                                  target.config.model.attention_block)
+    if windows < 1 or block < 1:
+        raise ValueError(f"attention statistics need --attention_windows >= 1 and a key block >= 1, got "
+                         f"{windows} and {block}")
+    return Settings(eval_spec(target.config, target.lengths, split=request.option(SPLIT), overrides=target.overrides),
+                    int(windows), block)
+
+
+def _score(scoring: Scoring, settings: Settings, batch_tokens: int) -> list[dict]:
+    stream, _ = scoring.run.stream(scoring.config.data, settings.spec.split, scoring.tokenizer, write=False)
+    new = []
+    for length in scoring.lengths:  # written together at the end: a Ctrl-C keeps none of them
+        inputs = first_windows(stream, length, settings.windows, scoring.tokenizer.eos_id)
+        new.append(_statistics(scoring, settings.spec, length, inputs, (settings.block, batch_tokens)))
+        interrupts.check(lambda: scoring.interrupted("attention", [], length))
+    scoring.write("attention", new)
     return new
 
 
@@ -96,3 +115,13 @@ def _statistics(scoring: Scoring, spec: EvalSpec, length: int, inputs: np.ndarra
     log.info("%s L=%d: attention statistics of %d window(s) in %.1f s", scoring.config.posenc.name, length, n,
              time.perf_counter() - t0)
     return record
+
+
+WINDOWS = Option("attention_windows", 8, "windows per length for --attention", domain=at_least(1),
+                 example="--attention_windows=8")
+
+KIND = EvalKind("attention", "write each layer's and head's mean attention distance and entropy by query position "
+                "to DIR/eval/attention.json (first --attention_windows windows)", (SPLIT, WINDOWS), _check,
+                lambda scoring, settings, batch_tokens: _score(scoring, settings, batch_tokens),
+                lambda r: f"attention L={r['eval_length']}: {r['windows']} window(s) -> eval/attention.json",
+                "attention statistics", aliases=("attention_stats",))

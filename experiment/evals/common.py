@@ -2,8 +2,9 @@
 opened for scoring, its newest readable checkpoint loaded once (`Scoring`), windows per batch, the
 positions of sampled-position schemes, and the header every record carries.
 
-Adding an evaluation kind is one module here (score, build records, `Scoring.write`) and one in
-experiment/report/ (draw and tabulate them); its record kind goes in experiment/records.py.
+Adding an evaluation kind is three files (README: Layout): its record kind in
+experiment/store/records.py, its module here (score, build records, `Scoring.write`, and its
+registry entry `KIND`: experiment/evals/kinds.py) and its module in experiment/report/.
 """
 from __future__ import annotations
 
@@ -24,8 +25,9 @@ import posenc
 from experiment import config as config_lib
 from experiment.config import Config
 from experiment.model import abstract_model
-from experiment.run import RunDir, opened
 from experiment.runtime import sharding
+from experiment.store import checkpoints
+from experiment.store.run import RunDir, opened
 from models.attention.choice import tile_width
 
 log = logging.getLogger(__name__)
@@ -131,7 +133,7 @@ class Scoring:
         return nnx.merge(self.graphdef, self.params)
 
     def header(self) -> dict:
-        """The fields every record of this checkpoint carries (experiment/records.py)."""
+        """The fields every record of this checkpoint carries (experiment/store/records.py)."""
         return {"scheme": self.config.posenc.name, "train_length": int(self.config.train.seq_len),
                 "step": self.step, "data": data_name(self.config.data), "tokenizer": self.tokenizer.kind,
                 **({"overrides": self.overrides} if self.overrides else {})}
@@ -190,7 +192,7 @@ def load_checkpoint(run: RunDir, config: Config, lengths, overrides: dict, *, sk
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),
                           abstract_params)
     try:
-        params, _, meta = run.restore(params)
+        params, _, meta = checkpoints.restore(run, params)
     except ValueError as e:
         if not overrides:
             raise

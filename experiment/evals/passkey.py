@@ -4,7 +4,7 @@ An example counts as correct iff the model's argmax at every answer position is 
 teacher forced: the same as greedy decoding producing the answer after the final cue. Each
 (eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
 
-Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/records.py): one per (eval_length,
+Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/store/records.py): one per (eval_length,
 depth, digits, overrides), merged with what the file holds, each length as it finishes.
 """
 from __future__ import annotations
@@ -23,10 +23,12 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from corpora import passkey as task
-from experiment.evals.common import Scoring, apply_overrides, load_checkpoint, opened_for_scoring, window_positions
-from experiment.run import RunDir
+from experiment.evals.common import Scoring, apply_overrides, window_positions
+from experiment.evals.kinds import EvalKind, Option, Request, Target, evaluate_kinds
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
+from experiment.store.run import RunDir
+from posenc.domains import at_least, between, unit_interval
 
 log = logging.getLogger(__name__)
 
@@ -91,13 +93,17 @@ def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int
     """Passkey accuracy of the run's newest checkpoint at each (length, depth; lengths None: the
     run's config.eval.lengths); records written to WORKDIR/eval/passkey.json and returned. A
     length the scheme cannot encode raises its LengthError, or is skipped with a warning when
-    `skip_impossible`; a length too short for the task raises PasskeyError. `overrides` switch eval-time knobs as in evals.perplexity.evaluate."""
-    overrides = dict(overrides or {})
-    with opened_for_scoring(workdir, "evaluation") as (run, config):
-        lengths = [int(length) for length in (lengths or config.eval.lengths)]
-        spec = checked_spec(run, config, lengths, spec, overrides)
-        scoring = load_checkpoint(run, config, lengths, overrides, skip_impossible=skip_impossible, what="passkey")
-        return _evaluate_passkey(scoring, spec, batch_tokens or scoring.config.eval.batch_tokens)
+    `skip_impossible`; a length too short for the task raises PasskeyError. `overrides` switch
+    eval-time knobs as in evals.perplexity.evaluate (None: none). One kind of evaluate_kinds."""
+    request = Request(tuple(lengths) if lengths else None, dict(overrides or {}), batch_tokens, skip_impossible,
+                      spec_options(spec))
+    return evaluate_kinds(workdir, ("passkey",), request)["passkey"]
+
+
+def spec_options(spec: PasskeySpec) -> dict:
+    """The request options (eval_extrapolate.py's flags) that ask for `spec`."""
+    return {"passkey_depths": tuple(spec.depths), "passkey_per_cell": spec.per_cell, "passkey_seed": spec.seed,
+            "passkey_digits": spec.digits}
 
 
 def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, overrides: dict) -> PasskeySpec:
@@ -154,3 +160,26 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
         scoring.write("passkey", cells)  # each length kept as it finishes
         done.append(length)
     return results
+
+
+OPTIONS = (
+    Option("passkey_depths", list(PasskeySpec().depths), "where the key sits: 0 = start, 1 = just before the "
+           "question", kind=float, domain=unit_interval(), example="--passkey_depths=0,0.5,1", sequence=True),
+    Option("passkey_per_cell", PasskeySpec().per_cell, "examples per (length, depth)", domain=at_least(1),
+           example="--passkey_per_cell=20"),
+    Option("passkey_digits", None, "digits of the key (default: the run's data.passkey_digits, else 4)",
+           domain=between(1, 18), example="--passkey_digits=4"),
+    Option("passkey_seed", PasskeySpec().seed, "seed of the passkey examples", domain=at_least(0),
+           example="--passkey_seed=1234"))
+
+
+def _check(target: Target, request: Request) -> PasskeySpec:
+    depths, per_cell, digits, seed = (request.option(option) for option in OPTIONS)
+    spec = PasskeySpec(tuple(depths), per_cell, seed, digits)
+    return checked_spec(target.run, target.config, list(target.lengths), spec, target.overrides)
+
+
+KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and depth) into DIR/eval/passkey.json",
+                OPTIONS, _check, lambda scoring, spec, batch_tokens: _evaluate_passkey(scoring, spec, batch_tokens),
+                lambda r: f"passkey L={r['eval_length']:>6}  depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}",
+                "passkey")

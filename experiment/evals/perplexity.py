@@ -4,7 +4,7 @@ The windows of a batch are split over every device of the job; each length compi
 (the last batch is padded to the same shape), and the entry points cache compiled programs on disk
 (experiment/runtime/accelerator.py), so evaluating the same shapes again compiles nothing.
 
-Records (kind `perplexity`, WORKDIR/eval/extrapolation.json; experiment/records.py) are merged
+Records (kind `perplexity`, WORKDIR/eval/extrapolation.json; experiment/store/records.py) are merged
 with what the file already holds, each length as it finishes.
 """
 from __future__ import annotations
@@ -22,13 +22,14 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
-from experiment import records
-from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, load_checkpoint, opened_for_scoring
-from experiment.evals.common import window_positions
-from experiment.run import RunDir
+from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, window_positions
+from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
-from experiment.tensorboard import EventWriter
+from experiment.store import records
+from experiment.store.run import RunDir
+from experiment.store.tensorboard import EventWriter
+from posenc.domains import at_least
 
 log = logging.getLogger(__name__)
 
@@ -46,11 +47,10 @@ def evaluate(workdir: str | pathlib.Path | RunDir, lengths: list[int] | None = N
     the records carry them. An override for a scheme the run does not use is refused.
 
     A length the scheme cannot encode raises its LengthError, or is skipped with a warning when
-    `skip_impossible` (sweeps that include a learned table)."""
-    with opened_for_scoring(workdir, "evaluation") as (run, config):
-        spec = eval_spec(config, lengths, stride, split, max_tokens, overrides)
-        scoring = load_checkpoint(run, config, spec.lengths, spec.overrides, skip_impossible=skip_impossible)
-        return _evaluate(scoring, spec, batch_tokens or scoring.config.eval.batch_tokens)
+    `skip_impossible` (sweeps that include a learned table). One kind of evaluate_kinds."""
+    request = Request(lengths, overrides, batch_tokens, skip_impossible,
+                      {"stride": stride, "split": split, "max_tokens": max_tokens})
+    return evaluate_kinds(workdir, ("perplexity",), request)["perplexity"]
 
 
 def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]:
@@ -120,3 +120,26 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
         record.update(words=words, word_ppl=math.exp(total / words))
     log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
     return record
+
+
+STRIDE = Option("stride", None, "perplexity: sliding-window stride; 0 = nonoverlapping (default: config.eval.stride)",
+                domain=at_least(0), example="--stride=32")
+MAX_TOKENS = Option("max_tokens", None, "perplexity: score only the first N tokens of the split (0 = all of it; "
+                    "default: config.eval.max_tokens)", domain=at_least(0), example="--max_tokens=100000")
+
+
+def _check(target: Target, request: Request) -> EvalSpec:
+    return eval_spec(target.config, target.lengths, request.option(STRIDE), request.option(SPLIT),
+                     request.option(MAX_TOKENS), target.overrides)
+
+
+def _line(r: dict) -> str:
+    extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
+    return (f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  tokens {r['tokens']:>9,}  "
+            f"ppl {r['ppl']:10.3f}{extra}")
+
+
+KIND = EvalKind("perplexity", "score perplexity: the default when neither --passkey nor --attention is given; "
+                "add it to them to score it too", (STRIDE, SPLIT, MAX_TOKENS), _check,
+                lambda scoring, spec, batch_tokens: _evaluate(scoring, spec, batch_tokens), _line, "eval",
+                default=True)

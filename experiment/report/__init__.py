@@ -2,8 +2,12 @@
 attention), what their figures share (plots.py: styles, saving; ticks.py: tick labels), what the
 runs are and how they are named (runs.py), the paper's published numbers (paper.py), and the whole
 report of a set of runs (write.py: `write_report`). Reports read JSON, checked on reading
-(experiment/records.py); nothing here scores. `write_report` and `PAPER_MODES` are imported from
-their modules on first use, so that a config reading paper.py loads no other module of the package.
+(experiment/store/records.py); nothing here scores.
+
+Every report starts from the perplexity records (the runs, their curves); each other record kind
+(experiment/store/records.py: KINDS) adds its part with `report(runs, out)` of its module here.
+`write_report` and `PAPER_MODES` are imported from their modules on first use, so that a config
+reading paper.py loads no other module of the package.
 """
 import importlib
 

@@ -79,3 +79,8 @@ def write(runs: list[dict], out: str | pathlib.Path) -> list[str]:
         fig = attention_figure(records, run["label"], run.get("train_length"))
         paths.append(str(plots.save(fig, pathlib.Path(out) / f"attention_{stem}.png")))
     return paths
+
+
+def report(runs: list[dict], out: str | pathlib.Path) -> dict:
+    """The attention part of a report (experiment/report/__init__.py): {"attention_pngs": paths}."""
+    return {"attention_pngs": write(runs, out)}

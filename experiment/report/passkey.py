@@ -183,3 +183,10 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
     (out / "passkey.md").write_text("# Passkey retrieval vs. evaluation length\n\n"
                                     + passkey_table([(run["label"], run["records"]) for run in runs]))
     return {"png": str(out / "passkey_vs_length.png"), "md": str(out / "passkey.md"), "heatmaps": heatmaps}
+
+
+def report(runs: list[dict], out: str | pathlib.Path) -> dict:
+    """The passkey part of a report (experiment/report/__init__.py), for the runs that have passkey
+    records: {"passkey": `write`'s paths}, or nothing when none has."""
+    with_passkey = [run for run in runs if run["run"].records_path("passkey").exists()]
+    return {"passkey": write(with_passkey, out)} if with_passkey else {}

@@ -6,10 +6,10 @@ from __future__ import annotations
 import pathlib
 from collections import defaultdict
 
-from experiment import records
 from experiment.report import paper, plots
 from experiment.report.runs import describe, label_runs, title, unit_names
-from experiment.run import RunDir
+from experiment.store import records
+from experiment.store.run import RunDir
 
 PAPER_MODES = ("auto", "always", "never")
 

@@ -7,7 +7,7 @@ import pathlib
 import re
 
 import posenc
-from experiment.run import RunDir, RunError
+from experiment.store.run import RunDir, RunError
 
 # tokenizer kind -> (name in titles, what one token is)
 UNITS = {"byte": ("byte", "byte"), "bpe": ("BPE", "BPE token"), "word": ("word", "word"),

@@ -3,7 +3,7 @@ family and citation, perplexity at L, perplexity ratio to L and passkey accuracy
 length, sorted by perplexity at the longest length; a heat map of the same numbers; and the numbers
 as JSON.
 
-Input: a table root as experiment/scheme_table.py leaves it: ROOT/rows.json (the manifest: the
+Input: a table root as experiment/pipeline/table.py leaves it: ROOT/rows.json (the manifest: the
 protocol, and per row its run folder, family, citation, the eval-time overrides it takes at each
 length and why a length cannot be evaluated) and the runs' records (eval/extrapolation.json,
 eval/passkey.json). A row reads, at each length, only the records with exactly its overrides, so the
@@ -17,9 +17,9 @@ import pathlib
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
-from experiment import records
 from experiment.report import plots
-from experiment.run import RunDir
+from experiment.store import records
+from experiment.store.run import RunDir
 
 MANIFEST = "rows.json"
 TIMINGS = "timings.json"

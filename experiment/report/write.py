@@ -1,17 +1,20 @@
-"""The whole report of a set of runs: each evaluation kind's figures and tables, for the runs that
-have its records (`write_report`, what report.py and the pipeline call)."""
+"""The whole report of a set of runs (`write_report`, what report.py and the pipeline call): the
+perplexity report, then each other record kind's part (experiment/store/records.py: KINDS) from
+`report(runs, out)` of its module in experiment/report/, for the runs that have its records."""
 from __future__ import annotations
 
+import importlib
 import pathlib
 
-from experiment.report import attention, passkey, perplexity
+from experiment.report import perplexity
 from experiment.report.perplexity import PAPER_MODES
+from experiment.store import records
 
 
 def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, paper_mode: str = "auto") -> dict:
-    """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md, and
-    OUT/attention_<run>.png and the passkey report (experiment/report/passkey.py) for the runs
-    that have those records."""
+    """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md, and each
+    other kind's files (attention_<run>.png, the passkey report, ...) for the runs that have those
+    records."""
     if paper_mode not in PAPER_MODES:
         raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
     out = pathlib.Path(out)
@@ -20,9 +23,7 @@ def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, pa
     runs = perplexity.load_runs(workdirs)
     out.mkdir(parents=True, exist_ok=True)
     paths = perplexity.write(runs, out, paper_mode)
-    paths["attention_pngs"] = attention.write(runs, out)
-    with_passkey = [run for run in runs if run["run"].records_path("passkey").exists()]
-    if with_passkey:
-        paths["passkey"] = passkey.write(with_passkey, out)
+    for kind in records.KINDS:
+        if kind != "perplexity":
+            paths.update(importlib.import_module(f"experiment.report.{kind}").report(runs, out))
     return paths
-

@@ -6,7 +6,8 @@
 - anywhere else, pass them: `--coordinator_address=HOST:PORT --num_processes=N --process_id=I`
   (or the variables JAX_COORDINATOR_ADDRESS, LX_NUM_PROCESSES, LX_PROCESS_ID).
 A single process (the usual case) starts nothing. Every process then runs the same program; each
-reads only its rows of every batch, and only `is_writer()` (process 0) writes files.
+reads only its rows of every batch, and only `is_writer()` (process 0, experiment/store/run.py)
+writes config.json, the tokenizer, metrics, results and reports.
 """
 from __future__ import annotations
 
@@ -15,6 +16,8 @@ import os
 
 import jax
 import numpy as np
+
+from experiment.store.run import is_writer  # noqa: F401 (the run folder's question, answered there without JAX)
 
 log = logging.getLogger(__name__)
 
@@ -52,11 +55,6 @@ def initialize(coordinator_address: str | None = None, num_processes: int | None
     log.info("process %d of %d; %d devices in all, %d here", jax.process_index(), jax.process_count(),
              jax.device_count(), jax.local_device_count())
     return True
-
-
-def is_writer() -> bool:
-    """Exactly one process (the first) writes config.json, the tokenizer, metrics, results, reports."""
-    return jax.process_index() == 0
 
 
 def barrier(name: str) -> None:

@@ -16,7 +16,8 @@ from flax import nnx
 
 from experiment.config import Config, ConfigError
 from experiment.model import abstract_model
-from experiment.run import RunDir
+from experiment.store import checkpoints
+from experiment.store.run import RunDir
 
 
 def base_of(config: Config) -> RunDir | None:
@@ -66,7 +67,7 @@ def load_base_params(config: Config, base: RunDir, params, vocab_size: int):
         raise ConfigError(f"the parameters of train.init_from={base.path} do not fit this model ({differs}); "
                           f"start from a run of the same model size and a scheme with the same parameters")
     step = int(config.train.init_step) or None
-    restored, _, meta = base.restore(params, step=step)
+    restored, _, meta = checkpoints.restore(base, params, step=step)
     origin = {"workdir": str(base.path.absolute()), "step": int(meta["step"]),
               "scheme": base_config.posenc.name, "train_length": int(base_config.train.seq_len)}
     return restored, origin

@@ -21,11 +21,11 @@ from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
-from experiment import checkpoints
 from experiment.config import Config, ConfigError, resolve, typed
 from experiment.model import abstract_model, build_model
-from experiment.run import RunDir, opened
 from experiment.runtime import accelerator, distributed, interrupts, sharding
+from experiment.store import checkpoints
+from experiment.store.run import RunDir, opened
 from experiment.train import init_from
 from experiment.train.metrics import MetricsLog, Throughput, TrainingDiverged
 from experiment.train.optimizer import make_optimizer
@@ -189,7 +189,7 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
     params, opt_state = state.params, state.opt_state
     start = 0
     if run.latest_step() is not None:
-        params, opt_state, meta = run.restore(params, opt_state, drop_damaged=run.writer)
+        params, opt_state, meta = checkpoints.restore(run, params, opt_state, drop_damaged=run.writer)
         start = int(meta["step"])
         log.info("resuming %s from step %d", run.path, start)
     if run.writer:
@@ -222,7 +222,7 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
             raise ConfigError(advice)
         step_fn = compiled
 
-    mngr = run.manager()
+    mngr = checkpoints.manager_of(run)
 
     def save(step):
         metrics.check_finite(step)  # a diverged step is never saved

@@ -14,9 +14,9 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from experiment.config import ConfigError
-from experiment.run import RunDir
 from experiment.runtime import accelerator
-from experiment.tensorboard import EventWriter
+from experiment.store.run import RunDir
+from experiment.store.tensorboard import EventWriter
 from experiment.train.optimizer import lr_at
 
 log = logging.getLogger(__name__)

@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
-# Every registered scheme and the notable options (experiment/scheme_table.py) at demo scale with the
-# passkey mix (configs/passkey.py), trained for 600 steps each (the demo's count; configs/passkey.py
-# has 1,500: cut so that the whole table fits a day of 2 CPU cores; DAPE's evaluation at 8L and 16L
-# alone takes hours there), perplexity and
+# Every registered scheme and the notable options (configs/all_schemes.py, experiment/pipeline/table.py)
+# at demo scale with the passkey mix (configs/passkey.py), trained for 600 steps each (the demo's count;
+# configs/passkey.py has 1,500: cut so that the whole table fits a day of 2 CPU cores; DAPE's evaluation
+# at 8L and 16L alone takes hours there), perplexity and
 # passkey retrieval at 64 ... 1024, then all_schemes.md / .png / .json here. Resumes where it stopped:
 # run it again after an interruption. PY, W and STEPS may be overridden.
 set -euo pipefail
@@ -10,5 +10,5 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 W=${W:-runs/all_schemes}
 STEPS=${STEPS:-600}
-$PY sweep.py --config configs/passkey.py --table --workdir "$W" --out results/all_schemes \
+$PY sweep.py --config configs/all_schemes.py --table --workdir "$W" --out results/all_schemes \
   --config.train.steps="$STEPS" --config.train.checkpoint_every=200

@@ -21,8 +21,8 @@ import sys
 REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
-from experiment import PasskeySpec, evaluate, evaluate_passkey  # noqa: E402
-from experiment.run import RunDir  # noqa: E402
+from experiment.evals import PasskeySpec, evaluate, evaluate_passkey  # noqa: E402
+from experiment.store.run import RunDir  # noqa: E402
 
 MULTIPLES = (1, 2, 4, 8, 16)
 LOGN = {"posenc.name": "logn"}

@@ -9,6 +9,7 @@ from ml_collections import config_flags
 import posenc
 from experiment.train import train
 from experiment.cli import _load_config, parse_flags
+from experiment.train import train
 from tests.conftest import REPO, run_entry, tiny_config
 
 

@@ -5,11 +5,12 @@ import json
 import numpy as np
 import pytest
 
-from experiment import evaluate_attention
+from experiment.evals import evaluate_attention
 from experiment.train import train
 from experiment.report import attention as attention_report, plots
 from experiment.report.attention import attention_figure
-from experiment.run import RunDir
+from experiment.store.run import RunDir
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

@@ -7,12 +7,13 @@ import numpy as np
 import pytest
 
 from corpora import passkey as pk
-from experiment import PasskeySpec, evaluate_passkey
+from experiment.evals import PasskeySpec, evaluate_passkey
+from experiment.evals.kinds import Request, check_request
+from experiment.evals.passkey import cell_records, score_examples, spec_options
 from experiment.train import train
-from experiment.evals.passkey import cell_records, score_examples
-from experiment.evals.request import Request, check_request
 from experiment.report import passkey as passkey_report
-from experiment.run import RunDir
+from experiment.store.run import RunDir
+from experiment.train import train
 from tests.conftest import run_entry, tiny_config
 
 
@@ -60,9 +61,9 @@ def test_evaluate_passkey_end_to_end_and_report(tmp_path):
     with pytest.raises(pk.PasskeyError, match="length >= 18"):
         evaluate_passkey(run, [16])
     with pytest.raises(pk.PasskeyError, match="length >= 18"):  # checked before perplexity runs (issue 22, item 16)
-        check_request(run, Request(("perplexity", "passkey"), lengths=(16, 32)))
+        check_request(run, ("perplexity", "passkey"), Request(lengths=(16, 32)))
     with pytest.raises(ValueError, match=r"depths in \[0, 1\]"):
-        check_request(run, Request(("passkey",), lengths=(32,), passkey=PasskeySpec(depths=(1.5,))))
+        check_request(run, ("passkey",), Request(lengths=(32,), options=spec_options(PasskeySpec(depths=(1.5,)))))
     out = run_entry("eval_extrapolate.py", "--workdir", str(run), "--passkey", "--lengths", "32",
                     "--passkey_depths", "0.25", "--passkey_per_cell", "1")  # passkey alone, no perplexity first
     assert out.returncode == 0 and "passkey L=    32  depth 0.25" in out.stdout, out.stderr[-2000:]

@@ -8,7 +8,7 @@ import pathlib
 import numpy as np
 
 from experiment import config as config_lib
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from tests.conftest import tiny_config
 
 

@@ -5,8 +5,7 @@ import pathlib
 
 import pytest
 
-from experiment import write_report
-from experiment.report import paper, perplexity as reporting
+from experiment.report import paper, perplexity as reporting, write_report
 from tests.experiment.report.synthetic import fake_run
 
 

@@ -5,8 +5,7 @@ import json
 
 import pytest
 
-from experiment import write_report
-from experiment.report import passkey, perplexity, plots
+from experiment.report import passkey, perplexity, plots, write_report
 from tests.experiment.report.readable import check_axis, check_figure, check_png, tick_labels
 from tests.experiment.report.synthetic import fake_run, full_run, passkey_records
 

@@ -5,7 +5,7 @@ import json
 import pathlib
 
 from experiment.report import schemes
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 
 LENGTHS = [64, 128, 256]
 PROTOCOL = {"train_length": 64, "lengths": LENGTHS, "split": "valid", "max_tokens": 0, "steps": 10,

@@ -6,10 +6,9 @@ import jax
 import pytest
 
 from configs import wikitext103
-from experiment.train import train
 from experiment.config import ConfigError
 from experiment.runtime import accelerator, sharding
-from experiment.train import loop
+from experiment.train import loop, train
 from models.config import ModelConfig
 from tests.conftest import run_entry, tiny_config
 

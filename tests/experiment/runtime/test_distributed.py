@@ -19,7 +19,7 @@ from experiment.runtime import distributed
 distributed.initialize(f"127.0.0.1:{{port}}", 2, process_id)
 import jax
 from tests.conftest import tiny_config
-from experiment import evaluate
+from experiment.evals import evaluate
 from experiment.train import train
 config = tiny_config("rope")
 config.train.update(dict(steps=steps, checkpoint_every=3, batch_size=8))
@@ -56,7 +56,7 @@ def run_two_processes(tmp_path, workdir, steps):
 
 
 def test_two_processes_train_resume_and_evaluate_as_one(tmp_path):  # about 30 s on 2 cores
-    from experiment import evaluate
+    from experiment.evals import evaluate
     first = run_two_processes(tmp_path, tmp_path / "two", 3)
     assert [o["processes"] for o in first] == [2, 2] and first[0]["devices"] == 4
     reference = tiny_config("rope")

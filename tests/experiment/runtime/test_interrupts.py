@@ -13,8 +13,8 @@ import time
 
 import pytest
 
-from experiment.run import RunDir
 from experiment.runtime import interrupts
+from experiment.store.run import RunDir
 from tests.conftest import REPO
 
 TINY = ["--config.model.num_layers=1", "--config.model.d_model=32", "--config.model.mlp_dim=64",
@@ -109,14 +109,14 @@ def test_ctrl_c_during_start_up_writes_nothing(tmp_path):
 def test_ctrl_c_during_a_checkpoint_write_finishes_it_and_the_run_resumes(tmp_path):
     args = ["train.py", "--config", "configs/demo.py", *TINY, "--config.train.steps=4",
             "--config.train.checkpoint_every=2", "--workdir", str(tmp_path)]
-    out = sigint_at("experiment.checkpoints:save", *args)
+    out = sigint_at("experiment.store.checkpoints:save", *args)
     assert_stopped(out, "interrupted at step 2 of 4; checkpoint saved at step 2: the same command resumes")
-    assert sorted(RunDir(tmp_path).manager().all_steps()) == [2]
+    assert sorted(RunDir(tmp_path).steps()) == [2]
     resumed = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
     assert resumed.returncode == 0 and "resuming" in resumed.stderr, resumed.stderr[-2000:]
     steps = [json.loads(line)["step"] for line in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert steps == [1, 2, 3, 4]
-    final = sigint_at("experiment.checkpoints:save", *args[:-2], "--config.train.steps=6", "--workdir",
+    final = sigint_at("experiment.store.checkpoints:save", *args[:-2], "--config.train.steps=6", "--workdir",
                       str(tmp_path))  # the last checkpoint (step 6): training is complete, the evaluation not run
     assert_stopped(final, "interrupted at step 6 of 6; checkpoint saved at step 6: training is complete")
     assert {r["step"] for r in RunDir(tmp_path).records("perplexity")} == {4}  # step 6 not evaluated yet

@@ -3,9 +3,10 @@ lines that say what is done and about how long is left; an evaluation's lengths 
 batches report through it."""
 import logging
 
-from experiment import PasskeySpec, evaluate, evaluate_passkey
+from experiment.evals import PasskeySpec, evaluate, evaluate_passkey
 from experiment.train import train
 from experiment.runtime import progress
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

@@ -19,9 +19,8 @@ import jax
 from tests.conftest import tiny_config
 from tests.helpers import paper_config_shrunk
 from experiment import config as config_lib
-from experiment.train import train
 from experiment.runtime import sharding
-from experiment.train import loop, optimizer as optimizer_lib
+from experiment.train import loop, optimizer as optimizer_lib, train
 out = {{"devices": jax.device_count()}}
 for fsdp in (1, 2, 4):
     config = tiny_config("rope")

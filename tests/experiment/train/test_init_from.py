@@ -8,12 +8,11 @@ from flax import nnx
 
 import posenc
 from experiment import config as config_lib
-from experiment.train import train
+from experiment.pipeline.run import grid_points, run_config, run_name
 from experiment.runtime import sharding
-from experiment.train import init_from
-from experiment.run import RunDir
-from experiment.pipeline import grid_points, run_config, run_name
-from experiment.train import init_state
+from experiment.store import checkpoints
+from experiment.store.run import RunDir
+from experiment.train import init_from, init_state, train
 from experiment.train.optimizer import make_optimizer
 from tests.conftest import tiny_config
 
@@ -41,7 +40,7 @@ def test_the_extended_run_starts_with_the_bases_parameters_and_trains_at_its_own
     mesh = sharding.mesh_from_config(config)
     _, fresh, _, _, _ = init_state(config, tokenizer.vocab_size, make_optimizer(config.train), mesh)
     params, origin = init_from.load_base_params(config_lib.resolve(config), base, fresh, tokenizer.vocab_size)
-    saved, _, _ = RunDir(base_run).restore(fresh)
+    saved, _, _ = checkpoints.restore(RunDir(base_run), fresh)
     for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(saved)):
         np.testing.assert_array_equal(a, b)
     assert origin["step"] == 2 and origin["train_length"] == 16 and origin["scheme"] == "rope"

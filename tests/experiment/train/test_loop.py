@@ -7,10 +7,11 @@ import pytest
 
 import posenc
 from corpora import count_words, load_lines
-from experiment import evaluate, train_and_evaluate, write_report
-from experiment.train import train
 from experiment.config import ConfigError
-from experiment.train import loop
+from experiment.evals import evaluate
+from experiment.pipeline.run import train_and_evaluate
+from experiment.report import write_report
+from experiment.train import loop, train
 from tests.conftest import tiny_config
 
 

@@ -10,10 +10,12 @@ import pytest
 from flax import nnx
 
 import posenc
-from experiment import config as config_lib, evaluate
-from experiment.train import train
+from experiment import config as config_lib
+from experiment.evals import evaluate
 from experiment.evals.common import apply_overrides
+from experiment.train import train
 from models import DecoderLM
+from models.config import ModelConfig
 from models.attention import blockwise_attention, choice
 from models.attention.lambda_mask import LambdaMask, lambda_dense_attention, lambda_mask
 from models.config import ModelConfig

@@ -1,43 +1,20 @@
-"""The files of a run directory, as experiment/run.py reads and writes them: each written whole
+"""The files of a run directory, as experiment/store/run.py reads and writes them: each written whole
 (a temporary file renamed into place, so a kill never leaves half a file), each read back only
 once its structure is checked: config.json (its sections and the types of its values),
 init_from.json, metrics.jsonl lines, a checkpoint's meta item and the token streams; evaluation
-records are checked by experiment/records.py. A check raises a ValueError or returns what is wrong
+records are checked by experiment/store/records.py. A check raises a ValueError or returns what is wrong
 (None: nothing), and run.py turns that into an error naming the file and the command that repairs
 it: nothing reads a field it has not checked."""
 from __future__ import annotations
 
-import contextlib
 import dataclasses
-import gc
 import json
 import pathlib
-import sys
 
 import numpy as np
 
-from experiment import config as config_lib, records
-
-
-@contextlib.contextmanager
-def quiet_abandoned_reads():
-    """A failed orbax restore leaves its other reads' coroutines unawaited; Python would print each
-    one's error with a page of TensorStore spec whenever they are collected (often much later).
-    From the first failed restore on, those (and only those) are dropped quietly."""
-    try:
-        yield
-    except Exception:
-        if not getattr(sys.unraisablehook, "drops_orbax_reads", False):
-            previous = sys.unraisablehook
-
-            def hook(unraisable):
-                code = getattr(unraisable.object, "cr_code", None)
-                if code is None or "orbax" not in code.co_filename:
-                    previous(unraisable)
-            hook.drops_orbax_reads = True
-            sys.unraisablehook = hook
-        gc.collect()
-        raise
+from experiment import config as config_lib
+from experiment.store import records
 
 
 def checked_origin(path: pathlib.Path) -> dict:

@@ -1,26 +1,30 @@
-"""The table of every scheme (experiment/scheme_table.py): its rows cover the registry, each option's
-factor follows its stated rule at every length, and a second call redoes nothing (slow: trains)."""
+"""The table of every scheme (experiment/pipeline/table.py, its rows configs/all_schemes.py): its rows
+cover the registry, each option's factor follows its stated rule at every length, a study is checked,
+and a second call redoes nothing (slow: trains)."""
 import json
 
 import pytest
 
 import posenc
-from experiment import scheme_table
+from experiment.cli import config_file
 from experiment.evals.passkey import PasskeySpec
-from experiment.pipeline import run_config
+from experiment.pipeline import table as scheme_table
+from experiment.pipeline.run import run_config
 from experiment.report import schemes as report
-from tests.conftest import tiny_config
+from tests.conftest import REPO, run_entry, tiny_config
+from tests.experiment.test_cli import assert_clean_error
 
 LENGTHS = (64, 128, 256, 512, 1024)
+ALL_SCHEMES = config_file(str(REPO / "configs" / "all_schemes.py"))  # the study, as sweep.py --table reads it
 
 
 def test_rows_cover_every_registered_scheme_and_the_options_follow_their_rules():
-    rows = scheme_table.rows()
+    rows = scheme_table.rows(ALL_SCHEMES.get_table())
     assert len({r.name for r in rows}) == len(rows)
     assert set(posenc.names()) <= {r.run for r in rows}
     assert {"logn_alibi", "randomized_alibi", "rope_p0.75"} <= {r.run for r in rows}
     options = {r.name: r for r in rows if r.overrides}
-    assert sorted(options) == sorted(f"rope + {name}" for name, *_ in scheme_table.EXTENSIONS)
+    assert sorted(options) == sorted(f"rope + {name}" for name, *_ in ALL_SCHEMES.EXTENSIONS)
     assert all(r.run == "rope" for r in options.values())  # evaluated on the one rope run
     at = {name: [r.overrides_at(n, 64) for n in LENGTHS] for name, r in options.items()}
     assert [o["posenc.rope.pi_factor"] for o in at["rope + PI"]] == ["1", "0.5", "0.25", "0.125", "0.0625"]
@@ -45,6 +49,30 @@ def test_rows_cover_every_registered_scheme_and_the_options_follow_their_rules()
     assert described["fox"]["family"] == posenc.get("fox").family
 
 
+@pytest.mark.parametrize("study, expected", [
+    ({"rows": []}, "no rows"),
+    ({"every_scheme": True, "rows": [{"name": "alibi", "run": "x", "scheme": "alibi"}]}, "rows named twice: alibi"),
+    ({"rows": [{"name": "a", "run": "a", "scheme": "rope", "overrides": ("ratoi", "posenc.rope.yarn_scale")}]},
+     "overrides rule 'ratoi' is not one of ratio, inverse_ratio"),
+    ({"rows": [{"name": "a", "scheme": "rope"}]}, "row 0 .* with name, run and scheme given"),
+    ({"rows": [], "colums": 3}, "must be a dict of every_scheme"),
+])
+def test_a_study_that_cannot_be_a_table_is_refused_naming_where(study, expected):
+    with pytest.raises(ValueError, match=f"^configs/x.py: get_table\\(\\).*{expected}"):
+        scheme_table.rows(study, "configs/x.py: get_table()")
+
+
+def test_sweep_table_reads_the_rows_from_the_config_file(tmp_path):
+    """sweep.py --table takes the study from the --config file's get_table(); a config without one is
+    one line naming configs/all_schemes.py."""
+    result = run_entry("sweep.py", "--config", "configs/passkey.py", "--table", "--workdir", str(tmp_path))
+    assert_clean_error(result, "configs/passkey.py has no get_table()", "--config configs/all_schemes.py")
+    result = run_entry("sweep.py", "--config", "configs/all_schemes.py", "--table", "--workdir", str(tmp_path),
+                       "--schemes", "rope_p0.75,nosuch")
+    assert_clean_error(result, "--schemes nosuch: no such run in the table", "logn_alibi, randomized_alibi, rope_p0.75")
+    assert not any(tmp_path.iterdir())  # refused before any run started
+
+
 @pytest.mark.slow
 def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot_be(tmp_path, monkeypatch):
     data = tmp_path / "data"
@@ -55,12 +83,13 @@ def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot
     base.data.update(dict(source="local", path=str(data), passkey_fraction=0.5))
     base.train.update(dict(seq_len=32, steps=2))
     spec = PasskeySpec(depths=(0.0, 1.0), per_cell=2)
-    paths = scheme_table.build(base, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
+    paths = scheme_table.build(base, ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
+                               ["alibi", "learned", "rope"], spec)
     assert paths["failed"] == {}
     rows = {r["name"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
     assert set(rows["alibi"]["ppl"]) == set(rows["alibi"]["passkey"]) == {"32", "64"}
     assert set(rows["learned"]["ppl"]) == {"32"} and "table of 32 positions" in rows["learned"]["missing"]["64"]
-    for name, *_ in scheme_table.EXTENSIONS:  # each option evaluated with its own overrides
+    for name, *_ in ALL_SCHEMES.EXTENSIONS:  # each option evaluated with its own overrides
         assert set(rows[f"rope + {name}"]["ppl"]) == {"32", "64"}, name
     assert rows["rope + PI"]["ppl"]["64"] != rows["rope"]["ppl"]["64"]
     assert rows["fox"]["missing"]["32"] == report.NOT_YET  # not run this time
@@ -71,6 +100,7 @@ def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot
         raise AssertionError("redone")
     for name in ("train", "evaluate", "evaluate_passkey"):
         monkeypatch.setattr(scheme_table, name, refuse)
-    again = scheme_table.build(base, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
+    again = scheme_table.build(base, ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
+                               ["alibi", "learned", "rope"], spec)
     assert again["failed"] == {} and json.loads(open(again["json"]).read())["rows"] == list(
         json.loads(open(paths["json"]).read())["rows"])

@@ -2,7 +2,9 @@
 (schemes x training lengths x any config keys), each in its own workdir, then one report (`sweep`).
 
 Runs of a sweep that are already complete (trained to config.train.steps and evaluated at every
-length) are skipped; interrupted ones resume from their last checkpoint.
+length) are skipped; interrupted ones resume from their last checkpoint. Every set of runs (a sweep,
+the table of every scheme: experiment/pipeline/table.py) goes through the same two steps: every
+config resolved before any run starts (`resolve_runs`), then the runs in turn (`run_each`).
 """
 from __future__ import annotations
 
@@ -10,17 +12,20 @@ import copy
 import itertools
 import logging
 import pathlib
+import traceback
+from typing import Callable, Iterable
 
 import ml_collections
 
 import posenc
-from experiment import config as config_lib, records
+from experiment import config as config_lib
 from experiment.config import Config
 from experiment.evals.common import eval_spec
 from experiment.evals.perplexity import evaluate
 from experiment.report import write_report
-from experiment.run import RunDir, opened
 from experiment.runtime import distributed, interrupts
+from experiment.store import records
+from experiment.store.run import RunDir, opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
@@ -87,6 +92,42 @@ def is_evaluated(workdir: pathlib.Path, config: Config) -> bool:
     return all(records.record_key(w) in done for w in wanted)
 
 
+def resolve_runs(base: ml_collections.ConfigDict, root: pathlib.Path,
+                 points: Iterable[tuple[str | None, str, int | None, dict[str, str]]]) -> dict[pathlib.Path, Config]:
+    """{root/<name>: config} of every (name, scheme, training length, settings) point, each config
+    resolved before any run starts: a typo fails before hours of training. A point without a name
+    is named by `run_name`."""
+    configs = {}
+    for name, scheme, length, settings in points:
+        config = run_config(base, scheme, length, settings)
+        configs[root / (name or run_name(scheme, config, settings))] = config
+    return configs
+
+
+def run_each(root: pathlib.Path, configs: dict[pathlib.Path, Config], work: Callable[[pathlib.Path, Config], None],
+             *, failed: dict[str, str] | None = None, after: Callable[[], None] | None = None) -> None:
+    """`work(workdir, config)` for each run in turn, logged as [i/n]; `after()` after each. A Ctrl-C
+    says how many runs are done and that the same command goes on from there. With `failed` (a
+    dict), a run that raises is logged there ({name: error}) and the next one goes on."""
+    for i, (workdir, config) in enumerate(configs.items(), 1):
+        log.info("[%d/%d] %s", i, len(configs), workdir)
+        try:
+            work(workdir, config)
+        except interrupts.Interrupted as e:
+            raise interrupts.Interrupted(
+                f"sweep {root}: {i - 1} of {len(configs)} runs done; in {workdir.name}: {e.saved}; the same sweep "
+                f"command skips the runs that are complete and goes on from there") from None
+        except KeyboardInterrupt:
+            raise
+        except Exception as e:  # noqa: BLE001 - with `failed`, one run's failure must not stop the others
+            if failed is None:
+                raise
+            failed[workdir.name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
+            log.error("%s failed; going on with the next run:\n%s", workdir.name, traceback.format_exc())
+        if after is not None:
+            after()
+
+
 def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: list[int],
           root: str | pathlib.Path, grid: dict[str, list[str]] | None = None) -> dict:
     """Train and evaluate every (scheme, L, grid point) in `root/<run_name>`; report in `root/report`.
@@ -100,22 +141,14 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
     empty = [key for key, values in (grid or {}).items() if not values]
     if empty:
         raise ValueError(f"--grid {empty[0]}= gives no values; give them as --grid {empty[0]}=v1,v2")
-    configs = {}
-    for scheme in schemes:  # resolve every config first: a typo fails before hours of training
-        for length in train_lengths or [None]:
-            for settings in grid_points(grid or {}):
-                config = run_config(base, scheme, length, settings)
-                configs[root / run_name(scheme, config, settings)] = config
-    for i, (workdir, config) in enumerate(configs.items(), 1):
-        log.info("[%d/%d] %s", i, len(configs), workdir)
+    configs = resolve_runs(base, root, ((None, scheme, length, settings) for scheme in schemes
+                                        for length in train_lengths or [None] for settings in grid_points(grid or {})))
+
+    def work(workdir: pathlib.Path, config: Config) -> None:
         if is_trained(workdir, config) and is_evaluated(workdir, config):
             log.info("complete, skipping")
-            continue
-        try:
-            train_and_evaluate(config, workdir)
-        except interrupts.Interrupted as e:
-            raise interrupts.Interrupted(
-                f"sweep {root}: {i - 1} of {len(configs)} runs done; in {workdir.name}: {e.saved}; the same sweep "
-                f"command skips the runs that are complete and goes on from there") from None
+            return
+        train_and_evaluate(config, workdir)
+    run_each(root, configs, work)
     distributed.barrier("lengthx_sweep")  # every run's results written before the report reads them
     return write_report(list(configs), root / "report") if distributed.is_writer() else {}

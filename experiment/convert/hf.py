@@ -1,6 +1,6 @@
 """Pretrained Hugging Face checkpoints as run directories, and runs back as checkpoints.
 
-`import_hf(src, workdir)` makes WORKDIR a run like one train.py leaves (experiment/run.py): its
+`import_hf(src, workdir)` makes WORKDIR a run like one train.py leaves (experiment/store/run.py): its
 config.json is the typed config with the checkpoint's model section, its rope as our `rope`
 options (posenc), `train.seq_len` = max_position_embeddings (the window it was trained at) and
 `data.tokenizer="pretrained"`, the other sections at their defaults (the demo's built-in corpus
@@ -28,10 +28,11 @@ from flax import nnx
 
 import corpora
 import posenc
-from experiment import checkpoints, config as config_lib
+from experiment import config as config_lib
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, load_checkpoint
-from experiment.run import RunDir, RunError
+from experiment.store import checkpoints
+from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models import hf
 from models.hf_mapping import HFError, read_config, rope_options

@@ -1,4 +1,4 @@
-"""Runs that leave the Hugging Face round trip of test_hf_runs.py: an imported checkpoint fine-tuned at
+"""Runs that leave the Hugging Face round trip of test_hf.py: an imported checkpoint fine-tuned at
 4x its window through configs/extend.py, then exported; a Llama-block model trained here, exported
 with every rope option that has an HF form and re-imported; eval-time options on an imported run
 (log-n around its RoPE, LongRoPE's factor lists by --set)."""
@@ -15,17 +15,18 @@ import pytest
 
 from flax import nnx
 
-from experiment import config as config_lib, evaluate
+from experiment import config as config_lib
+from experiment.convert.hf import export_hf, import_hf
+from experiment.evals import evaluate
 from experiment.train import train
 from experiment.evals.common import apply_overrides, load_checkpoint, parse_overrides
 from experiment.model import abstract_model
-from experiment.train import init_from
-from experiment.hf_runs import export_hf, import_hf
-from experiment.run import RunDir
+from experiment.store.run import RunDir
+from experiment.train import init_from, train
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import REPO, tiny_config
-from tests.experiment.test_hf_runs import FIXTURES, ROPE_PARAMETERS, stored
+from tests.experiment.convert.test_hf import FIXTURES, ROPE_PARAMETERS, stored
 
 
 @pytest.fixture(scope="module")

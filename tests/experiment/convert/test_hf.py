@@ -1,4 +1,4 @@
-"""experiment/hf_runs.py and import_hf.py / export_hf.py: a Hugging Face checkpoint as a run
+"""experiment/convert/hf.py and import_hf.py / export_hf.py: a Hugging Face checkpoint as a run
 directory (the stored transformers logits, evaluated as any run is), refusals that leave nothing
 behind, and the run exported back to HF's format."""
 from __future__ import annotations
@@ -14,15 +14,16 @@ import pytest
 from safetensors.numpy import load_file, save_file
 
 import corpora
-from experiment import evaluate
+from experiment.convert.hf import export_hf, hf_rope_parameters, import_hf
+from experiment.evals import evaluate
 from experiment.evals.common import load_checkpoint
-from experiment.hf_runs import export_hf, hf_rope_parameters, import_hf
-from experiment.run import RunDir
+from experiment.store import checkpoints
+from experiment.store.run import RunDir
 from models import hf
 from models.hf_mapping import HFError
-from tests.conftest import run_entry
+from tests.conftest import REPO, run_entry
 
-FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"
+FIXTURES = REPO / "tests" / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
 
 
@@ -81,7 +82,7 @@ def test_run_directory_holds_config_tokenizer_and_step_0(tmp_path):
     config = run.load_config()
     params = nnx.split(abstract_model(config, 320))[1]
     opt = jax.eval_shape(make_optimizer(config.train).init, params)
-    _, opt_state, meta = run.restore(params, opt)
+    _, opt_state, meta = checkpoints.restore(run, params, opt)
     assert meta == {"step": 0, "data_position": 0, "seed": 0}
     assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(opt_state[1][0].mu))  # fresh Adam moments
 

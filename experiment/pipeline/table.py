@@ -1,25 +1,23 @@
-"""The table of every scheme (issue #23; results/all_schemes/): every registered scheme and the notable
-options, trained alike (one config: configs/passkey.py, the demo's model and data with the passkey mix)
-and evaluated alike (perplexity and passkey retrieval at each of config.eval.lengths), then one table,
-one heat map and their numbers (experiment/report/schemes.py).
+"""The table of every scheme (issue #23; results/all_schemes/): the rows of a study, each trained alike
+(one config) and evaluated alike (perplexity and passkey retrieval at each of config.eval.lengths),
+then one table, one heat map and their numbers (experiment/report/schemes.py).
 
-    python sweep.py --config configs/passkey.py --table --workdir runs/all_schemes --out results/all_schemes
+    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --out results/all_schemes
 
-The rows (`rows`):
-- every registered scheme with its defaults (a wrapper around its default base);
-- `logn` and `randomized` around alibi too: their default base, rope, does not extrapolate and
-  alibi does, so the pair says what each wrapper adds to either kind of base;
-- rope with p_rope = 0.75 (Barbero et al.'s setting), a training-time choice;
-- the rope run with each training-free extension switched on at evaluation (`--set`), its factor
-  chosen per evaluation length (`EXTENSIONS`): PI, NTK-aware, dynamic NTK, YaRN, Llama 3, ReRoPE,
-  Self-Extend, Dual Chunk Attention and LM-Infinite's Lambda mask. LongRoPE is left out: its factors are searched per
-  model, not set by a rule.
+The study is a config's `get_table()` (configs/all_schemes.py; sweep.py --table reads it from the
+--config file): {"every_scheme": true or false, "rows": [...]}. With every_scheme, every registered
+scheme with its defaults comes first (a scheme joins the table by registering); each further row
+names its training run (a folder under the root, trained with `scheme` and the config `settings`)
+and, for an option switched on at evaluation, its `overrides`: a rule of RULES with its arguments,
+which sets the option at each evaluation length (PI's factor L / L_valid, Self-Extend's group, ...).
 
-It resumes at every step: a run trained to config.train.steps is not trained again, an interrupted
-one resumes from its checkpoint, and an evaluation whose records are there (same length, overrides
-and checkpoint) is not redone. A length a scheme cannot encode (a learned table) is not evaluated and
-its cells say why; a run that fails is logged, its cells say so, and the others go on. The manifest
-(ROOT/rows.json), the times (ROOT/timings.json) and the report are rewritten after every run.
+The runs go through the pipeline's own loop (experiment/pipeline/run.py: every config resolved
+first, then each run in turn). It resumes at every step: a run trained to config.train.steps is not
+trained again, an interrupted one resumes from its checkpoint, and an evaluation whose records are
+there (same length, overrides and checkpoint) is not redone. A length a scheme cannot encode (a
+learned table) is not evaluated and its cells say why; a run that fails is logged, its cells say so,
+and the others go on. The manifest (ROOT/rows.json), the times (ROOT/timings.json) and the report
+are rewritten after every run.
 """
 from __future__ import annotations
 
@@ -29,43 +27,42 @@ import logging
 import math
 import pathlib
 import time
-import traceback
-from typing import Callable
 
 import ml_collections
 
 import posenc
-from experiment import records
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, eval_spec
 from experiment.evals.passkey import PasskeySpec, evaluate_passkey
 from experiment.evals.perplexity import evaluate
 from experiment.model import abstract_model
-from experiment.pipeline import run_config
+from experiment.pipeline.run import resolve_runs, run_each
 from experiment.report import schemes as report
-from experiment.run import RunDir, opened
+from experiment.store import records
+from experiment.store.run import RunDir, opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
 
-Overrides = Callable[[int, int], dict]  # (evaluation length, training length) -> {key: value}
+
+def _ratio(length: int, train_length: int, *keys: str) -> dict[str, str]:
+    """Each of `keys` = L_valid / L."""
+    return {key: f"{length / train_length:g}" for key in keys}
 
 
-@dataclasses.dataclass(frozen=True)
-class Row:
-    """One row of the table: `name` as shown, the training run it reads (`run`, a folder under the
-    root, trained with `scheme` and the config `settings`), the eval-time overrides it takes at each
-    length, `rule` (those settings in words) and `cite` (the option's citation, beside the scheme's)."""
-    name: str
-    run: str
-    scheme: str
-    settings: tuple = ()               # ((dotted config key, value), ...) of the training run
-    overrides: Overrides | None = None
-    rule: str = ""
-    cite: str = ""                     # 'YaRN: Peng et al. 2023'
+def _inverse_ratio(length: int, train_length: int, *keys: str) -> dict[str, str]:
+    """Each of `keys` = L / L_valid."""
+    return {key: f"{1 / (length / train_length):g}" for key in keys}
 
-    def overrides_at(self, length: int, train_length: int) -> dict[str, str]:
-        return dict(self.overrides(length, train_length)) if self.overrides else {}
+
+def _fixed(length: int, train_length: int, values: dict) -> dict[str, str]:
+    """The same values at every length."""
+    return {key: str(value) for key, value in values.items()}
+
+
+def _fraction_of_length(length: int, train_length: int, fractions: dict) -> dict[str, str]:
+    """{key: (a, b)}: key = a L / b (rounded down) at every length."""
+    return {key: str(a * train_length // b) for key, (a, b) in fractions.items()}
 
 
 def _self_extend(length: int, train_length: int) -> dict[str, str]:
@@ -76,48 +73,53 @@ def _self_extend(length: int, train_length: int) -> dict[str, str]:
     return {"posenc.rope.self_extend_window": str(window), "posenc.rope.self_extend_group": str(group)}
 
 
-def _scale(key: str, invert: bool = False) -> Overrides:
-    def overrides(length: int, train_length: int) -> dict[str, str]:
-        factor = length / train_length
-        return {key: f"{1 / factor if invert else factor:g}"}
-    return overrides
+# The rules a study's row may name for its overrides: (evaluation length, training length, *arguments) -> {key: value}
+RULES = {"ratio": _ratio, "inverse_ratio": _inverse_ratio, "fixed": _fixed, "fraction_of_length": _fraction_of_length,
+         "self_extend": _self_extend}
 
 
-# (name, citation, rule, overrides(length, L)): rope's training-free extensions, on the rope run
-EXTENSIONS = (
-    ("PI", "Chen et al. 2023", "pi_factor = L / L_valid", _scale("posenc.rope.pi_factor", invert=True)),
-    ("NTK-aware", "bloc97 2023", "ntk_alpha = L_valid / L", _scale("posenc.rope.ntk_alpha")),
-    ("dynamic NTK", "emozilla 2023", "dynamic_ntk with factor f = 2 at every length: alpha = 2 n / L - 1 for a "
-     "window of n tokens (f = 1 would be NTK-aware's alpha = n / L, the row above)",
-     lambda length, train_length: {"posenc.rope.dynamic_ntk": "true", "posenc.rope.dynamic_ntk_factor": "2"}),
-    ("YaRN", "Peng et al. 2023", "yarn_scale = L_valid / L", _scale("posenc.rope.yarn_scale")),
-    ("Llama 3", "Meta 2024", "llama3_factor = L_valid / L (low / high frequency factors 1 / 4)",
-     _scale("posenc.rope.llama3_factor")),
-    ("ReRoPE", "Su 2023", "rerope_window = L / 2 at every length",
-     lambda length, train_length: {"posenc.rope.rerope_window": str(train_length // 2)}),
-    ("Self-Extend", "Jin et al. 2024", "self_extend_window W = L / 2, self_extend_group G = ceil((L_valid - W) "
-     "/ (L - W)), the smallest G whose largest relative position W + (L_valid - W) / G is <= L "
-     "(1, 3, 7, 15, 31 at 1, 2, 4, 8, 16 L)", _self_extend),
-    ("DCA", "An et al. 2024", "dca_chunk_size = 3 L / 4, dca_local_window = L / 16 at every length (ChunkLlama's "
-     "chunk of 3/4 of the pretraining window)",
-     lambda length, train_length: {"posenc.rope.dca_chunk_size": str(3 * train_length // 4),
-                                   "posenc.rope.dca_local_window": str(train_length // 16)}),
-    ("LM-Infinite", "Han et al. 2024", "model.attention_sinks = 10, attention_window = L (0) at every length",
-     lambda length, train_length: {"model.attention_sinks": "10"}),
-)
+@dataclasses.dataclass(frozen=True)
+class Row:
+    """One row of the table: `name` as shown, the training run it reads (`run`, a folder under the
+    root, trained with `scheme` and the config `settings`), the eval-time overrides it takes at each
+    length ((a rule of RULES, its arguments...)), `rule` (those settings in words) and `cite` (the
+    option's citation, beside the scheme's)."""
+    name: str
+    run: str
+    scheme: str
+    settings: tuple = ()               # ((dotted config key, value), ...) of the training run
+    overrides: tuple = ()              # ("ratio", "posenc.rope.yarn_scale"): RULES["ratio"](n, L, key)
+    rule: str = ""
+    cite: str = ""                     # 'YaRN: Peng et al. 2023'
+
+    def overrides_at(self, length: int, train_length: int) -> dict[str, str]:
+        return dict(RULES[self.overrides[0]](length, train_length, *self.overrides[1:])) if self.overrides else {}
 
 
-def rows() -> list[Row]:
-    """Every registered scheme, the wrappers around alibi, rope with p_rope and rope's extensions."""
-    out = [Row(name, name, name) for name in posenc.names()]
-    for wrapper in ("logn", "randomized"):
-        out.append(Row(f"{wrapper} [alibi]", f"{wrapper}_alibi", wrapper, ((f"posenc.{wrapper}.base", "alibi"),),
-                       rule=f"trained with posenc.{wrapper}.base = alibi"))
-    out.append(Row("rope p-RoPE 0.75", "rope_p0.75", "rope", (("posenc.rope.p_rope", "0.75"),),
-                   rule="trained with posenc.rope.p_rope = 0.75: the highest 75% of the frequencies rotate",
-                   cite="p-RoPE: Barbero et al. 2025"))
-    out += [Row(f"rope + {name}", "rope", "rope", overrides=fn, rule=rule, cite=f"{name}: {cite}")
-            for name, cite, rule, fn in EXTENSIONS]
+ROW_KEYS = ("name", "run", "scheme", "settings", "overrides", "rule", "cite")
+
+
+def rows(study: dict, where: str = "the study") -> list[Row]:
+    """The rows of a study (a config's get_table(), configs/all_schemes.py), checked: every key known,
+    each row named once, each overrides rule one of RULES. `where` names the study in errors."""
+    if not isinstance(study, dict) or set(study) - {"every_scheme", "rows"}:
+        raise ValueError(f"{where} must be a dict of every_scheme (true or false) and rows (a list of dicts)")
+    out = [Row(name, name, name) for name in posenc.names()] if study.get("every_scheme") else []
+    for i, given in enumerate(study.get("rows") or []):
+        if not isinstance(given, dict) or set(given) - set(ROW_KEYS) or not {"name", "run", "scheme"} <= set(given):
+            raise ValueError(f"{where}: row {i} ({given!r:.60}) is not a dict of {', '.join(ROW_KEYS)} with name, "
+                             f"run and scheme given")
+        overrides = tuple(given.get("overrides") or ())
+        if overrides and overrides[0] not in RULES:
+            raise ValueError(f"{where}: row {given['name']!r}: overrides rule {overrides[0]!r} is not one of "
+                             f"{', '.join(RULES)} (experiment/pipeline/table.py: RULES)")
+        out.append(Row(given["name"], given["run"], given["scheme"], tuple(dict(given.get("settings") or {}).items()),
+                       overrides, given.get("rule", ""), given.get("cite", "")))
+    names = [row.name for row in out]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if not out or twice:
+        raise ValueError(f"{where}: " + (f"rows named twice: {', '.join(twice)}" if twice else
+                                         "no rows (set every_scheme or give rows)"))
     return out
 
 
@@ -214,48 +216,47 @@ def evaluate_row(row: Row, run: RunDir, config: Config, spec: PasskeySpec) -> di
     return {str(n): why for n, why in cannot.items()}
 
 
-def build(base: ml_collections.ConfigDict, root: str | pathlib.Path, out: str | pathlib.Path | None = None,
-          only: list[str] | None = None, spec: PasskeySpec = PasskeySpec()) -> dict:
-    """Train and evaluate every row's run under `root` (only the runs named in `only`, if given),
-    then write the report to `out` (default ROOT/report). Returns the report's paths and the
-    runs that failed ({run: error})."""
+def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path, out: str | pathlib.Path | None = None,
+          only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(), where: str = "the study") -> dict:
+    """Train and evaluate the run of every row of `study` (`rows`) under `root` (only the runs named in
+    `only`, if given), then write the report to `out` (default ROOT/report). Returns the report's
+    paths and the runs that failed ({run: error})."""
     root = pathlib.Path(root)
     out = pathlib.Path(out) if out else root / "report"
-    table = rows()
-    configs = {}
-    for row in table:  # every config resolved first: a typo fails before hours of training
-        if row.run not in configs:
-            configs[row.run] = run_config(base, row.scheme, None, dict(row.settings))
-    unknown = sorted(set(only or []) - set(configs))
+    table = rows(study, where)
+    firsts: dict[str, Row] = {}
+    for row in table:  # each run trained with its first row's scheme and settings
+        firsts.setdefault(row.run, row)
+    configs = resolve_runs(base, root, ((run, row.scheme, None, dict(row.settings)) for run, row in firsts.items()))
+    by_name = {workdir.name: config for workdir, config in configs.items()}
+    unknown = sorted(set(only or []) - set(by_name))
     if unknown:
-        raise ValueError(f"--schemes {', '.join(unknown)}: no such run in the table; valid: {', '.join(configs)}")
-    manifest = {"protocol": protocol(configs["rope"], spec),
-                "rows": [describe_row(row, configs[row.run]) for row in table]}
+        raise ValueError(f"--schemes {', '.join(unknown)}: no such run in the table; valid: {', '.join(by_name)}")
+    manifest = {"protocol": protocol(next(iter(configs.values())), spec),
+                "rows": [describe_row(row, by_name[row.run]) for row in table]}
     cannot_by_row: dict[str, dict] = {}
     failed: dict[str, str] = {}
-    selected = [name for name in configs if not only or name in only]
-    for i, name in enumerate(selected, 1):
-        config, run = configs[name], RunDir(root / name)
-        log.info("[%d/%d] %s", i, len(selected), run.path)
-        try:
-            latest = run.latest_step()
-            if latest is not None and latest > config.train.steps:
-                raise ValueError(f"{run.path} is trained to step {latest}, beyond train.steps = {config.train.steps}: "
-                                 f"every row is trained alike; give another --workdir or move that run away")
-            if not is_trained(run, config):
-                with _Clock(root, name, "train"), opened(run.path, "training") as opened_run:
-                    train(config, opened_run)
-            with _Clock(root, name, "eval"):
-                for row in (r for r in table if r.run == name):
-                    cannot_by_row[row.name] = evaluate_row(row, RunDir(run.path), config, spec)
-        except KeyboardInterrupt:
-            raise
-        except Exception as e:  # noqa: BLE001 - one scheme's failure must not stop the table
-            failed[name] = f"{type(e).__name__}: {str(e).splitlines()[0][:300]}"
-            log.error("%s failed; going on with the next run:\n%s", name, traceback.format_exc())
-        paths = _write(root, out, manifest, table, cannot_by_row, failed)
+    paths: dict = {}
+
+    def work(workdir: pathlib.Path, config: Config) -> None:
+        latest = RunDir(workdir).latest_step()
+        if latest is not None and latest > config.train.steps:
+            raise ValueError(f"{workdir} is trained to step {latest}, beyond train.steps = {config.train.steps}: "
+                             f"every row is trained alike; give another --workdir or move that run away")
+        if not is_trained(workdir, config):
+            with _Clock(root, workdir.name, "train"), opened(workdir, "training") as opened_run:
+                train(config, opened_run)
+        with _Clock(root, workdir.name, "eval"):
+            for row in (r for r in table if r.run == workdir.name):
+                cannot_by_row[row.name] = evaluate_row(row, RunDir(workdir), config, spec)
+
+    def write() -> None:
+        paths.update(_write(root, out, manifest, table, cannot_by_row, failed))
+
+    selected = {workdir: config for workdir, config in configs.items() if not only or workdir.name in only}
+    run_each(root, selected, work, failed=failed, after=write)
     if not selected:
-        paths = _write(root, out, manifest, table, cannot_by_row, failed)
+        write()
     return {**paths, "failed": failed}
 
 
@@ -275,7 +276,8 @@ def _write(root: pathlib.Path, out: pathlib.Path, manifest: dict, table: list[Ro
 
 
 def protocol(config: Config, spec: PasskeySpec) -> dict:
-    """What every row shares, as the report states it."""
+    """What every row shares, as the report states it (from any row's config: they differ only in
+    their scheme)."""
     data, tc, model = config.data, config.train, config.model
     digits = int(data.passkey_digits if spec.digits is None else spec.digits)
     ev = eval_spec(config)

@@ -36,7 +36,7 @@ from flax import nnx
 import posenc
 from experiment.config import TrainConfig
 from experiment.runtime.accelerator import device_memory_limit, program_bytes
-from experiment.selfcheck_table import markdown, one_line, slug
+from experiment.selfcheck.table import markdown, one_line, slug
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import make_train_step
 from models import DecoderLM

@@ -1,4 +1,4 @@
-"""The self-check's result as text (experiment/selfcheck.py measures it): one line per row while it
+"""The self-check's result as text (experiment/selfcheck/check.py measures it): one line per row while it
 runs, and the markdown file a user reads, commits or attaches to a report."""
 from __future__ import annotations
 

@@ -6,19 +6,23 @@ token streams, checkpoints, metrics and evaluation records.
                                  a command with another config replaces the attempt
     WORKDIR/tokenizer.json       built from the train split once, shared by training and evaluation
     WORKDIR/streams/SPLIT.npy    token streams, cached once
-    WORKDIR/checkpoints/         orbax (experiment/checkpoints.py)
+    WORKDIR/checkpoints/         orbax (experiment/store/checkpoints.py: saving and restoring; the
+                                 steps there are read here from the folder's listing)
     WORKDIR/metrics.jsonl        one line per logged training step, each step once
-    WORKDIR/eval/extrapolation.json   perplexity records (experiment/records.py: every kind of record)
+    WORKDIR/eval/extrapolation.json   perplexity records (experiment/store/records.py: every kind of record)
     WORKDIR/eval/passkey.json, eval/attention.json   passkey retrieval, attention statistics
     WORKDIR/tensorboard/         the same metrics and records as TensorBoard event files
     WORKDIR/init_from.json       the run this one started from, if any
     WORKDIR/.lock                held (flock) by the process that trains or evaluates here
 
-The lock (experiment/lock.py) is an OS lock that the kernel drops when its holder dies.
+The lock (experiment/store/lock.py) is an OS lock that the kernel drops when its holder dies.
 
 Every file read here is checked before it is trusted: a damaged one is reported by name with the
 command that repairs it (RunError), or, for the token streams (a cache), encoded again
-(experiment/run_files.py, records.py).
+(experiment/store/files.py, records.py).
+
+This module imports no JAX (reports and config files reach it): what needs orbax is in
+checkpoints.py, and which process writes is asked of JAX only where JAX is loaded (`is_writer`).
 """
 from __future__ import annotations
 
@@ -26,19 +30,30 @@ import contextlib
 import json
 import logging
 import pathlib
+import re
 import shlex
 import shutil
+import sys
 from typing import Callable
 
 import numpy as np
 
 import corpora
-from experiment import checkpoints, config as config_lib, lock, records, run_files
-from experiment.run_files import (check_meta, checked_origin, checked_stream, first_line, quiet_abandoned_reads,
-                                  write_atomically)
-from experiment.runtime import distributed
+from experiment import config as config_lib
+from experiment.store import files, lock, records
+from experiment.store.files import checked_origin, checked_stream, first_line, write_atomically
 
 log = logging.getLogger(__name__)
+
+STEP_FOLDER = re.compile(r"0|[1-9][0-9]*")  # orbax's name of a finished step; a step being written has a suffix
+
+
+def is_writer() -> bool:
+    """Whether this process writes the run folder's files: the first process of a job. A job of
+    several processes exists only once JAX has started it (experiment/runtime/distributed.py), so
+    where JAX is not loaded this process is the only one; otherwise JAX says which one it is."""
+    jax = sys.modules.get("jax")
+    return jax is None or jax.process_index() == 0
 
 
 class RunError(config_lib.ConfigError):
@@ -49,16 +64,17 @@ WorkdirBusy = lock.WorkdirBusy
 
 class RunDir:
     """Paths and state of one run directory. `writer`: whether this process writes its files (one
-    process of a multi-process job does; experiment/runtime/distributed.py). Open it for work with
-    `opened(workdir, purpose)`, which takes the lock once and hands the object on."""
+    process of a multi-process job does; `is_writer`). Open it for work with `opened(workdir,
+    purpose)`, which takes the lock once and hands the object on."""
 
     def __init__(self, workdir: str | pathlib.Path, *, writer: bool | None = None):
         self.path = pathlib.Path(workdir)
         if self.path.exists() and not self.path.is_dir():
             raise RunError(f"--workdir {self.path} is a file; give a folder (it is created if missing)")
-        self.writer = distributed.is_writer() if writer is None else writer
+        self.writer = is_writer() if writer is None else writer
         self.held = False  # this object holds the lock (`locked`)
         self._config: config_lib.Config | None = None
+        self.checkpoint_manager = None  # orbax's, made once by experiment/store/checkpoints.py
 
     # --- layout ------------------------------------------------------------------------------
     @property
@@ -89,12 +105,12 @@ class RunDir:
         return self.path / "eval"
 
     def records_path(self, kind: str) -> pathlib.Path:
-        """The file of one kind of evaluation record (experiment/records.py: perplexity, passkey, attention)."""
+        """The file of one kind of evaluation record (experiment/store/records.py: perplexity, passkey, attention)."""
         return self.eval_dir / records.record_kind(kind).file
 
     @property
     def tensorboard_dir(self) -> pathlib.Path:
-        """TensorBoard event files (experiment/tensorboard.py), a view of metrics.jsonl and the records."""
+        """TensorBoard event files (experiment/store/tensorboard.py), a view of metrics.jsonl and the records."""
         return self.path / "tensorboard"
 
     @property
@@ -115,7 +131,7 @@ class RunDir:
     def locked(self, purpose: str):
         """Hold the run directory exclusively for `purpose` ('training', 'evaluation'); a second
         process (or a second RunDir of this one) gets WorkdirBusy at once, naming the holder. Work
-        that writes nothing leaves no folder behind (experiment/lock.py: holding)."""
+        that writes nothing leaves no folder behind (experiment/store/lock.py: holding)."""
         with lock.holding(self.path, purpose):
             self.held = True
             try:
@@ -146,7 +162,7 @@ class RunDir:
             saved = config_lib.read_saved_config(self.config_path)
         except ValueError as e:
             raise self._damaged_config(e) from None
-        problem = run_files.config_problem(saved)
+        problem = files.config_problem(saved)
         if problem:
             raise self._damaged_config(ValueError(problem))
         return saved
@@ -194,7 +210,7 @@ class RunDir:
                 shutil.rmtree(target)
             elif target.exists():
                 target.unlink()
-        self._manager = None
+        self.checkpoint_manager = None
 
     def save_config(self, config: config_lib.Config) -> None:
         config_lib.save_config(config, self.config_path)
@@ -207,7 +223,7 @@ class RunDir:
 
     def require_checkpoint(self) -> None:
         self.require_run()
-        if not self.checkpoints_dir.exists() or self.manager().latest_step() is None:
+        if self.latest_step() is None:
             raise RunError(f"{self.path} has no checkpoint yet; train first (the same train.py command "
                            f"resumes an interrupted run)")
 
@@ -267,51 +283,18 @@ class RunDir:
         return (f"delete it and run this run's train.py command again: it is rebuilt from the train split (a "
                 f"vocabulary that does not fit the checkpoint is refused)")
 
-    # --- checkpoints ---------------------------------------------------------------------------
-    def manager(self):
-        """One orbax manager per RunDir (it caches the list of steps)."""
-        if getattr(self, "_manager", None) is None:
-            self._manager = checkpoints.manager(self.path)
-        return self._manager
+    # --- checkpoints (their steps; saving and restoring: experiment/store/checkpoints.py) -------
+    def steps(self) -> list[int]:
+        """The steps of the finished checkpoints, oldest first: folders named by their step (orbax
+        writes a step under another name and renames it once it is complete)."""
+        if not self.checkpoints_dir.is_dir():
+            return []
+        return sorted(int(p.name) for p in self.checkpoints_dir.iterdir()
+                      if STEP_FOLDER.fullmatch(p.name) and p.is_dir())
 
     def latest_step(self) -> int | None:
-        if not self.checkpoints_dir.exists():
-            return None
-        return self.manager().latest_step()
-
-    def restore(self, params, opt_state=None, *, drop_damaged: bool = False, step: int | None = None):
-        """(params, opt_state, meta) from the newest checkpoint that can be read: a damaged newer one
-        is skipped with a warning (and deleted when `drop_damaged`, so that training can save that
-        step again). If none can be read (or none fits the model), the newest one's error is raised."""
-        mngr = self.manager()
-        steps = sorted(mngr.all_steps(), reverse=True)
-        if step is not None:
-            if step not in steps:
-                raise RunError(f"{self.checkpoints_dir} has no checkpoint at step {step}; it has {sorted(steps)}")
-            steps = [step]
-        failed: list[tuple[int, Exception]] = []
-        for step in steps:
-            try:
-                with quiet_abandoned_reads():
-                    restored = checkpoints.restore(mngr, params, opt_state, step=step)
-                check_meta(restored[2], step)
-            except Exception as e:  # noqa: BLE001 - unreadable: try the one before
-                failed.append((step, e))
-                continue
-            for bad, error in failed:
-                log.warning("the checkpoint at step %d in %s cannot be read (%s); using step %d%s", bad,
-                            self.checkpoints_dir, first_line(error), step,
-                            " and deleting the damaged one" if drop_damaged else "")
-                if drop_damaged:
-                    mngr.delete(bad)
-            return restored
-        if failed:
-            newest = self.checkpoints_dir / str(failed[0][0])
-            raise RunError(f"no checkpoint in {self.checkpoints_dir} can be read with this run's config.json ("
-                           + "; ".join(f"step {s}: {first_line(e)}" for s, e in failed[:3])
-                           + f"); if their files are damaged, delete them (rm -r {newest} ...): the same train.py "
-                             f"command then starts the run again") from failed[0][1]
-        raise RunError(f"{self.path} has no checkpoint yet; train first")
+        steps = self.steps()
+        return steps[-1] if steps else None
 
     # --- metrics ---------------------------------------------------------------------------------
     def truncate_metrics(self, last_step: int) -> None:
@@ -321,7 +304,7 @@ class RunDir:
         kept, damaged = [], []
         lines = self.metrics_path.read_text(errors="replace").splitlines()
         for number, line in enumerate(lines, 1):
-            step = run_files.metrics_step(line)
+            step = files.metrics_step(line)
             if step is None:
                 if line.strip() and number < len(lines):  # the last line may be cut short by a crash
                     damaged.append(number)
@@ -335,7 +318,7 @@ class RunDir:
 
     # --- evaluation records ---------------------------------------------------------------------
     def records(self, kind: str) -> list[dict]:
-        """The records of one kind (experiment/records.py) in eval/ ([] if none)."""
+        """The records of one kind (experiment/store/records.py) in eval/ ([] if none)."""
         path = self.records_path(kind)
         if not path.exists():
             return []
@@ -353,7 +336,7 @@ class RunDir:
         return data
 
     def add_records(self, kind: str, new: list[dict]) -> list[dict]:
-        """Merge `new` records of one kind into its file (experiment/records.py: same key replaces;
+        """Merge `new` records of one kind into its file (experiment/store/records.py: same key replaces;
         older checkpoints' records are dropped with a warning); written atomically."""
         path = self.records_path(kind)
         merged, stale = records.merge(self.records(kind), new, records.record_kind(kind).key)

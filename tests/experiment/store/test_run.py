@@ -1,24 +1,27 @@
-"""The run directory (experiment/run.py): one owner, a lock, leftovers of failed attempts, damaged
+"""The run directory (experiment/store/run.py): one owner, a lock, leftovers of failed attempts, damaged
 checkpoints (and TensorBoard's view of a run resumed from an older one), stale evaluation records,
 unattended logs, and the CLI's refusals."""
 import json
 import subprocess
 import sys
+import types
 
 import numpy as np
 import pytest
 
-from experiment import config as config_lib, evaluate, records
+from experiment import config as config_lib
+from experiment.evals import evaluate
+from experiment.store import checkpoints, records, run as run_lib
+from experiment.store.run import RunDir, WorkdirBusy, opened
 from experiment.train import train
 from experiment.train.metrics import TrainingDiverged
-from experiment.run import RunDir, WorkdirBusy, opened
 from tests.conftest import REPO, run_entry, tiny_config
-from tests.experiment.test_tensorboard import run_scalars
+from tests.experiment.store.test_tensorboard import run_scalars
 
 
 def test_lock_refuses_a_second_process_and_is_released_when_its_holder_dies(tmp_path):
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from experiment.run import RunDir\n"
+        [sys.executable, "-c", "import sys, time; from experiment.store.run import RunDir\n"
          f"with RunDir({str(tmp_path)!r}).locked('training'):\n    print('held', flush=True); time.sleep(60)"],
         cwd=REPO, stdout=subprocess.PIPE, text=True)
     try:
@@ -109,7 +112,7 @@ def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, monkeypatch):
     import errno
     import os
 
-    from experiment import lock
+    from experiment.store import lock
     real_open = os.open
 
     def read_only(path, *args):
@@ -133,7 +136,7 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, cap
     config.train.update(steps=4, checkpoint_every=2)
     train(config, tmp_path)
     run = RunDir(tmp_path)
-    assert sorted(run.manager().all_steps()) == [2, 4]
+    assert run.steps() == [2, 4] == sorted(checkpoints.manager_of(run).all_steps())  # the listing is orbax's
     biggest = max((p for p in (tmp_path / "checkpoints" / "4" / "params").rglob("*") if p.is_file()),
                   key=lambda p: p.stat().st_size)
     biggest.write_bytes(biggest.read_bytes()[: biggest.stat().st_size // 2])
@@ -147,6 +150,25 @@ def test_a_truncated_latest_checkpoint_resumes_from_the_one_before(tmp_path, cap
     shown = run_scalars(run.tensorboard_dir)  # TensorBoard: each step once, the values of the resumed run
     assert shown["train/loss"] == [(m["step"], float(np.float32(m["loss"]))) for m in logged]
     assert [step for step, _ in shown["eval/valid/ppl_L16_first512"]] == [2]
+
+
+def test_the_steps_are_the_finished_step_folders_and_no_jax_is_needed_to_list_them(tmp_path):
+    """What orbax counts as a checkpoint: a folder named by its step, not one still being written."""
+    for name in ("2", "10", "0", "05", "4.orbax-checkpoint-tmp-17", "x"):
+        (tmp_path / "checkpoints" / name).mkdir(parents=True)
+    (tmp_path / "checkpoints" / "6").write_text("")  # a file, not a step
+    run = RunDir(tmp_path, writer=True)
+    assert run.steps() == [0, 2, 10] and run.latest_step() == 10 and run.has_checkpoint()
+    assert RunDir(tmp_path / "elsewhere").latest_step() is None
+
+
+def test_which_process_writes_is_asked_of_jax_only_where_it_is_loaded(monkeypatch):
+    monkeypatch.delitem(sys.modules, "jax", raising=False)
+    assert run_lib.is_writer()  # no JAX: no job of several processes can exist
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(process_index=lambda: 1))
+    assert not run_lib.is_writer() and not RunDir("anywhere").writer
+    monkeypatch.setitem(sys.modules, "jax", types.SimpleNamespace(process_index=lambda: 0))
+    assert run_lib.is_writer()
 
 
 def test_evaluating_after_more_training_replaces_stale_records():
@@ -235,6 +257,6 @@ def test_ctrl_c_during_training_saves_a_checkpoint_and_the_steps_logged_since(tm
     proc.send_signal(signal.SIGINT)
     rest = proc.stderr.read()
     assert proc.wait(timeout=120) == 130, rest
-    (step,) = RunDir(tmp_path).manager().all_steps()
+    (step,) = RunDir(tmp_path).steps()
     logged = [json.loads(l)["step"] for l in (tmp_path / "metrics.jsonl").read_text().splitlines()]
     assert logged[0] == 7 and logged[-1] == step and logged == sorted(set(logged)), rest

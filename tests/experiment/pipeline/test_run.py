@@ -1,9 +1,9 @@
-"""A sweep's grid (experiment/pipeline.py): every point is the config it says, refused before any
+"""A sweep's grid (experiment/pipeline/run.py): every point is the config it says, refused before any
 run starts where it would not be."""
 import pytest
 
 from configs import extend
-from experiment.pipeline import run_config, sweep
+from experiment.pipeline.run import run_config, sweep
 from tests.conftest import tiny_config
 
 

@@ -1,4 +1,4 @@
-"""The self-check command (experiment/selfcheck.py, selfcheck.py) in its short mode on CPU: a row per
+"""The self-check command (experiment/selfcheck/check.py, selfcheck.py) in its short mode on CPU: a row per
 attention path with errors against the float32 reference, throughput, planned memory and auto's pick,
 written as JSON and markdown; a wrong path makes the exit status 1; the rule that judges a row."""
 import json
@@ -6,12 +6,12 @@ import json
 import numpy as np
 import pytest
 
-from experiment import selfcheck
+from experiment.selfcheck import check as selfcheck
 
 
 def test_the_short_table_on_cpu(tmp_path, monkeypatch):
     """The short plan at one length that is no multiple of any tile, on auto's path there and the
-    Pallas kernel (in the interpreter, errors only); every path: tests/experiment/test_selfcheck.py's
+    Pallas kernel (in the interpreter, errors only); every path: tests/experiment/selfcheck/test_check.py's
     slow test."""
     monkeypatch.setattr(selfcheck, "PATHS", ("blockwise", "pallas"))
     plan = selfcheck.make_plan(short=True, schemes="alibi", lengths="40")

@@ -1,4 +1,4 @@
-"""Damaged files inside a run directory, as reports read them (experiment/run.py, run_files.py,
+"""Damaged files inside a run directory, as reports read them (experiment/store/run.py, files.py,
 records.py): each one refused by name, with what is wrong and the command that repairs it; a
 damaged line of metrics.jsonl dropped with a warning that names it."""
 import json
@@ -7,8 +7,8 @@ import shlex
 
 import pytest
 
-from experiment import write_report
-from experiment.run import RunDir, RunError
+from experiment.report import write_report
+from experiment.store.run import RunDir, RunError
 from tests.experiment.report.synthetic import full_run
 
 E, P, A = "eval/extrapolation.json", "eval/passkey.json", "eval/attention.json"

@@ -1,5 +1,5 @@
 """Every file of a run directory that is not a report input is either valid or reported as damaged
-by name with the command that repairs it (experiment/run.py, experiment/run_files.py); a cache is
+by name with the command that repairs it (experiment/store/run.py, experiment/store/files.py); a cache is
 rebuilt. One run is trained for the module; each test damages a copy of it."""
 import json
 import shutil
@@ -11,7 +11,8 @@ from experiment import config as config_lib
 from experiment.train import train
 from experiment.evals.common import load_checkpoint
 from experiment.report.runs import refuse_folders_of_runs
-from experiment.run import RunDir, RunError
+from experiment.store.run import RunDir, RunError
+from experiment.train import train
 from tests.conftest import tiny_config
 
 

@@ -1,4 +1,4 @@
-"""The TensorBoard event writer (experiment/tensorboard.py, tensorboardX underneath), read back with
+"""The TensorBoard event writer (experiment/store/tensorboard.py, tensorboardX underneath), read back with
 TensorBoard's own readers: its event-file loader (which checks both CRCs of every record) and its
 EventAccumulator."""
 from __future__ import annotations
@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 from tensorboard.backend.event_processing import event_accumulator, event_file_loader
 
-from experiment import tensorboard as tb
+from experiment.store import tensorboard as tb
 
 
 def _events(path) -> list:
@@ -140,7 +140,7 @@ def test_training_and_evaluation_write_tensorboard_events(tmp_path):
     """A tiny run: TensorBoard finds train/loss at the logged steps and the eval/valid/ppl_L* scalars
     of the evaluation (one file per writer), equal in float32 to metrics.jsonl and
     eval/extrapolation.json (and train_and_evaluate honours config.eval, stride included)."""
-    from experiment import train_and_evaluate
+    from experiment.pipeline.run import train_and_evaluate
     from tests.conftest import tiny_config
     config = tiny_config("alibi")
     config.train.update(steps=2, log_every=1)
@@ -178,7 +178,7 @@ def test_a_run_resumed_from_an_older_checkpoint_shows_each_step_once(tmp_path, m
     """Steps 1-6 logged, the checkpoint of step 4 resumed from: TensorBoard shows steps 5 and 6
     once, with the values the resumed run logged, as metrics.jsonl does."""
     from experiment import config as config_lib
-    from experiment.run import RunDir
+    from experiment.store.run import RunDir
     from experiment.train.metrics import MetricsLog, Throughput
     from tests.conftest import tiny_config
     monkeypatch.setattr(tb, "_file_counter", itertools.count(0))  # names in creation order within a second

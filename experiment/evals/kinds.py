@@ -1,0 +1,156 @@
+"""The registry of evaluation kinds, and one evaluation command over any of them.
+
+The kinds are the record kinds of experiment/store/records.py (`KINDS`: perplexity, passkey,
+attention), in that order; each one's scoring lives in experiment/evals/<kind>.py, which ends with
+its entry `KIND` (an `EvalKind`): the flags it reads (eval_extrapolate.py defines them, and refuses
+one given for no kind it evaluates), the check of its request, its scoring and its printed line per
+record. `evaluate_kinds(workdir, kinds, request)` opens the run and holds it once, checks every
+kind's request before any of them runs (a bad passkey depth or --set value is refused before the
+perplexity evaluation, not after it), restores the checkpoint once and hands it to each kind.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib
+import pathlib
+from typing import Any, Callable, Sequence
+
+from experiment.config import Config
+from experiment.evals.common import Scoring, apply_overrides, eval_spec, load_checkpoint, opened_for_scoring
+from experiment.store import records
+from experiment.store.run import RunDir
+from posenc.domains import Domain
+
+
+@dataclasses.dataclass(frozen=True)
+class Option:
+    """A flag of eval_extrapolate.py that a kind reads: a number or list of numbers (`kind`, checked
+    against `domain` as it is parsed), or one of `choices`. Default None: the run's config says."""
+    name: str
+    default: Any
+    help: str
+    kind: type = int
+    domain: Domain | None = None
+    example: str = ""
+    sequence: bool = False
+    choices: tuple[str, ...] = ()
+
+
+SPLIT = Option("split", None, "perplexity, attention: split to score (default: config.eval.split)",
+               kind=str, choices=("train", "valid", "test"))
+
+
+@dataclasses.dataclass(frozen=True)
+class Request:
+    """What one command evaluates, for every kind it asks for. `lengths` None: the run's
+    config.eval.lengths; `overrides` None: config.eval.overrides; `batch_tokens` None:
+    config.eval.batch_tokens. `options`: {option name: value} of the kinds' options (an absent
+    or None one takes its default), e.g. {"stride": 8, "passkey_depths": (0.0, 1.0)}."""
+    lengths: tuple[int, ...] | None = None
+    overrides: dict | None = None
+    batch_tokens: int | None = None
+    skip_impossible: bool = False  # lengths the scheme cannot encode are skipped with a warning, not refused
+    options: dict = dataclasses.field(default_factory=dict)
+
+    def option(self, option: Option):
+        value = self.options.get(option.name)
+        return option.default if value is None else value
+
+
+@dataclasses.dataclass(frozen=True)
+class Target:
+    """What every kind of one command scores: the run, its config, the lengths and the overrides."""
+    run: RunDir
+    config: Config
+    lengths: tuple[int, ...]
+    overrides: dict
+
+
+@dataclasses.dataclass(frozen=True)
+class EvalKind:
+    """One evaluation kind: `name` (its record kind and its flag, --<name>), that flag's `help`, the
+    `options` it reads, `check(target, request)` -> its settings (raising what is wrong before any
+    scoring), `score(scoring, settings, batch_tokens)` -> its records (written as it goes), `line(record)`
+    -> the line eval_extrapolate.py prints. `default`: evaluated when a command names no kind;
+    `what`: the word of its warning for a skipped length."""
+    name: str
+    help: str
+    options: tuple[Option, ...]
+    check: Callable[[Target, Request], Any]
+    score: Callable[[Scoring, Any, int], list[dict]]
+    line: Callable[[dict], str]
+    what: str
+    default: bool = False
+    aliases: tuple[str, ...] = ()
+
+
+def registry() -> dict[str, EvalKind]:
+    """Every evaluation kind, in the order of the record kinds: experiment.evals.<kind>.KIND."""
+    kinds = {}
+    for name in records.KINDS:
+        entry = getattr(importlib.import_module(f"experiment.evals.{name}"), "KIND", None)
+        if not isinstance(entry, EvalKind) or entry.name != name:
+            raise TypeError(f"experiment/evals/{name}.py must end with KIND = EvalKind({name!r}, ...): the "
+                            f"registry entry of the record kind {name!r} (experiment/store/records.py)")
+        kinds[name] = entry
+    return kinds
+
+
+def acts_on(kinds: dict[str, EvalKind]) -> dict[str, tuple[str, ...]]:
+    """{option name: the kinds that read it}: a flag given for none of the kinds asked would be ignored."""
+    out: dict[str, tuple[str, ...]] = {}
+    for kind in kinds.values():
+        for option in kind.options:
+            out[option.name] = out.get(option.name, ()) + (kind.name,)
+    return out
+
+
+def options(kinds: dict[str, EvalKind]) -> list[Option]:
+    """Every kind's options, each once (two kinds may read one: --split)."""
+    return list({option.name: option for kind in kinds.values() for option in kind.options}.values())
+
+
+def chosen(kinds: Sequence[str]) -> list[EvalKind]:
+    """The registry entries of `kinds`, in the registry's order; an unknown or empty list is refused."""
+    known = registry()
+    unknown = [k for k in kinds if k not in known]
+    if unknown or not kinds:
+        raise ValueError(f"evaluation kinds are {', '.join(known)}; got {list(kinds) or 'none'}")
+    return [entry for name, entry in known.items() if name in kinds]
+
+
+def _checked(run: RunDir, config: Config, entries: list[EvalKind], request: Request) -> tuple[Target, dict]:
+    """(the target, {kind: its settings}): the lengths, the overrides and every kind's options checked."""
+    spec = eval_spec(config, request.lengths, stride=0, overrides=request.overrides)
+    apply_overrides(config, spec.overrides)
+    target = Target(run, config, spec.lengths, spec.overrides)
+    return target, {entry.name: entry.check(target, request) for entry in entries}
+
+
+def check_request(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], request: Request) -> None:
+    """Raise unless every kind of `kinds` can start on the run with `request`: the run and its
+    checkpoint, the lengths and the overrides, each kind's options (a length the scheme cannot
+    encode is reported when the checkpoint is loaded)."""
+    entries = chosen(kinds)
+    run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
+    run.require_checkpoint()
+    _checked(run, run.load_config(), entries, request)
+
+
+def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], request: Request = Request(), *,
+                   say: Callable[[str], None] | None = None) -> dict[str, list[dict]]:
+    """{kind: its new records} for each of `kinds`, scored on the run's newest readable checkpoint,
+    restored once for all of them; every kind's request is checked before any scoring. `say` gets
+    each record's line (`EvalKind.line`) as its kind finishes."""
+    entries = chosen(kinds)
+    with opened_for_scoring(workdir, "evaluation") as (run, config):
+        target, settings = _checked(run, config, entries, request)
+        scoring = load_checkpoint(run, config, target.lengths, target.overrides,
+                                  skip_impossible=request.skip_impossible, what=" and ".join(e.what for e in entries))
+        batch_tokens = int(request.batch_tokens or scoring.config.eval.batch_tokens)
+        results = {}
+        for entry in entries:
+            results[entry.name] = entry.score(scoring, settings[entry.name], batch_tokens)
+            for record in results[entry.name] if say else ():
+                say(entry.line(record))
+    return results
