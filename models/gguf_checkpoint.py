@@ -20,7 +20,6 @@ from typing import Any
 
 import gguf
 import jax
-import jax.numpy as jnp
 import numpy as np
 from tokenizers import Tokenizer
 
@@ -29,6 +28,7 @@ from models.hf_mapping import HFError
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # GGUF's name -> HF's
 ROPE_SCALINGS = ("none", "linear", "yarn")
+ROWS_AT_ONCE = 256  # rows of a tensor de-quantized together
 
 
 def _dequantizable(qtype: gguf.GGMLQuantizationType) -> bool:
@@ -105,7 +105,6 @@ class GGUFCheckpoint:
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
         self.meta, self._tensors = _parse(self.path)
-        _return_freed_memory()
         self.arch = self.meta.get("general.architecture")
         if self.arch not in ARCHITECTURES:
             raise HFError(f"{self.path}: architecture {self.arch!r} is not supported; supported: "
@@ -116,6 +115,9 @@ class GGUFCheckpoint:
             self.tokenizer: Tokenizer = from_metadata(self.meta)
         except TokenizerMetadataError as e:
             raise HFError(f"{self.path}: {e}") from None
+        # the vocabulary lives on in the tokenizer; the metadata's lists of it go
+        self.meta = {k: v for k, v in self.meta.items() if not isinstance(v, list) or len(v) < 1024}
+        _return_freed_memory()
 
     def __enter__(self) -> "GGUFCheckpoint":
         return self
@@ -203,7 +205,14 @@ class GGUFCheckpoint:
             if f.readinto(raw) != t.n_bytes:
                 raise HFError(f"{self.path}: tensor {name} cannot be read, truncated or corrupt file")
         data = raw.view(t.data.dtype).reshape(t.data.shape)  # as gguf's reader would map it
-        return gguf.quants.dequantize(data, t.tensor_type).reshape(tuple(reversed(t.shape.tolist())))
+        shape = tuple(reversed(t.shape.tolist()))
+        if data.ndim == 1:
+            return gguf.quants.dequantize(data, t.tensor_type).reshape(shape)
+        out = np.empty((data.shape[0], math.prod(shape) // data.shape[0]), np.float32)
+        for start in range(0, len(out), ROWS_AT_ONCE):  # bounded temporaries (gguf holds a whole copy)
+            rows = data[start:start + ROWS_AT_ONCE]
+            out[start:start + len(rows)] = gguf.quants.dequantize(rows, t.tensor_type).reshape(len(rows), -1)
+        return out.reshape(shape)
 
     def get(self, name: str, shape: tuple[int, ...]) -> jax.Array:
         ours = self._names.get_name(name, try_suffixes=(".weight", ".bias"))
@@ -216,7 +225,8 @@ class GGUFCheckpoint:
         if self.arch == "llama" and re.search(r"self_attn\.[qk]_proj\.", name):
             heads = self.config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
             array = unpermute(array, heads)
-        return jnp.asarray(array)
+        # device_put, not jnp.asarray: the latter holds a second host copy of the tensor until it is freed
+        return jax.device_put(array).block_until_ready()  # copied before the next tensor is de-quantized
 
 
 def permute(x: np.ndarray, heads: int) -> np.ndarray:

@@ -177,7 +177,8 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
             key, variable = flat.pop(ours)
             expected = jax.eval_shape(lambda x: RULES[rule].to_hf(x, heads), variable.get_value())
             arrays = [tensors.get(name, spec.shape).astype(DTYPES[dtype]) for name, spec in zip(names, expected)]
-            loaded.append((key, variable.replace(RULES[rule].to_ours(arrays, heads))))
+            value = jax.block_until_ready(RULES[rule].to_ours(arrays, heads))  # one tensor in flight at a time
+            loaded.append((key, variable.replace(value)))
     if flat:
         raise HFError(f"no {architecture} tensor maps to the parameter(s) {', '.join(sorted(flat))}")
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
