@@ -4,10 +4,11 @@ turns that into a ModelConfig and `rope` options), its tensors by their HF names
 as hf.Tensors), and its tokenizer (models/gguf_tokenizer.py).
 
 The file is read with the `gguf` package (llama.cpp's reader and de-quantizer): every tensor type it
-de-quantizes, one tensor at a time when asked for (the quantized bytes stay in the memory-mapped
-file). llama.cpp's converter reorders the rows of Llama's query and key weights (its rotary pairs
-are adjacent, HF's half a head apart); `get` puts them back. Every failure is an HFError of one line
-naming the file.
+de-quantizes, one tensor at a time when asked for, its bytes read from the file (not kept mapped)
+and de-quantized a few rows at a time, so that loading holds little beside the float32 parameters
+(SmolLM2-135M: 1.3x them at the peak, benchmarks/hf_load_memory.py --gguf). llama.cpp's converter
+reorders the rows of Llama's query and key weights (its rotary pairs are adjacent, HF's half a head
+apart); `get` puts them back. Every failure is an HFError of one line naming the file.
 """
 from __future__ import annotations
 
@@ -89,8 +90,8 @@ def _parse(path: Path) -> tuple[dict[str, Any], dict[str, Any]]:
 
 
 def _return_freed_memory() -> None:
-    """Hand the reader's freed metadata back to the system (glibc keeps it otherwise: ~100 MB for a
-    49k-token vocabulary, held through the whole load). Nothing off glibc."""
+    """Hand the reader's freed metadata back to the system (glibc keeps much of it otherwise: tens
+    of MB for a 49k-token vocabulary, held through the whole load). Nothing off glibc."""
     try:
         ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6").malloc_trim(0)
     except (OSError, AttributeError):
@@ -215,6 +216,7 @@ class GGUFCheckpoint:
         return out.reshape(shape)
 
     def get(self, name: str, shape: tuple[int, ...]) -> jax.Array:
+        """The tensor of HF name `name` (gguf's name table maps it), float32 in HF's layout."""
         ours = self._names.get_name(name, try_suffixes=(".weight", ".bias"))
         if ours is None or ours not in self._tensors:
             raise HFError(f"{self.path}: tensor {ours or name} (HF's {name}) is missing from the checkpoint")

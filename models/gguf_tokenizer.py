@@ -148,4 +148,4 @@ def _post_processor(meta: dict, tokens: list[str]):
     single = head + ["$A"] + tail
     pair = single + head + ["$B:1"] + tail
     return processors.TemplateProcessing(single=" ".join(single), pair=" ".join(pair),
-                                         special_tokens=[e for e in ends if e is not None])
+                                         special_tokens=sorted({e for e in ends if e is not None}))

@@ -105,3 +105,23 @@ def test_import_hf_py_refuses_a_bad_gguf_in_one_line(tmp_path):
     lines = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(lines) == 1 and words in lines[0] and str(path) in lines[0], result.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_extend_takes_an_imported_gguf_run_as_its_base(tmp_path):
+    """configs/extend.py:METHOD,RUN on a run imported from a GGUF file: the window, tokenizer and
+    block come from the file, and the checkpoint's parameters fit the fine-tune's model."""
+    from flax import nnx
+
+    from experiment import config as config_lib
+    from experiment.model import abstract_model
+    from experiment.train import init_from
+    from tests.experiment.test_hf_finetune import extend_config
+    config, tensors = hf_tiny("llama")
+    write(tmp_path / "m.gguf", "llama", config, tensors)
+    run = import_hf(tmp_path / "m.gguf", tmp_path / "run")
+    c = config_lib.resolve(extend_config("yarn", run.path))
+    assert c.train.seq_len == 256 and c.data.tokenizer == "pretrained" and c.model.num_kv_heads == 2
+    assert (c.posenc.rope.yarn_scale, c.posenc.rope.original_length) == (4.0, 64)
+    target = nnx.split(abstract_model(c, 320))[1]
+    _, origin = init_from.load_base_params(c, init_from.base_of(c), target, 320)
+    assert origin["step"] == 0 and origin["train_length"] == 64

@@ -136,3 +136,26 @@ def test_tokenizer_from_metadata_gives_tokenizer_json_ids(tmp_path):
     tokenized = json.loads((HF_TINY / "llama" / "tokenized.json").read_text())
     assert tokenizer.encode(tokenized["text"]).ids[:256] == tokenized["ids"]
     assert tokenizer.decode(tokenizer.encode(tokenized["text"]).ids) == tokenized["text"]
+
+
+@pytest.mark.parametrize("meta,words", [
+    ({"llama.rope.scaling.type": "longrope", "llama.rope.scaling.factor": 4.0},
+     "llama.rope.scaling.type 'longrope' is not supported; supported: none, linear, yarn"),
+    ({"llama.embedding_length": None}, "metadata llama.embedding_length is missing"),
+    ({"llama.rope.dimension_count": 16}, "rotary embedding on 16 of 32 features"),
+    ({"tokenizer.ggml.pre": "falcon"}, "tokenizer.ggml.pre 'falcon' is not supported"),
+])
+def test_metadata_it_cannot_follow_is_refused_in_one_line(tmp_path, meta, words):
+    config, tensors = hf_tiny("llama")
+    write(tmp_path / "m.gguf", "llama", config, tensors, meta=meta)
+    with pytest.raises(hf.HFError) as error:
+        hf.load(tmp_path / "m.gguf")
+    message = str(error.value)
+    assert words in message and str(tmp_path / "m.gguf") in message and "\n" not in message, message
+
+
+def test_a_missing_tensor_is_named(tmp_path):
+    config, tensors = hf_tiny("llama")
+    write(tmp_path / "m.gguf", "llama", config, {k: v for k, v in tensors.items() if "layers.1.mlp.up" not in k})
+    with pytest.raises(hf.HFError, match=r"blk\.1\.ffn_up\.weight .*is missing"):
+        hf.load(tmp_path / "m.gguf")

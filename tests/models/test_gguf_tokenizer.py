@@ -125,3 +125,16 @@ def test_refusals_name_the_key(meta, key):
     assert key in str(error.value) and "\n" not in str(error.value)
     if "falcon" in key:
         assert all(name in str(error.value) for name in PRE_TOKENIZERS)
+
+
+def test_bos_and_eos_both_added_where_asked():
+    meta = gpt2_meta("gpt2", **{"tokenizer.ggml.add_bos_token": True, "tokenizer.ggml.add_eos_token": True})
+    plain = from_metadata(gpt2_meta("gpt2"))
+    assert from_metadata(meta).encode("the").ids == [0, *plain.encode("the").ids, 0]
+
+
+def test_a_whole_tokenizer_json_in_the_metadata_is_taken_as_it_is():
+    tokenizer = from_metadata(gpt2_meta("smollm"))
+    embedded = from_metadata({"tokenizer.huggingface.json": tokenizer.to_str()})
+    assert embedded.to_str() == tokenizer.to_str()
+    assert embedded.encode("a 12345").ids == tokenizer.encode("a 12345").ids
