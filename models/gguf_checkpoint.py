@@ -46,8 +46,10 @@ TENSOR_TYPES = tuple(q for q in gguf.GGMLQuantizationType if q in gguf.GGML_QUAN
 
 
 def is_gguf(path: str | Path) -> bool:
-    """Whether `path` names a local file (GGUF or not: a folder or hub id is a HF checkpoint)."""
-    return Path(path).expanduser().is_file()
+    """Whether `path` is for this module: a local file (GGUF or not), or a name ending in .gguf
+    (a missing file is refused here, not looked for on the hub). A folder or hub id is HF's."""
+    local = Path(path).expanduser()
+    return local.is_file() or (local.suffix.lower() == ".gguf" and not local.is_dir())
 
 
 def _f32(x: float) -> float:
@@ -61,8 +63,11 @@ def _one_line(error: BaseException) -> str:
 
 
 def _read(path: Path) -> gguf.GGUFReader:
-    with open(path, "rb") as f:
-        magic = f.read(4)
+    try:
+        with open(path, "rb") as f:
+            magic = f.read(4)
+    except OSError as e:
+        raise HFError(f"{path}: cannot read the GGUF file ({e.strerror})") from None
     if magic != b"GGUF":
         raise HFError(f"{path}: not a GGUF file (it begins with {magic!r}, not b'GGUF') nor a folder with a "
                       f"Hugging Face checkpoint")

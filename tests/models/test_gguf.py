@@ -159,3 +159,9 @@ def test_a_missing_tensor_is_named(tmp_path):
     write(tmp_path / "m.gguf", "llama", config, {k: v for k, v in tensors.items() if "layers.1.mlp.up" not in k})
     with pytest.raises(hf.HFError, match=r"blk\.1\.ffn_up\.weight .*is missing"):
         hf.load(tmp_path / "m.gguf")
+
+
+def test_a_missing_gguf_file_is_named_not_looked_for_on_the_hub(tmp_path):
+    with pytest.raises(hf.HFError, match="cannot read the GGUF file") as error:
+        hf.load(tmp_path / "absent.gguf")
+    assert str(tmp_path / "absent.gguf") in str(error.value)
