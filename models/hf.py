@@ -1,7 +1,8 @@
 """Hugging Face checkpoints as DecoderLMs: `load(path, rope_parameters=None, dtype="float32")`
 gives `(model, tokenizer)` for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
 GPTNeoXForCausalLM checkpoints in HF's format (config.json, model.safetensors or a sharded
-model.safetensors.index.json), from a local folder or a hub id. The block options and the rope
+model.safetensors.index.json), from a local folder or a hub id, or in a GGUF file (llama.cpp's
+format, models/gguf_checkpoint.py). The block options and the rope
 scaling come from config.json (models/hf_mapping.py), the parameters from the weight tables
 there, read tensor by tensor with safetensors' lazy reader. `export(model, out_dir,
 rope_parameters)` writes such a model back through the same tables. Every failure is an HFError
@@ -13,7 +14,7 @@ import contextlib
 import json
 import logging
 from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -26,10 +27,11 @@ from safetensors.flax import save_file
 
 import posenc
 from models.decoder import DTYPES, DecoderLM
+from models.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from models.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture_of, hf_config, model_config,
                                read_config, rope_options, rows, unapplied_window)
 
-__all__ = ["load", "export", "HFError", "ARCHITECTURES", "posenc_config"]
+__all__ = ["load", "load_checkpoint", "export", "HFError", "ARCHITECTURES", "posenc_config"]
 
 log = logging.getLogger(__name__)
 
@@ -130,13 +132,29 @@ def load(path: str | Path, rope_parameters: dict | None = None, dtype: str = "fl
     """A HF checkpoint as `(model, tokenizer)`: `model(ids_BxT)` gives logits B x T x V; `tokenizer`
     is its tokenizer.json through the `tokenizers` library (None where the folder has none).
 
-    `path`: a local folder or a hub id. `rope_parameters`: HF's rope dict (`{"rope_type": "yarn",
-    "factor": 4, ...}`) overriding the checkpoint's. `dtype`: of the parameters and the computation
-    ("float32" or "bfloat16"; a checkpoint's tensors are cast to it one at a time)."""
+    `path`: a local folder, a hub id, or a GGUF file (models/gguf_checkpoint.py: its metadata read
+    as config.json, its tensors de-quantized, its tokenizer from the metadata). `rope_parameters`:
+    HF's rope dict (`{"rope_type": "yarn", "factor": 4, ...}`) overriding the checkpoint's. `dtype`:
+    of the parameters and the computation ("float32" or "bfloat16"; a checkpoint's tensors are cast
+    to it one at a time)."""
+    loaded = load_checkpoint(path, rope_parameters, dtype)
+    return loaded.model, loaded.tokenizer
+
+
+class Loaded(NamedTuple):
+    model: DecoderLM
+    tokenizer: Any   # a tokenizers.Tokenizer, or None (a folder without tokenizer.json)
+    config: dict     # config.json's dict; a GGUF file's metadata in that form
+    source: Path     # the checkpoint's folder, or the GGUF file
+
+
+def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype: str = "float32") -> Loaded:
+    """`load`, with the checkpoint's config.json dict and where it was read (for import_hf)."""
     if dtype not in DTYPES:
         raise HFError(f"dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
-    folder = resolve(path)
-    config = read_config(folder)
+    source = GGUFCheckpoint(path) if is_gguf(path) else None
+    folder = source.path if source else resolve(path)
+    config = source.config if source else read_config(folder)
     window = unapplied_window(config)
     if window:
         log.warning("%s: Qwen2's sliding_window=%d (from layer max_window_layers on) is not applied: logits are "
@@ -147,22 +165,24 @@ def load(path: str | Path, rope_parameters: dict | None = None, dtype: str = "fl
     try:
         abstract = nnx.eval_shape(lambda: DecoderLM(cfg, block, length, rngs=nnx.Rngs(0)))
     except ValueError as e:  # a rope option the scheme refuses
-        raise HFError(f"{folder / 'config.json'}: {e}") from None
+        raise HFError(f"{folder if source else folder / 'config.json'}: {e}") from None
     graphdef, state = nnx.split(abstract)
     flat = {".".join(map(str, key)): (key, variable) for key, variable in nnx.to_flat_state(state)}
     architecture, heads = config["architectures"][0], Heads.of(cfg)
     loaded = []
-    with Tensors(folder) as tensors:
+    with source or Tensors(folder) as tensors:
         for names, ours, rule in rows(architecture, cfg.num_layers):
             if ours not in flat:
                 continue
             key, variable = flat.pop(ours)
             expected = jax.eval_shape(lambda x: RULES[rule].to_hf(x, heads), variable.get_value())
             arrays = [tensors.get(name, spec.shape).astype(DTYPES[dtype]) for name, spec in zip(names, expected)]
-            loaded.append((key, variable.replace(RULES[rule].to_ours(arrays, heads))))
+            value = jax.block_until_ready(RULES[rule].to_ours(arrays, heads))  # one tensor in flight at a time
+            loaded.append((key, variable.replace(value)))
     if flat:
         raise HFError(f"no {architecture} tensor maps to the parameter(s) {', '.join(sorted(flat))}")
-    return nnx.merge(graphdef, nnx.from_flat_state(loaded)), tokenizer(folder)
+    model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
+    return Loaded(model, source.tokenizer if source else tokenizer(folder), config, folder)
 
 
 def params_by_path(model: nnx.Module) -> dict[str, jax.Array]:

@@ -35,7 +35,7 @@ from experiment.store import checkpoints
 from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models import hf
-from models.hf_mapping import HFError, read_config, rope_options
+from models.hf_mapping import HFError, rope_options
 
 log = logging.getLogger(__name__)
 
@@ -67,9 +67,10 @@ def eos_id_of(folder: pathlib.Path, config: dict, tokenizer) -> int:
                   f"{' or '.join(names)}); set eos_token_id in config.json")
 
 
-def pretrained_tokenizer(folder: pathlib.Path, config: dict) -> corpora.PretrainedTokenizer:
-    """The checkpoint's tokenizer.json as the `pretrained` kind, sized by the model's vocabulary."""
-    tokenizer = hf.tokenizer(folder)
+def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None) -> corpora.PretrainedTokenizer:
+    """The checkpoint's tokenizer.json (or `tokenizer`, the one loaded with it: a GGUF file's) as the
+    `pretrained` kind, sized by the model's vocabulary."""
+    tokenizer = tokenizer if tokenizer is not None else hf.tokenizer(folder)
     if tokenizer is None:
         raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text")
     vocab = int(config["vocab_size"])
@@ -111,17 +112,16 @@ def _refuse_existing(workdir: pathlib.Path) -> None:
 
 def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_parameters: dict | None = None,
               dtype: str = "float32", data: dict | None = None) -> RunDir:
-    """Make `workdir` a run holding the checkpoint `src` (a local folder or a hub id) at step 0
-    (module docstring). `rope_parameters`: HF's rope dict in place of the checkpoint's; `data`:
+    """Make `workdir` a run holding the checkpoint `src` (a local folder, a hub id or a GGUF file) at
+    step 0 (module docstring). `rope_parameters`: HF's rope dict in place of the checkpoint's; `data`:
     data-section values (source, path, name, hf_config, text_column). On any failure nothing is
     left in `workdir`: the run is written into a hidden sibling folder, renamed at the end."""
     workdir = pathlib.Path(workdir)
     _refuse_existing(workdir)
-    model, _ = hf.load(src, rope_parameters=rope_parameters, dtype=dtype)  # HFError on any bad checkpoint
-    folder = hf.resolve(src)
-    hf_cfg = read_config(folder)
+    # HFError on any bad checkpoint; a GGUF file's metadata comes as config.json's dict
+    model, hf_tokenizer, hf_cfg, folder = hf.load_checkpoint(src, rope_parameters=rope_parameters, dtype=dtype)
     config = run_config(hf_cfg, rope_parameters, dtype, data)
-    tokenizer = pretrained_tokenizer(folder, hf_cfg)
+    tokenizer = pretrained_tokenizer(folder, hf_cfg, hf_tokenizer)
     _, params = nnx.split(model)
     opt_state = make_optimizer(config.train).init(params)
 
