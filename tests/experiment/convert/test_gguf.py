@@ -13,7 +13,7 @@ import pytest
 
 from experiment.evals.common import load_checkpoint
 from experiment.convert.hf import export_hf, import_hf
-from experiment.run import RunDir
+from experiment.store.run import RunDir
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import run_entry
