@@ -115,7 +115,7 @@ def test_extend_takes_an_imported_gguf_run_as_its_base(tmp_path):
     from experiment import config as config_lib
     from experiment.model import abstract_model
     from experiment.train import init_from
-    from tests.experiment.test_hf_finetune import extend_config
+    from tests.experiment.convert.test_hf_finetune import extend_config
     config, tensors = hf_tiny("llama")
     write(tmp_path / "m.gguf", "llama", config, tensors)
     run = import_hf(tmp_path / "m.gguf", tmp_path / "run")
