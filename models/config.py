@@ -15,7 +15,7 @@ ACTIVATION_NAMES = ("relu", "gelu", "gelu_exact", "silu")  # models/decoder.py: 
 DTYPE_NAMES = ("float32", "bfloat16")                      # models/decoder.py: DTYPES
 NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
 MLPS = ("plain", "gated")
-# model.attention: a path of models/attention/ (choice.py says what each is), or `auto`'s choice
+# model.attention: `auto`'s choice or a row of models/attention/paths.py (whose table says what each is)
 ATTENTION_PATHS = ("auto", "dense", "triangular", "blockwise", "fused", "pallas")
 DEFAULT_PATH = "auto"
 DEFAULT_BLOCK = 512  # tile width of blockwise attention (and of the MLP, evaluating long)
@@ -32,7 +32,7 @@ class ModelConfig:
     - regularisation: three dropout rates, where `Block` and `Attention` say.
     - input and output layers: `tie_embeddings`, and adaptive input / softmax (`adaptive_*`,
       models/adaptive.py) for large word vocabularies.
-    - attention implementation: `attention` (a path of models/attention/choice.py, or `auto`),
+    - attention implementation: `attention` (a path of models/attention/paths.py, or `auto`),
       `attention_block`, the tile width of the long-sequence paths, `attention_check` (the fused
       kernels' numerical check on the device); `attention_sinks` and
       `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme); the
@@ -65,7 +65,7 @@ class ModelConfig:
                                     # positions (the tokens whose target it holds); a batch with a row
                                     # needing more scores it for every token. 0: every token always
     attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
-                                    # chooses, and what each is, in models/attention/choice.py
+                                    # chooses: models/attention/choice.py; what each is: paths.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
     attention_check: bool = True    # an explicit fused kernel (pallas, fused) must pass its numerical check
                                     # on the device first (models/attention/verify.py); off: benchmarking only

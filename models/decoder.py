@@ -3,7 +3,8 @@
 Embedding (scaled by sqrt(d), as in fairseq) -> scheme.embed -> N x [LN -> causal attention ->
 residual, LN -> MLP -> residual] -> LN -> tied output projection. The positional scheme is one
 module shared by every layer unless its traits say `per_layer` (one instance per layer). Which
-attention implementation a call runs is decided in models/attention/choice.py.
+attention path a call runs is decided in models/attention/choice.py, from the table of paths in
+models/attention/paths.py.
 
 ModelConfig (models/config.py, free of JAX) also gives the Llama family's block (RMSNorm, SwiGLU,
 grouped-query attention, no biases, unscaled embeddings) and GPT-NeoX's (parallel residual);
@@ -20,13 +21,10 @@ from flax import nnx
 
 import posenc
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
-from models.attention.blockwise import blockwise_attention
-from models.attention.choice import choose, is_long
-from models.attention.dense import Dropout, dense_attention, fused_attention
-from models.attention.lambda_mask import lambda_dense_attention, lambda_mask
-from models.attention.pallas import pallas_attention
-from models.attention.tuning import device_launch
-from models.attention.triangular import triangular_attention
+from models.attention.choice import choose, is_long, launch
+from models.attention.dense import Dropout
+from models.attention.lambda_mask import lambda_mask
+from models.attention.paths import PATHS, Call
 from models.config import ModelConfig
 from models.partitioning import columns_sharded, rows_sharded
 
@@ -68,11 +66,11 @@ class Attention(nnx.Module):
     k's, then v's; with grouped-query attention k and v have `kv_heads` heads, repeated to serve
     their groups of query heads, as Hugging Face's repeat_kv), the positional scheme's hooks inside
     the attention function, an output projection. Each call asks models/attention/choice.py
-    (`choose`) which implementation runs (`model.attention`, or for `auto`: the sequence length,
-    whether attention dropout is on, what the scheme allows, the backend) and calls it, with the
-    scheme's `token_context` of the layer's input (FoX) and LM-Infinite's Lambda mask where the
-    config sets one. Attention dropout (`attention_dropout`, on the probabilities) applies only
-    when a key is given."""
+    (`choose`) which path runs (`model.attention`, or for `auto`: the sequence length, whether
+    attention dropout is on, what the scheme allows, the backend) and runs its row of
+    models/attention/paths.py, with the scheme's `token_context` of the layer's input (FoX) and
+    LM-Infinite's Lambda mask where the config sets one. Attention dropout (`attention_dropout`, on
+    the probabilities) applies only when a key is given."""
 
     def __init__(self, cfg: ModelConfig, scheme: posenc.Scheme, *, rngs: nnx.Rngs):
         self.cfg = cfg
@@ -97,23 +95,11 @@ class Attention(nnx.Module):
         q, k, v = self.project(x_BxTxD)
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
-        pos = positions_BxT
-        context = self.scheme.token_context(x_BxTxD, pos)  # None unless the scheme reads its input (FoX)
-        mask = lambda_mask(self.cfg, self.scheme.dims.train_length)  # None unless LM-Infinite's is on
-        if kind == "pallas":
-            out = pallas_attention(q, k, v, pos, pos, self.scheme, drop, device_launch(self.scheme, q.dtype))
-        elif kind == "fused":
-            out = fused_attention(q, k, v, pos, pos, self.scheme, context)
-        elif kind == "triangular":
-            out = triangular_attention(q, k, v, pos, pos, self.scheme, drop, context)
-        elif kind == "blockwise":
-            out = blockwise_attention(q, k, v, pos, pos, self.scheme, self.cfg.attention_block,
-                                      context_BxTxC=context, mask=mask)
-        elif mask is not None:
-            out = lambda_dense_attention(q, k, v, pos, pos, self.scheme, mask, context)
-        else:
-            mask_TxT = jnp.tril(jnp.ones((t, t), dtype=bool))
-            out = dense_attention(q, k, v, pos, pos, self.scheme, mask_TxT, drop, context)
+        call = Call(positions_BxT, positions_BxT, self.scheme, drop,
+                    context=self.scheme.token_context(x_BxTxD, positions_BxT),  # None unless it reads its input (FoX)
+                    mask=lambda_mask(self.cfg, self.scheme.dims.train_length),  # None unless LM-Infinite's is on
+                    block=self.cfg.attention_block, launch=launch(kind, self.scheme, q.dtype))
+        out = PATHS[kind].run(q, k, v, call)
         return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
 
 

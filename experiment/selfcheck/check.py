@@ -1,7 +1,8 @@
 """The first command to run on a new machine (CPU, GPU or TPU): `python selfcheck.py` (selfcheck.py).
 
-For each scheme of the plan, each length and each attention path (dense, triangular, blockwise,
-fused, pallas), on this machine's first device and in the plan's dtype:
+For each scheme of the plan, each length and each attention path (every row of models/attention/
+paths.py: dense, triangular, blockwise, fused, pallas), on this machine's first device and in the
+plan's dtype:
   - the forward and gradient error of the attention function against a float32 dense reference
     (chunked over queries so that it fits at 16k tokens and beyond; the highest matmul precision):
     max |x - reference| / max |reference| for the output, and the largest such error over dQ, dK,
@@ -10,7 +11,7 @@ fused, pallas), on this machine's first device and in the plan's dtype:
     (`model.attention=<path>`, AdamW, `step_tokens` tokens per step), and the bytes XLA plans for
     each compiled program (arguments + outputs + temporaries: the peak it holds);
   - which path `auto` picks at that length, for training and evaluation, and with attention dropout.
-A path that cannot express the scheme is marked n/a; a program planned above the memory limit is
+A path whose row refuses the scheme is marked n/a; a program planned above the memory limit is
 skipped, and so is Pallas' interpreter (off GPU) beyond `interpreter_max_length`; where the kernel
 is compiled (GPU), its device check (models/attention/verify.py) runs first and a kernel that fails
 it is marked refused, as the framework refuses it. An error above its bound is WRONG (`judge`: the
@@ -40,12 +41,11 @@ from experiment.selfcheck.table import markdown, one_line, slug
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import make_train_step
 from models import DecoderLM
-from models.attention import (blockwise_attention, choice, dense_attention, fused_attention, pallas,
-                              triangular_attention, tuning, verify)
+from models.attention import choice, pallas, paths, verify
+from models.attention.dense import dense_attention
 from models.config import ModelConfig
 
-PATHS = ("dense", "triangular", "blockwise", "fused", "pallas")
-XLA_PATHS = ("dense", "triangular", "blockwise")  # XLA's own code on every backend
+PATHS: tuple[str, ...] = ()  # the attention paths measured; empty: every row of models/attention/paths.py
 REFERENCE_CHUNK = 512  # queries per chunk of the float32 reference
 
 
@@ -140,14 +140,19 @@ def reference_attention(q, k, v, q_pos, k_pos, scheme):
     return out.swapaxes(0, 1).reshape(b, n * REFERENCE_CHUNK, h, d)[:, :t]
 
 
+def measured_paths() -> tuple[str, ...]:
+    return PATHS or tuple(paths.PATHS)
+
+
+def xla_paths() -> set[str]:
+    """XLA's own code on every backend (the rows marked `xla`)."""
+    return {name for name, row in paths.PATHS.items() if row.xla}
+
+
 def path_function(path: str, plan: Plan, launch=None):
-    """The attention function of `path`, called as `dense_attention` is without its mask."""
-    block = plan.model.get("attention_block", choice.DEFAULT_BLOCK)
-    return {"dense": lambda q, k, v, qp, kp, s: dense_attention(q, k, v, qp, kp, s, np.tri(q.shape[1], dtype=bool)),
-            "triangular": triangular_attention,
-            "blockwise": lambda q, k, v, qp, kp, s: blockwise_attention(q, k, v, qp, kp, s, block),
-            "fused": fused_attention,
-            "pallas": lambda q, k, v, qp, kp, s: pallas.pallas_attention(q, k, v, qp, kp, s, launch=launch)}[path]
+    """The attention function of `path` (its row's `run`), called as `dense_attention` is without its mask."""
+    block = plan.model.get("attention_block", ModelConfig.attention_block)
+    return lambda q, k, v, qp, kp, s: paths.PATHS[path].run(q, k, v, paths.Call(qp, kp, s, block=block, launch=launch))
 
 
 def attention_errors(got: dict, reference: dict) -> dict:
@@ -192,12 +197,18 @@ def timed(plan: Plan, scheme_name: str, path: str, length: int, run: bool = True
 
 
 def auto_picks(plan: Plan, scheme: posenc.Scheme, length: int) -> dict:
-    """`auto`'s path for training and evaluation (no attention dropout), and with attention dropout."""
+    """`auto`'s path for training and evaluation (no attention dropout), and with attention dropout
+    (None where no path takes the scheme so: stick-breaking with attention dropout)."""
     options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
     cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention="auto", dtype=plan.dtype, **options)
     pos = jnp.arange(length, dtype=jnp.int32)[None]
-    return {label: choice.choose(cfg, scheme, pos, jnp.dtype(plan.dtype), dropping=dropping)
-            for label, dropping in (("train, eval", False), ("attention dropout", True))}
+    picks = {}
+    for label, dropping in (("train, eval", False), ("attention dropout", True)):
+        try:
+            picks[label] = choice.choose(cfg, scheme, pos, jnp.dtype(plan.dtype), dropping=dropping)
+        except ValueError:
+            picks[label] = None
+    return picks
 
 
 # ---- one (scheme, length) ---------------------------------------------------------------------------
@@ -221,18 +232,22 @@ def rows_for(plan: Plan, scheme_name: str, length: int) -> list[dict]:
     except Skipped as e:
         return [{"scheme": scheme_name, "length": length, "path": path, "status": "skipped",
                  "auto": ", ".join(label for label, pick in picks.items() if pick == path),
-                 "note": f"the reference {e}"} for path in PATHS]
-    for path in PATHS:
+                 "note": f"the reference {e}"} for path in measured_paths()]
+    for path in measured_paths():
         row = {"scheme": scheme_name, "length": length, "path": path,
                "auto": ", ".join(label for label, pick in picks.items() if pick == path), "status": "ok", "note": ""}
         rows.append(row)
+        refusal = paths.PATHS[path].accepts(scheme.traits, paths.Shape(scheme_name, length))
+        if refusal:
+            row.update(status="n/a", note=refusal[:160])
+            continue
         try:
             launch, row["note"] = device_guard(plan, path, scheme, length)
             got = verify.outputs(path_function(path, plan, launch), scheme, q, k, v, pos, cotangent, admit)
         except Skipped as e:
             row.update(status="refused" if str(e).startswith("refused") else "skipped", note=str(e))
             continue
-        except ValueError as e:  # the path cannot express the scheme (its own message says so)
+        except ValueError as e:  # a shape the path cannot take here (its own message says so)
             row.update(status="n/a", note=str(e).splitlines()[0][:160])
             continue
         row.update(attention_errors(got, reference))
@@ -256,7 +271,7 @@ def judge(rows: list[dict], dtype: str) -> None:
     bound: the device check's rule (verify.bounds), XLA_FACTOR x the largest error among XLA's own
     paths here, within [FLOOR, CAP] of the dtype (CAP alone where no XLA path ran). XLA's paths are
     thereby held to CAP: far off, all of them, is wrong too."""
-    xla = [r for r in rows if r["path"] in XLA_PATHS and "forward_error" in r]
+    xla = [r for r in rows if r["path"] in xla_paths() and "forward_error" in r]
     for column in ("forward_error", "gradient_error"):
         bound = verify.bounds({column: max((r[column] for r in xla), default=float("inf"))}, dtype)[column]
         for row in rows:
@@ -280,7 +295,7 @@ def device_guard(plan: Plan, path: str, scheme, length: int):
     verdict = choice.device_verdict(path, scheme, dtype)
     if verdict.status in ("refused", "error"):
         raise Skipped(f"refused: {verdict.reason}")
-    launch = tuning.device_launch(scheme, dtype) if path == "pallas" else None
+    launch = choice.launch(path, scheme, dtype)
     label = f"{launch.label}; " if launch is not None else ""
     return launch, (f"{label}device check passed" if verdict.ok else f"refused: {verdict.reason}")
 

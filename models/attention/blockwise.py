@@ -5,17 +5,10 @@ from __future__ import annotations
 import jax
 import jax.numpy as jnp
 
-from models.attention.lambda_mask import LambdaMask, check as check_lambda, sink_branch, sink_logits
+from models.attention.lambda_mask import LambdaMask, sink_branch, sink_logits
 from models.attention.stickbreaking import stickbreaking_blockwise
 from models.attention.tiles import NEG_INF, context_tiles, tile_logits, to_blocks
 from posenc import Scheme
-
-
-def needs_whole_rows(scheme: Scheme | type[Scheme]) -> bool:
-    """Whether the scheme's bias needs all keys of a row at once: `needs_full_rows` without a
-    `carried_bias` to carry it across key tiles (`carries_bias`; posenc/traits.py). Such a scheme
-    cannot run blockwise."""
-    return scheme.traits.needs_whole_rows
 
 
 def _softmax_update(state, s_BxHxQxS, v_BxSxHxK, value_term):
@@ -52,13 +45,9 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     tiles. Under LM-Infinite's Lambda `mask` (lambda_mask.py) only the key tiles that meet each
     query tile's window are visited, then one tile of the sink keys. A stick-breaking scheme runs
     its own recurrence (stickbreaking.py). Numerically equal to `dense_attention` up to float32
-    rounding.
+    rounding. What it refuses (a whole-row bias it cannot carry; under the mask, schemes without
+    a window to cut) is its row in paths.py.
     """
-    if needs_whole_rows(scheme):
-        raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys for its bias and has no "
-                         f"carried_bias; set --config.model.attention=dense (or auto)")
-    if mask is not None:
-        check_lambda(scheme)
     if scheme.traits.normalization == "stickbreaking":
         return stickbreaking_blockwise(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, block_size,
                                        context_BxTxC)

@@ -18,7 +18,7 @@ Dense attention computes both branches over whole rows; blockwise attention visi
 tiles that meet each query tile's window (tiles the mask empties are never computed) and one
 extra tile of the sink keys, so it costs O(T x (W + sinks)), not O(T^2). Schemes whose bias needs
 whole rows (CoPE) or that are not a softmax (stick-breaking) are refused; so are the triangular,
-fused and Pallas paths (models/attention/choice.py).
+fused and Pallas paths (their rows in models/attention/paths.py).
 """
 from __future__ import annotations
 
@@ -63,14 +63,6 @@ def lambda_mask(model_cfg: Any, train_length: int) -> LambdaMask | None:
     return LambdaMask(sinks=sinks, window=window or train_length, limit=train_length)
 
 
-def check(scheme: Scheme) -> None:
-    """Refuse what the mask cannot apply to, naming it."""
-    if scheme.traits.needs_full_rows or scheme.traits.normalization != "softmax":
-        raise ValueError(f"positional scheme {scheme.name!r} needs whole rows of keys or is not a softmax; the "
-                         f"Lambda mask (model.attention_sinks / model.attention_window) cannot apply to it: "
-                         f"leave both at 0")
-
-
 @dataclasses.dataclass(frozen=True)
 class SinkBranch:
     """The first keys as the sink branch sees them: q rotated as if at p0 + L (B x T x H x K), the sink
@@ -111,7 +103,6 @@ def lambda_dense_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT
                            mask: LambdaMask, context_BxTxC=None) -> jax.Array:
     """Causal self-attention under the Lambda mask over whole rows: the local branch (T x T, masked to
     the window) and the sink branch (T x n) in one softmax."""
-    check(scheme)
     branch = sink_branch(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, mask, context_BxTxC)
     q, k = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     t = q.shape[1]

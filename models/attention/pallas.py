@@ -41,7 +41,6 @@ from jax.experimental.pallas import triton as pl_triton
 
 from models.attention import pallas_kernels as kernels
 from models.attention.dense import NO_DROPOUT, Dropout, padded_values
-from models.attention.triangular import supports as triangular_supports
 from posenc import Scheme
 
 BLOCK = 64  # query and key rows per tile, where no search chose them (tuning.py)
@@ -66,18 +65,6 @@ class Launch:
     def compiler_params(self):
         # Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
         return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
-
-
-def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
-    """Whether the kernel can express `scheme`: what the triangular path can (a rotation, a
-    per-query logit scale, an additive bias; no value term, no bias over whole rows), with the
-    bias given as `bias_fn` (or none), and no bias from the layer's input (`reads_input`, FoX)."""
-    if not triangular_supports(scheme, q_pos_BxT, k_pos_BxS) or scheme.traits.reads_input:
-        return False
-    if scheme.bias_fn() is not None:
-        return True
-    probe_q = jnp.zeros((1, 1, scheme.dims.num_heads, scheme.dims.head_dim), jnp.float32)
-    return scheme.bias(probe_q, probe_q, q_pos_BxT[:1, :1], k_pos_BxS[:1, :1]) is None
 
 
 def head_dim_refusal(head_dim: int) -> str | None:
@@ -111,12 +98,8 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     """Causal softmax(scale * q k^T / sqrt(K) + bias) v, equal to `dense_attention` up to float32
     rounding (with dropout: the same distribution, from the kernel's own mask). Queries attend to
     keys at or before their own index; positions feed only the bias. The decoder passes the
-    device's `launch` (tuning.device_launch: on GPU the configuration its search chose)."""
-    if not supports(scheme, q_pos_BxT, k_pos_BxT):
-        raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key, needs "
-                         f"whole rows, has a bias without `bias_fn` or from the layer's input, transforms logits "
-                         f"or is not a softmax; model.attention=pallas cannot express it: use auto, dense or "
-                         f"triangular")
+    device's `launch` (tuning.device_launch: on GPU the configuration its search chose). The schemes
+    it expresses (a rotation, a per-query logit scale, a bias as `bias_fn`) are its row in paths.py."""
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     value_dim, v_BxTxHxK = v_BxTxHxK.shape[-1], padded_values(v_BxTxHxK, d)  # one head size in the kernel

@@ -30,7 +30,6 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from models.attention.blockwise import needs_whole_rows
 from models.attention.dense import NEG_INF, tile_logits
 
 
@@ -69,7 +68,7 @@ def qk_statistics(q_BxTxHxK: jax.Array, k_BxTxHxK: jax.Array, q_pos_BxT: jax.Arr
     block = max(1, min(block, t))
     nb = -(-t // block)
     pad = nb * block - t
-    whole_rows = needs_whole_rows(scheme)
+    whole_rows = scheme.traits.needs_whole_rows
     carried = scheme.traits.needs_full_rows and not whole_rows  # and so `carries_bias`
 
     def blocks(x, fill=0):  # B x T x ... -> NB x B x block x ...

@@ -14,7 +14,7 @@ layer's input (`context_bias`, FoX) per row tile (their gradients flow to the sc
 through the tile's dS), and a per-query `logit_scale`, which is folded into the queries. Schemes with
 a `value_bias`, a logit scale that varies along the keys, bias over whole rows (`needs_full_rows`),
 a logit transform (DAPE) or weights that are not a softmax (stick-breaking) are not expressible
-here; `supports` says which.
+here; its row in paths.py refuses them.
 """
 from __future__ import annotations
 
@@ -24,7 +24,7 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 
-from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout, adds_value_term
+from models.attention.dense import NEG_INF, NO_DROPOUT, Dropout
 from posenc import Scheme
 
 TILES = 4                        # row tiles per sequence, within the bounds below
@@ -37,27 +37,11 @@ def tile_size(length: int) -> int:
     return min(MAX_TILE, max(MIN_TILE, (rows + 7) // 8 * 8))
 
 
-def supports(scheme: Scheme, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> bool:
-    """Whether `scheme` is a rotation and / or additive bias with at most a per-query logit scale,
-    under a softmax."""
-    traits = scheme.traits
-    if traits.needs_full_rows or traits.transforms_logits or traits.normalization != "softmax":
-        return False
-    if adds_value_term(scheme, q_pos_BxT, k_pos_BxS):
-        return False
-    scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
-    return scale is None or jnp.ndim(scale) == 0 or jnp.shape(scale)[-1] == 1
-
-
 def triangular_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
                          dropout: Dropout = NO_DROPOUT, context_BxTxC: jax.Array | None = None) -> jax.Array:
     """softmax(scale * q k^T / sqrt(K) + bias) v under the causal mask, equal to `dense_attention`
     up to float32 rounding. Logits, softmax and dS are float32; matmul inputs keep q's dtype.
     `context_BxTxC`: the scheme's `token_context` of the layer's input, where it reads one."""
-    if not supports(scheme, q_pos_BxT, k_pos_BxT):
-        raise ValueError(f"positional scheme {scheme.name!r} adds a value term, scales logits per key, needs "
-                         f"whole rows, transforms logits or is not a softmax; model.attention=triangular cannot "
-                         f"express it: use dense or auto")
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
     b, t, h, d = q_BxTxHxK.shape
     q_BxHxTxK = jnp.swapaxes(q_BxTxHxK, 1, 2) * d ** -0.5

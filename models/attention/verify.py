@@ -4,9 +4,10 @@ CI runs the Pallas kernel in Pallas' interpreter and lowers it to Triton IR; wha
 (PTX compilation, the shared memory a tile size needs, bfloat16 products, races between programs
 writing partial sums) it cannot see, and a kernel that compiles but computes something else would
 train and publish a model without a sign. So wherever a fused kernel would run compiled (`auto`
-picking the Pallas kernel; `model.attention=pallas`, or `fused` on a GPU, given explicitly:
-models/attention/choice.py), it first runs forward and backward on small random inputs of the
-run's heads, head dimension, dtype and scheme, on the device, and is compared with XLA's path:
+picking the Pallas kernel; `model.attention=pallas`, or `fused` on a GPU, given explicitly: the rows
+of models/attention/paths.py whose `checked` says so, asked in models/attention/choice.py), it first
+runs forward and backward on small random inputs of the run's heads, head dimension, dtype and
+scheme, on the device, and is compared with XLA's paths (any row of the table can be checked so):
 
   reference  dense attention in float32 at the highest matmul precision, on the same inputs (already
              rounded to the dtype, so that rounding is no error)
@@ -50,16 +51,15 @@ import numpy as np
 from flax import nnx
 
 import posenc
-from models.attention.dense import NEG_INF, Dropout, dense_attention, fused_attention, tile_logits
-from models.attention.pallas import Launch, pallas_attention
+from models.attention.dense import NEG_INF, Dropout, tile_logits
+from models.attention.pallas import Launch
 from models.attention.pallas_kernels import keep_mask
-from models.attention.triangular import supports as triangular_supports, triangular_attention
+from models.attention.paths import PATHS, Call, Shape
 from posenc import Scheme
 
 FLOOR = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}  # the tolerance where XLA's own error is ~0
 CAP = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 2e-2}  # and where XLA's paths are far off too
 XLA_FACTOR = 3.0
-CHECKED_PATHS = ("pallas", "pallas+dropout", "fused")
 DROPOUT_RATE, DROPOUT_SEED = 0.25, 7  # the attention dropout of the check of the kernel's dropout
 
 
@@ -146,22 +146,32 @@ def outputs(attend, scheme: Scheme, q, k, v, pos, cotangent, admit=None) -> dict
     return {name: np.asarray(x).astype(np.float32) for name, x in named.items()}
 
 
+def _row(path: str):
+    """(the row of PATHS, whether with attention dropout) of a checked path: a name of PATHS, or
+    name+dropout (a kernel that draws its mask as pallas_kernels.keep_mask does: `masked_dense`)."""
+    name, _, variant = path.partition("+")
+    if name not in PATHS or variant not in ("", "dropout"):
+        raise ValueError(f"no check for attention path {path!r}; checked: a path of {', '.join(PATHS)}, "
+                         f"or one of them +dropout")
+    return PATHS[name], variant == "dropout"
+
+
 def kernel_function(path: str, launch: Launch | None):
-    """The attention function of a checked path, as `dense_attention` is called minus the mask."""
-    if path == "pallas":
-        return lambda q, k, v, qp, kp, s: pallas_attention(q, k, v, qp, kp, s, launch=launch)
-    if path == "pallas+dropout":  # the key made where it is traced (not in a trace this check may run in)
-        return lambda q, k, v, qp, kp, s: pallas_attention(
-            q, k, v, qp, kp, s, Dropout(DROPOUT_RATE, jax.random.key(DROPOUT_SEED)), launch)
-    if path == "fused":
-        return fused_attention
-    raise ValueError(f"no check for attention path {path!r}; checked: {', '.join(CHECKED_PATHS)}")
+    """The attention function of a checked path (its row's `run`), as `dense_attention` is called
+    minus the mask."""
+    row, dropping = _row(path)
+
+    def attend(q, k, v, q_pos, k_pos, scheme):
+        # the dropout key made where it is traced (not in a trace this check may run in)
+        dropout = Dropout(DROPOUT_RATE, jax.random.key(DROPOUT_SEED)) if dropping else Dropout()
+        return row.run(q, k, v, Call(q_pos, k_pos, scheme, dropout, launch=launch))
+    return attend
 
 
 def describe(path: str, scheme: Scheme, dtype, launch: Launch | None) -> str:
-    what = {"pallas": "the Pallas kernel", "pallas+dropout": "the Pallas kernel with attention dropout",
-            "fused": "jax.nn.dot_product_attention (model.attention=fused)"}[path]
-    config = f", {launch.label}" if path.startswith("pallas") and launch is not None else ""
+    row, dropping = _row(path)
+    what = row.label + (" with attention dropout" if dropping else "")
+    config = f", {launch.label}" if row.tuned and launch is not None else ""
     return (f"{what} for {scheme.name!r} ({scheme.dims.num_heads} heads of {scheme.dims.head_dim}, "
             f"{jnp.dtype(dtype).name}{config}) on {jax.devices()[0].device_kind}")
 
@@ -170,16 +180,18 @@ _BASELINES: dict = {}
 
 
 def xla_paths(scheme: Scheme, q, pos, dropout: bool) -> dict:
-    """XLA's paths the framework trains `scheme` with, as `dense_attention` is called without its
-    mask: dense, and triangular where it takes the scheme (always, where a fused kernel does); with
-    `dropout`, dense attention under the kernel's own dropout mask (`masked_dense`)."""
+    """XLA's paths the framework trains `scheme` with (the rows marked `baseline`: dense, and
+    triangular where its row accepts the scheme, always where a fused kernel's does), as
+    `dense_attention` is called without its mask; with `dropout`, dense attention under the kernel's
+    own dropout mask (`masked_dense`)."""
     if dropout:
         return {"dense": masked_dense}
-    mask = np.tril(np.ones((q.shape[1],) * 2, bool))
-    paths = {"dense": lambda q, k, v, qp, kp, s: dense_attention(q, k, v, qp, kp, s, mask)}
-    if triangular_supports(scheme, pos, pos):
-        paths["triangular"] = triangular_attention
-    return paths
+    shape = Shape(scheme.name, q.shape[1])
+
+    def attend(row):
+        return lambda q, k, v, qp, kp, s: row.run(q, k, v, Call(qp, kp, s))
+    return {name: attend(row) for name, row in PATHS.items()
+            if row.baseline and row.accepts(scheme.traits, shape) is None}
 
 
 def masked_dense(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:

@@ -4,7 +4,7 @@ import subprocess
 import sys
 
 from models import config
-from models.attention import choice
+from models.attention import paths
 from models.decoder import ACTIVATIONS, DTYPES
 from tests.conftest import REPO
 
@@ -12,7 +12,7 @@ from tests.conftest import REPO
 def test_every_name_the_config_takes_has_its_jax_meaning_and_no_other():
     assert set(ACTIVATIONS) == set(config.ACTIVATION_NAMES)
     assert set(DTYPES) == set(config.DTYPE_NAMES)
-    assert choice.PATHS == config.ATTENTION_PATHS and config.DEFAULT_PATH in config.ATTENTION_PATHS
+    assert config.ATTENTION_PATHS == ("auto", *paths.PATHS) and config.DEFAULT_PATH in config.ATTENTION_PATHS
     assert config.ModelConfig().attention == config.DEFAULT_PATH
     assert config.ModelConfig().attention_block == config.DEFAULT_BLOCK
 

@@ -1,4 +1,5 @@
 """CoPE: the bias is q . (interpolated embedding of the gated count); blockwise by carried gate sums."""
+import dataclasses
 import math
 
 import jax
@@ -9,7 +10,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM
-from models.attention import blockwise_attention, needs_whole_rows
+from models.attention import choice
 from models.config import ModelConfig
 from posenc.cope import contextual_positions
 from tests.posenc.helpers import CFG, DIMS, build_with as build, positions
@@ -65,7 +66,7 @@ def test_cope_runs_blockwise_by_carrying_gate_sums_also_inside_a_wrapper(wrapper
     auto = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention_block": 8}), cfg, train_length=16, rngs=nnx.Rngs(0))
     dense = DecoderLM(ModelConfig(**{**CFG.__dict__, "attention": "dense"}), cfg, train_length=16,
                       rngs=nnx.Rngs(0))
-    assert not needs_whole_rows(auto.scheme)
+    assert not auto.scheme.traits.needs_whole_rows
     np.testing.assert_allclose(auto(x), dense(x), atol=1e-5)
 
 
@@ -75,7 +76,9 @@ def test_blockwise_refuses_a_whole_row_bias_it_cannot_carry():
         traits = posenc.Traits(needs_full_rows=True)  # and no carried_bias
 
     scheme = WholeRows(None, DIMS, rngs=nnx.Rngs(0))
-    assert needs_whole_rows(scheme)
-    q = jnp.zeros((1, 12, 2, 8))
-    with pytest.raises(ValueError, match="attention=dense"):
-        blockwise_attention(q, q, q, positions(1, 12), positions(1, 12), scheme, block_size=4)
+    assert scheme.traits.needs_whole_rows
+    explicit = dataclasses.replace(CFG, attention="blockwise", attention_block=4)
+    with pytest.raises(ValueError, match="'whole_rows' needs whole rows.*attention=dense"):
+        choice.choose(explicit, scheme, positions(1, 12), jnp.float32, dropping=False)
+    auto = dataclasses.replace(explicit, attention="auto")  # auto at 12 > 2 tiles of 4 keeps whole rows
+    assert choice.choose(auto, scheme, positions(1, 12), jnp.float32, dropping=False) == "dense"

@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 import posenc
-from models.attention import blockwise_attention, dense_attention
-from models.attention.dense import Dropout
+from models.attention import blockwise_attention, choice, dense_attention
+from models.attention.paths import PATHS, Shape
+from models.config import ModelConfig
 from tests.posenc.helpers import build_with as build, positions
 
 DIMS = posenc.ModelDims(d_model=16, num_heads=2, head_dim=8, num_layers=1, train_length=16)
@@ -54,23 +55,20 @@ def test_stickbreaking_is_the_references_dense_and_blockwise(attend_current, rem
 
 def test_stickbreaking_refuses_dropout_and_a_bad_remainder():
     scheme = build("stickbreaking", DIMS)
-    q = jnp.ones((1, 4, 2, 8))
-    with pytest.raises(ValueError, match="attention_dropout=0"):
-        dense_attention(q, q, q, positions(1, 4), positions(1, 4), scheme, jnp.tril(jnp.ones((4, 4), bool)),
-                        Dropout(0.1, jax.random.key(0)))
+    for path in ("auto", "dense"):
+        with pytest.raises(ValueError, match="'stickbreaking' \\(stick-breaking attention\\).*attention_dropout=0"):
+            choice.choose(ModelConfig(attention=path), scheme, positions(1, 4), jnp.float32, dropping=True)
     with pytest.raises(ValueError, match="stickbreaking.remainder must be one of value, none"):
         build("stickbreaking", DIMS, stickbreaking__remainder="bias")
 
 
 def test_the_pallas_kernel_refuses_every_scheme_that_is_more_than_a_positional_bias():
     """FoX (a bias from the input), DAPE (a logit transform) and stick-breaking (not a softmax): the
-    kernel's `supports` says no, so `auto` never picks it for them on a GPU, and an explicit
+    kernel's row (paths.py) refuses them, so `auto` never picks it for them on a GPU, and an explicit
     model.attention=pallas is refused."""
-    from models.attention import pallas
     pos = positions(1, 8)
-    q = jnp.zeros((1, 8, 2, 8))
     for name in ("fox", "dape", "stickbreaking"):
         scheme = build(name, DIMS)
-        assert not pallas.supports(scheme, pos, pos)
+        assert PATHS["pallas"].accepts(scheme.traits, Shape(name, 8)) is not None
         with pytest.raises(ValueError, match="model.attention=pallas cannot express it"):
-            pallas.pallas_attention(q, q, q, pos, pos, scheme, launch=pallas.Launch(interpret=True))
+            choice.choose(ModelConfig(attention="pallas"), scheme, pos, jnp.float32, dropping=False)

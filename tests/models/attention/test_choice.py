@@ -1,6 +1,8 @@
 """Which attention path runs (models/attention/choice.py): `auto`'s choices through the decoder,
 the explicit paths that refuse attention dropout, the tile width evaluation plans with, and when
 training on several devices runs per device."""
+import dataclasses
+
 import jax
 import ml_collections
 import numpy as np
@@ -9,7 +11,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM
-from models.attention import choice, pallas, tuning, verify
+from models.attention import choice, pallas, paths, tuning, verify
 from models.config import ModelConfig
 
 CFG = dict(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64)
@@ -31,14 +33,20 @@ def _scheme(name: str):
 
 
 def test_attention_path_order():
-    alibi, deberta = posenc.get("alibi"), posenc.get("deberta")
-    assert choice.attention_path("dense", 8, alibi, 100, pallas=True) == "dense"  # an explicit path wins
-    assert choice.attention_path("auto", 8, alibi, 100, pallas=True, triangular=True) == "pallas"
-    assert choice.attention_path("auto", 8, alibi, 17, triangular=True) == "blockwise"  # beyond 2 blocks
-    assert choice.attention_path("auto", 8, alibi, 16, triangular=True) == "triangular"
-    assert choice.attention_path("auto", 8, alibi, 17, dropping=True, triangular=True) == "triangular"
-    assert choice.attention_path("auto", 8, alibi, 17, dropping=True) == "dense"
-    assert choice.attention_path("auto", 8, deberta, 16, triangular=True) == "dense"  # per-key bias work
+    alibi, deberta, shaw = posenc.get("alibi"), posenc.get("deberta"), posenc.get("shaw")
+    usable = lambda: True  # the Pallas kernel compiled and checked here
+    assert choice.attention_path("dense", 8, alibi, 100, kernel=usable) == "dense"  # an explicit path wins
+    assert choice.attention_path("auto", 8, alibi, 100, kernel=usable) == "pallas"
+    assert choice.attention_path("auto", 8, shaw, 100, kernel=usable) == "blockwise"  # the kernel's row refuses shaw
+    assert choice.attention_path("auto", 8, alibi, 17) == "blockwise"  # beyond 2 blocks
+    assert choice.attention_path("auto", 8, alibi, 16) == "triangular"
+    assert choice.attention_path("auto", 8, alibi, 17, dropping=True) == "triangular"
+    assert choice.attention_path("auto", 8, shaw, 17, dropping=True) == "dense"  # a value term: not triangular
+    assert choice.attention_path("auto", 8, deberta, 16) == "dense"  # per-key bias work
+    assert choice.attention_path("auto", 8, alibi, 17, masked=True) == "blockwise"  # the Lambda mask: blockwise
+    assert choice.attention_path("auto", 8, alibi, 16, masked=True) == "dense"  # or dense
+    with pytest.raises(ValueError, match="stick-breaking attention.*attention_dropout=0"):  # no path: dense's refusal
+        choice.attention_path("auto", 8, posenc.get("stickbreaking"), 16, dropping=True)
 
 
 def test_auto_picks_triangular_where_possible_and_dense_elsewhere():
@@ -52,10 +60,10 @@ def test_auto_picks_triangular_where_possible_and_dense_elsewhere():
 def test_auto_trains_schemes_whose_bias_works_per_key_with_dense(monkeypatch):
     """DeBERTa's bias projects every key against all relative embeddings, which row tiles would
     repeat for each key prefix; `auto` keeps it on dense (and so does a wrapper around it)."""
-    import models.decoder as decoder
     calls = []
-    real = decoder.triangular_attention
-    monkeypatch.setattr(decoder, "triangular_attention", lambda *a, **kw: calls.append(1) or real(*a, **kw))
+    row = paths.PATHS["triangular"]
+    monkeypatch.setitem(paths.PATHS, "triangular",
+                        dataclasses.replace(row, run=lambda *a: calls.append(1) or row.run(*a)))
     x = tokens()
     logn_deberta = posenc.default_config("logn")
     logn_deberta.logn.base = "deberta"

@@ -1,4 +1,4 @@
-"""The fused path of dense.py (jax.nn.dot_product_attention) against dense attention."""
+"""The fused path (fused.py: jax.nn.dot_product_attention) against dense attention."""
 import jax
 import numpy as np
 import pytest

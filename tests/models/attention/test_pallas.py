@@ -11,8 +11,11 @@ from flax import nnx
 
 import posenc
 from models.attention.dense import Dropout, dense_attention
-from models.attention.pallas import Launch, pallas_attention, supports
+from models.attention import choice
+from models.attention.pallas import Launch, pallas_attention
 from models.attention.pallas_kernels import keep_mask
+from models.attention.paths import PATHS, Shape
+from models.config import ModelConfig
 
 B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
 # small option values keep the interpreter's compile time down; the formulas are the same
@@ -113,10 +116,9 @@ def test_kernel_dropout_is_the_dense_softmax_under_the_kernels_own_mask():
 def test_schemes_the_kernel_cannot_express_are_refused():
     _, _, _, pos = _inputs()
     for name in ("shaw", "cope", "deberta"):  # a bias from the content, a value term, whole rows
-        assert not supports(_scheme(name), pos, pos)
-    q, k, v, pos = _inputs()
-    with pytest.raises(ValueError, match="model.attention=pallas cannot express"):
-        pallas_attention(q, k, v, pos, pos, _scheme("shaw"), launch=Launch(interpret=True))
+        assert "model.attention=pallas cannot express" in PATHS["pallas"].accepts(_scheme(name).traits, Shape(name, T))
+    with pytest.raises(ValueError, match="'shaw'.*model.attention=pallas cannot express"):
+        choice.choose(ModelConfig(attention="pallas"), _scheme("shaw"), pos, jnp.float32, dropping=False)
 
 
 def _one_update(attention: str, attention_dropout: float, *, batch: int = 4, mesh=None):
