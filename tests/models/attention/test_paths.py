@@ -111,7 +111,7 @@ def test_the_device_check_refuses_a_wrong_new_path(monkeypatch, checks):
 
 
 def test_the_self_check_measures_a_new_path(monkeypatch, checks, tmp_path):
-    from experiment import selfcheck
+    from experiment.selfcheck import check as selfcheck
     monkeypatch.setitem(paths.PATHS, "toy", TOY)
     monkeypatch.setattr(selfcheck, "timed", lambda *args: {})  # errors only: throughput is the short table's test
     plan = dataclasses.replace(selfcheck.make_plan(short=True, schemes="alibi,shaw", lengths="24"),
