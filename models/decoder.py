@@ -20,11 +20,13 @@ import jax.numpy as jnp
 from flax import nnx
 
 import posenc
+from models import compiled
 from models.adaptive import AdaptiveInput, AdaptiveSoftmax
 from models.attention.choice import choose, is_long, launch
 from models.attention.dense import Dropout
 from models.attention.lambda_mask import lambda_mask
 from models.attention.paths import PATHS, Call
+from models.attention.tiles import map_after
 from models.config import ModelConfig
 from models.partitioning import columns_sharded, rows_sharded
 
@@ -137,20 +139,29 @@ class Block(nnx.Module):
 
         chunk = self.cfg.attention_block
         if key is None and is_long(x_BxTxD.shape[1], chunk):  # long evaluation: B x chunk x mlp_dim at a time
-            out = x_BxTxD + by_chunks(mlp, x_BxTxD, chunk)
+            out = x_BxTxD + by_chunks(mlp, chunk, x_BxTxD)
         else:
             out = x_BxTxD + mlp(x_BxTxD)
         return out + attended if self.cfg.parallel_residual else out
 
 
-def by_chunks(fn, x_BxTxD: jax.Array, chunk: int) -> jax.Array:
-    """`fn` (position-wise) applied to `chunk` positions at a time, so that its intermediates are
-    O(chunk) rather than O(T); the last chunk is zero-padded."""
-    b, t, d = x_BxTxD.shape
-    n = -(-t // chunk)
-    x = jnp.pad(x_BxTxD, ((0, 0), (0, n * chunk - t), (0, 0))).reshape(b, n, chunk, d)
-    out = jax.lax.map(fn, jnp.moveaxis(x, 1, 0))
-    return jnp.moveaxis(out, 0, 1).reshape(b, n * chunk, -1)[:, :t]
+def by_chunks(fn, chunk: int, *xs_BxTx: jax.Array) -> jax.Array:
+    """`fn` (position-wise) applied to `chunk` positions of every row at a time (B * chunk rows per
+    call, batch and time flattened), so that its intermediates, and its output where that is consumed
+    inside `fn`, are O(chunk) rather than O(T); the rows are zero-padded to whole chunks. `fn` takes
+    one array per `xs_BxTx`, each with its leading B x T flattened to rows, and returns rows x ..."""
+    b, t = xs_BxTx[0].shape[:2]
+    rows, per_call = b * t, b * chunk
+    n = -(-rows // per_call)
+
+    def cut(x):
+        flat = x.reshape(rows, *x.shape[2:])
+        flat = jnp.pad(flat, [(0, n * per_call - rows)] + [(0, 0)] * (flat.ndim - 1))
+        return flat.reshape(n, per_call, *x.shape[2:])
+
+    chunks = tuple(cut(x) for x in xs_BxTx)
+    out = map_after(lambda args: fn(*args), chunks, chunks)
+    return out.reshape(n * per_call, *out.shape[2:])[:rows].reshape(b, t, *out.shape[2:])
 
 
 class DecoderLM(nnx.Module):
@@ -162,6 +173,8 @@ class DecoderLM(nnx.Module):
     Positions default to 0 .. T-1 for every row (after the scheme's length check); a
     `dropout_key` means training: dropout on, and a scheme may draw other positions
     (`sample_positions`, e.g. randomized positions)."""
+
+    compile_calls: bool = False  # `model(ids)` outside a trace as one compiled program (see __call__)
 
     def __init__(self, cfg: ModelConfig, posenc_cfg: Any, train_length: int, *, rngs: nnx.Rngs):
         # Sharding annotations are metadata only: experiment/runtime/sharding.py places the parameters.
@@ -220,25 +233,61 @@ class DecoderLM(nnx.Module):
             x = block(x, positions_BxT, key)
         return self.ln_f(x)
 
+    def head(self, x_BxTxD: jax.Array) -> jax.Array:
+        """Logits of final hidden states, ... x V, float32 (log-probabilities with adaptive softmax)."""
+        if self.cfg.adaptive_cutoffs:
+            return self.softmax.log_probs(x_BxTxD)
+        if self.cfg.tie_embeddings:
+            return self.embed.attend(x_BxTxD).astype(jnp.float32)
+        return self.unembed(x_BxTxD).astype(jnp.float32)
+
+    def _by_head_chunks(self, fn, *xs_BxTx: jax.Array) -> jax.Array:
+        """`fn(x_rows, ...)` of the head's output over B x T positions: at once, or for a long
+        sequence (`is_long`) `attention_block` positions of each row at a time, so that only that many
+        rows of logits exist at once where `fn` reduces them (a long sequence's B x T x V logits are
+        gigabytes: 3.2 GB for 16k tokens of a 49k vocabulary), and one product per chunk otherwise
+        (XLA:CPU runs one T x D x V product several times slower than the chunks, measured in
+        benchmarks/README.md)."""
+        b, t = xs_BxTx[0].shape[:2]
+        if not is_long(t, self.cfg.attention_block):
+            return fn(*xs_BxTx)
+        return by_chunks(fn, self.cfg.attention_block, *xs_BxTx)
+
     def __call__(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None,
                  dropout_key: jax.Array | None = None) -> jax.Array:
-        """Logits over the vocabulary, B x T x V, float32 (log-probabilities with adaptive softmax)."""
-        x = self.hidden(tokens_BxT, positions_BxT, dropout_key)
-        if self.cfg.adaptive_cutoffs:
-            return self.softmax.log_probs(x)
-        if self.cfg.tie_embeddings:
-            return self.embed.attend(x).astype(jnp.float32)
-        return self.unembed(x).astype(jnp.float32)
+        """Logits over the vocabulary, B x T x V, float32 (log-probabilities with adaptive softmax).
+
+        Called outside any trace on a model whose `compile_calls` is set (models/hf.py's `load` sets
+        it), the call runs as one compiled program (models/compiled.py, compiled once per input
+        shape) rather than operation by operation."""
+        if self.compile_calls and not _tracing(tokens_BxT, self.embed):
+            return compiled.call(self, tokens_BxT, positions_BxT, dropout_key)
+        return self._by_head_chunks(self.head, self.hidden(tokens_BxT, positions_BxT, dropout_key))
 
     def token_nll(self, tokens_BxT: jax.Array, targets_BxT: jax.Array,
                   positions_BxT: jax.Array | None = None,
                   dropout_key: jax.Array | None = None) -> jax.Array:
         """Negative log-likelihood of each target, B x T, float32 (what training and evaluation use)."""
+        hidden = self.hidden(tokens_BxT, positions_BxT, dropout_key)
         if self.cfg.adaptive_cutoffs:
-            return self.softmax.nll(self.hidden(tokens_BxT, positions_BxT, dropout_key), targets_BxT)
-        logits = self(tokens_BxT, positions_BxT, dropout_key)
-        log_z = jax.nn.logsumexp(logits, axis=-1)
-        return log_z - jnp.take_along_axis(logits, targets_BxT[..., None], axis=-1)[..., 0]
+            return self.softmax.nll(hidden, targets_BxT)
+
+        def nll(x, targets):
+            logits = self.head(x)
+            log_z = jax.nn.logsumexp(logits, axis=-1)
+            return log_z - jnp.take_along_axis(logits, targets[..., None], axis=-1)[..., 0]
+        return self._by_head_chunks(nll, hidden, targets_BxT)
+
+    def next_tokens(self, tokens_BxT: jax.Array, positions_BxT: jax.Array | None = None) -> jax.Array:
+        """The most likely next token at every position, B x T int32 (greedy prediction: passkey)."""
+        hidden = self.hidden(tokens_BxT, positions_BxT)
+        return self._by_head_chunks(lambda x: jnp.argmax(self.head(x), axis=-1).astype(jnp.int32), hidden)
+
+
+def _tracing(tokens_BxT, embed: nnx.Module) -> bool:
+    """Whether a call is being traced (inside jit, grad, vmap ...): its tokens or the parameters are."""
+    leaves = jax.tree_util.tree_leaves(nnx.state(embed))
+    return any(isinstance(x, jax.core.Tracer) for x in [tokens_BxT, *leaves])
 
 
 def build_model(model_cfg: ModelConfig, posenc_cfg: Any, train_length: int, seed: int) -> DecoderLM:

