@@ -6,7 +6,10 @@ sliding window (each window re-encodes L_valid - S tokens of context and scores 
 --passkey scores passkey retrieval (eval/passkey.json) and --attention attention statistics
 (eval/attention.json) instead; add --perplexity to score it as well. Eval-time knobs switch on
 without retraining: --set posenc.rope.yarn_scale=8 --set model.attention=blockwise; --set
-posenc.name=logn puts log-n scaling (a wrapper that adds no parameters) around the run's scheme. Every flag is
+posenc.name=logn puts log-n scaling (a wrapper that adds no parameters) around the run's scheme.
+--methods direct,yarn,self_extend evaluates each training-free method in turn with its options at
+each length (experiment/evals/methods.py; report.py draws one curve per method); --skip_done leaves
+out what the run's records already hold, so that a repeated command resumes. Every flag is
 checked, for every kind asked, before any of them runs, and the checkpoint is restored once for all of them.
 Results are merged into DIR/eval/. The kinds and their flags come from the registry (experiment/evals/kinds.py).
 """
@@ -18,6 +21,7 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 from absl import app, flags
 
 from experiment.cli import define_numbers, overrides_from_flags, parse_flags, run_cleanly
+from experiment.evals import methods
 from experiment.evals.kinds import Request, acts_on, evaluate_kinds, options, registry
 from posenc.domains import at_least
 
@@ -30,6 +34,10 @@ define_numbers("batch_tokens", None, "tokens per evaluation batch (default: conf
                domain=at_least(1), example="--batch_tokens=16384", sequence=False)
 flags.DEFINE_multi_string("set", [], "eval-time knob KEY=VALUE, e.g. posenc.rope.yarn_scale=4, or posenc.name=logn "
                           "(log-n around the run's scheme) (repeatable)")
+flags.DEFINE_string("methods", None, "training-free methods to evaluate in turn, each with its options at each length "
+                    f"(experiment/evals/methods.py): {','.join(methods.METHODS)}, each also with +logn")
+flags.DEFINE_boolean("skip_done", False, "skip the lengths whose records this checkpoint already has with the same "
+                     "settings (a repeated command resumes)")
 for _kind in KINDS.values():
     flags.DEFINE_boolean(_kind.name, None if _kind.default else False, _kind.help)
     for _alias in _kind.aliases:  # a flag's name before it was renamed
@@ -66,7 +74,9 @@ def main(argv):
     def go():
         values = {option.name: FLAGS[option.name].value for option in options(KINDS)}
         request = Request(tuple(FLAGS.lengths) if FLAGS.lengths else None, overrides_from_flags(FLAGS.set),
-                          FLAGS.batch_tokens, options=values)
+                          FLAGS.batch_tokens, options=values,
+                          methods=methods.parse(FLAGS.methods) if FLAGS.methods is not None else (),
+                          skip_done=FLAGS.skip_done)
         evaluate_kinds(FLAGS.workdir, requested_kinds(), request, say=print)  # every kind checked, then scored
     run_cleanly(go)
 

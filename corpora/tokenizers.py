@@ -153,19 +153,30 @@ class PretrainedTokenizer:
     """A pretrained checkpoint's tokenizer.json (a `tokenizers.Tokenizer`), as import_hf.py takes it.
 
     `vocab_size` is the MODEL's vocabulary (its embedding rows, often padded beyond the tokenizer's
-    own size), `eos_id` the checkpoint's end-of-sequence token. `encode_lines` encodes each line
-    without the tokenizer's special tokens (no BOS per line) and appends `eos_id` after each, as the
-    other kinds append their end-of-line token; `decode` turns `eos_id` back into a newline, so that
-    word counts of decoded text (word-level perplexity) match `count_words` of the lines."""
+    own size), `eos_id` the checkpoint's end-of-sequence token. How lines become one stream is
+    `line_end`:
+    - "newline" (what import_hf.py gives a new run): the text as a file holds it, every line ended by
+      a newline, encoded as one string without special tokens: the tokens the model itself was
+      trained on, and the ids transformers' tokenizer gives for the same text.
+    - "eos" (runs imported before it existed): each line encoded alone, `eos_id` appended after it, as
+      the other kinds append their end-of-line token; `decode` turns `eos_id` back into a newline.
+    Either way word counts of decoded text (word-level perplexity) match `count_words` of the lines."""
     kind = "pretrained"
     EOS_NAMES = ("</s>", "<|endoftext|>", "<|end_of_text|>", "<eos>")
+    LINE_ENDS = ("newline", "eos")
 
-    def __init__(self, tokenizer, vocab_size: int, eos_id: int):
+    def __init__(self, tokenizer, vocab_size: int, eos_id: int, line_end: str = "eos"):
         self.tokenizer, self.vocab_size, self.eos_id = tokenizer, int(vocab_size), int(eos_id)
         if not 0 <= self.eos_id < self.vocab_size:
             raise ValueError(f"end-of-sequence id {self.eos_id} is outside the model's vocabulary of {self.vocab_size}")
+        if line_end not in self.LINE_ENDS:
+            raise ValueError(f"line_end must be one of {', '.join(self.LINE_ENDS)}, got {line_end!r}")
+        self.line_end = line_end
 
     def encode_lines(self, lines: Iterable[str]) -> np.ndarray:
+        if self.line_end == "newline":
+            text = "".join(line + "\n" for line in lines)
+            return np.asarray(self.tokenizer.encode(text, add_special_tokens=False).ids, dtype=np.int32)
         ids: list[int] = []
         for enc in self.tokenizer.encode_batch(list(lines), add_special_tokens=False):
             ids.extend(enc.ids)
@@ -173,6 +184,8 @@ class PretrainedTokenizer:
         return np.asarray(ids, dtype=np.int32)
 
     def decode(self, ids) -> str:
+        if self.line_end == "newline":
+            return self.tokenizer.decode([int(i) for i in ids], skip_special_tokens=False)
         pieces, current = [], []
         for i in ids:
             if int(i) == self.eos_id:
@@ -183,8 +196,9 @@ class PretrainedTokenizer:
         return "".join(pieces) + (self.tokenizer.decode(current) if current else "")
 
     def to_json(self) -> dict:
-        return {"kind": "pretrained", "tokenizer": self.tokenizer.to_str(), "vocab_size": self.vocab_size,
+        spec = {"kind": "pretrained", "tokenizer": self.tokenizer.to_str(), "vocab_size": self.vocab_size,
                 "eos_id": self.eos_id}
+        return {**spec, "line_end": self.line_end} if self.line_end != "eos" else spec
 
     def hf_tokenizer(self):
         return self.tokenizer
@@ -223,7 +237,8 @@ def load_tokenizer(path: pathlib.Path):
         return BPETokenizer(Tokenizer.from_str(spec["tokenizer"]))
     if spec["kind"] == "pretrained":
         from tokenizers import Tokenizer
-        return PretrainedTokenizer(Tokenizer.from_str(spec["tokenizer"]), spec["vocab_size"], spec["eos_id"])
+        return PretrainedTokenizer(Tokenizer.from_str(spec["tokenizer"]), spec["vocab_size"], spec["eos_id"],
+                                   spec.get("line_end", "eos"))
     raise ValueError(f"unknown tokenizer kind {spec['kind']!r} in {path}")
 
 

@@ -67,9 +67,11 @@ def eos_id_of(folder: pathlib.Path, config: dict, tokenizer) -> int:
                   f"{' or '.join(names)}); set eos_token_id in config.json")
 
 
-def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None) -> corpora.PretrainedTokenizer:
+def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None,
+                         line_end: str = "newline") -> corpora.PretrainedTokenizer:
     """The checkpoint's tokenizer.json (or `tokenizer`, the one loaded with it: a GGUF file's) as the
-    `pretrained` kind, sized by the model's vocabulary."""
+    `pretrained` kind, sized by the model's vocabulary; text encoded as a file holds it, with its
+    newlines (`line_end`, corpora/tokenizers.py)."""
     tokenizer = tokenizer if tokenizer is not None else hf.tokenizer(folder)
     if tokenizer is None:
         raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text")
@@ -79,7 +81,7 @@ def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None) -> 
                     tokenizer.get_vocab_size(), vocab)
     eos = eos_id_of(folder, config, tokenizer)
     try:
-        return corpora.PretrainedTokenizer(tokenizer, vocab, eos)
+        return corpora.PretrainedTokenizer(tokenizer, vocab, eos, line_end)
     except ValueError as e:
         raise HFError(f"{folder}: {e}") from None
 

@@ -128,6 +128,7 @@ class Scoring:
     step: int
     mesh: jax.sharding.Mesh
     lengths: list[int]   # the lengths the scheme can encode
+    method: str | None = None  # the training-free method evaluated (experiment/evals/methods.py), if one
 
     def model(self):
         return nnx.merge(self.graphdef, self.params)
@@ -136,7 +137,24 @@ class Scoring:
         """The fields every record of this checkpoint carries (experiment/store/records.py)."""
         return {"scheme": self.config.posenc.name, "train_length": int(self.config.train.seq_len),
                 "step": self.step, "data": data_name(self.config.data), "tokenizer": self.tokenizer.kind,
-                **({"overrides": self.overrides} if self.overrides else {})}
+                **({"overrides": self.overrides} if self.overrides else {}),
+                **({"method": self.method} if self.method else {})}
+
+    def with_overrides(self, base: Config, lengths, overrides: dict, *, skip_impossible: bool = False,
+                       what: str = "eval") -> "Scoring":
+        """The same checkpoint under other eval-time `overrides` of the run's config `base`: its
+        parameters reused where the model they build has the same parameter tree (every eval-time
+        option but a wrapper with parameters), else restored again (load_checkpoint)."""
+        config = apply_overrides(base, overrides)
+        model = abstract_model(config, self.tokenizer.vocab_size)
+        graphdef, abstract_params = nnx.split(model)
+        same = jax.tree.structure(abstract_params) == jax.tree.structure(self.params) and all(
+            a.shape == b.shape for a, b in zip(jax.tree.leaves(abstract_params), jax.tree.leaves(self.params)))
+        if not same:
+            return load_checkpoint(self.run, base, lengths, overrides, skip_impossible=skip_impossible, what=what)
+        kept = _encodable(model.scheme, lengths, skip_impossible, what)
+        return dataclasses.replace(self, config=config, overrides=dict(overrides), graphdef=graphdef, lengths=kept,
+                                   method=None)
 
     def rows_per_batch(self, length: int, batch_tokens: int, at_most: int | None = None) -> int:
         """Windows per batch at `length`: `eval_batch_size`, at most `at_most`, rounded up to whole
@@ -169,6 +187,21 @@ def opened_for_scoring(workdir: str | pathlib.Path | RunDir, purpose: str):
         yield run, run.load_config()
 
 
+def _encodable(scheme, lengths, skip_impossible: bool, what: str) -> list[int]:
+    """The lengths the scheme can encode; another raises its LengthError, or is dropped with a warning
+    when `skip_impossible`."""
+    kept = []
+    for length in lengths:
+        try:
+            scheme.check_length(length)
+            kept.append(int(length))
+        except posenc.LengthError as e:
+            if not skip_impossible:
+                raise
+            log.warning("skipping %s length %d: %s", what, length, e)
+    return kept
+
+
 def load_checkpoint(run: RunDir, config: Config, lengths, overrides: dict, *, skip_impossible: bool = False,
                     what: str = "eval") -> Scoring:
     """The newest readable checkpoint with `overrides` applied, parameters on every device (whatever
@@ -178,15 +211,7 @@ def load_checkpoint(run: RunDir, config: Config, lengths, overrides: dict, *, sk
     config = apply_overrides(config, overrides)
     tokenizer = run.tokenizer(config.data, write=False)
     model = abstract_model(config, tokenizer.vocab_size)
-    kept = []
-    for length in lengths:
-        try:
-            model.scheme.check_length(length)
-            kept.append(int(length))
-        except posenc.LengthError as e:
-            if not skip_impossible:
-                raise
-            log.warning("skipping %s length %d: %s", what, length, e)
+    kept = _encodable(model.scheme, lengths, skip_impossible, what)
     mesh = sharding.mesh_from_config(config)
     graphdef, abstract_params = nnx.split(model)
     params = jax.tree.map(lambda x: jax.ShapeDtypeStruct(x.shape, x.dtype, sharding=NamedSharding(mesh, P())),

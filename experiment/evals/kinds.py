@@ -16,6 +16,7 @@ import pathlib
 from typing import Any, Callable, Sequence
 
 from experiment.config import Config
+from experiment.evals import methods
 from experiment.evals.common import Scoring, apply_overrides, eval_spec, load_checkpoint, opened_for_scoring
 from experiment.store import records
 from experiment.store.run import RunDir
@@ -51,6 +52,8 @@ class Request:
     batch_tokens: int | None = None
     skip_impossible: bool = False  # lengths the scheme cannot encode are skipped with a warning, not refused
     options: dict = dataclasses.field(default_factory=dict)
+    methods: tuple[str, ...] = ()  # training-free methods (experiment/evals/methods.py), each evaluated in turn
+    skip_done: bool = False        # lengths this checkpoint's records already hold with the same settings: skipped
 
     def option(self, option: Option):
         value = self.options.get(option.name)
@@ -72,7 +75,9 @@ class EvalKind:
     `options` it reads, `check(target, request)` -> its settings (raising what is wrong before any
     scoring), `score(scoring, settings, batch_tokens)` -> its records (written as it goes), `line(record)`
     -> the line eval_extrapolate.py prints. `default`: evaluated when a command names no kind;
-    `what`: the word of its warning for a skipped length."""
+    `what`: the word of its warning for a skipped length. `recorded(records, header, settings)` -> the
+    lengths whose records with these settings (and the header's checkpoint step, method and
+    overrides) `records` already holds, for `Request.skip_done` (None: never skipped)."""
     name: str
     help: str
     options: tuple[Option, ...]
@@ -82,6 +87,13 @@ class EvalKind:
     what: str
     default: bool = False
     aliases: tuple[str, ...] = ()
+    recorded: Callable[[list[dict], dict, Any], set[int]] | None = None
+
+
+def same_evaluation(record: dict, header: dict) -> bool:
+    """Whether a record comes from the checkpoint, method and overrides of `header` (Scoring.header)."""
+    return (record.get("step") == header["step"] and record.get("method") == header.get("method")
+            and record.get("overrides", {}) == header.get("overrides", {}))
 
 
 def registry() -> dict[str, EvalKind]:
@@ -127,30 +139,65 @@ def _checked(run: RunDir, config: Config, entries: list[EvalKind], request: Requ
     return target, {entry.name: entry.check(target, request) for entry in entries}
 
 
+def _groups(run: RunDir, config: Config, entries: list[EvalKind],
+            request: Request) -> list[tuple[str | None, Target, dict]]:
+    """[(method or None, target, {kind: settings})]: the request itself, or with `methods` one per method
+    and set of options it takes at the lengths (experiment/evals/methods.py, relative to the run's
+    training length), each checked. A method's name in its records is followed by the command's own
+    --set options where there are any ("yarn [model.attention=dense]"): another curve."""
+    if not request.methods:
+        return [(None, *_checked(run, config, entries, request))]
+    spec = eval_spec(config, request.lengths, stride=0, overrides=request.overrides)
+    base = ", ".join(f"{key}={value}" for key, value in sorted(spec.overrides.items()))
+    out = []
+    for method, overrides, lengths in methods.plan(request.methods, spec.lengths, int(config.train.seq_len),
+                                                   spec.overrides):
+        one = dataclasses.replace(request, lengths=lengths, overrides=overrides, methods=())
+        out.append((f"{method} [{base}]" if base else method, *_checked(run, config, entries, one)))
+    return out
+
+
 def check_request(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], request: Request) -> None:
     """Raise unless every kind of `kinds` can start on the run with `request`: the run and its
-    checkpoint, the lengths and the overrides, each kind's options (a length the scheme cannot
-    encode is reported when the checkpoint is loaded)."""
+    checkpoint, the lengths and the overrides (of every method asked), each kind's options (a length
+    the scheme cannot encode is reported when the checkpoint is loaded)."""
     entries = chosen(kinds)
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
     run.require_checkpoint()
-    _checked(run, run.load_config(), entries, request)
+    _groups(run, run.load_config(), entries, request)
 
 
 def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], request: Request = Request(), *,
                    say: Callable[[str], None] | None = None) -> dict[str, list[dict]]:
     """{kind: its new records} for each of `kinds`, scored on the run's newest readable checkpoint,
-    restored once for all of them; every kind's request is checked before any scoring. `say` gets
-    each record's line (`EvalKind.line`) as its kind finishes."""
+    restored once for all of them (and for every method: its options change no parameter); every
+    kind's request, for every method, is checked before any scoring. `say` gets each record's line
+    (`EvalKind.line`) as its kind finishes. With `request.skip_done`, the lengths whose records the run
+    already holds with the same settings are not scored again (a repeated command resumes)."""
     entries = chosen(kinds)
+    results: dict[str, list[dict]] = {entry.name: [] for entry in entries}
     with opened_for_scoring(workdir, "evaluation") as (run, config):
-        target, settings = _checked(run, config, entries, request)
-        scoring = load_checkpoint(run, config, target.lengths, target.overrides,
-                                  skip_impossible=request.skip_impossible, what=" and ".join(e.what for e in entries))
-        batch_tokens = int(request.batch_tokens or scoring.config.eval.batch_tokens)
-        results = {}
-        for entry in entries:
-            results[entry.name] = entry.score(scoring, settings[entry.name], batch_tokens)
-            for record in results[entry.name] if say else ():
-                say(entry.line(record))
+        groups = _groups(run, config, entries, request)
+        what = " and ".join(e.what for e in entries)
+        scoring = None
+        for method, target, settings in groups:
+            if scoring is None:
+                scoring = load_checkpoint(run, config, target.lengths, target.overrides,
+                                          skip_impossible=request.skip_impossible, what=what)
+            else:
+                scoring = scoring.with_overrides(config, target.lengths, target.overrides,
+                                                 skip_impossible=request.skip_impossible, what=what)
+            scoring = dataclasses.replace(scoring, method=method)
+            batch_tokens = int(request.batch_tokens or scoring.config.eval.batch_tokens)
+            for entry in entries:
+                todo = scoring
+                if request.skip_done and entry.recorded is not None:
+                    done = entry.recorded(run.records(entry.name), scoring.header(), settings[entry.name])
+                    todo = dataclasses.replace(scoring, lengths=[n for n in scoring.lengths if n not in done])
+                    if not todo.lengths:
+                        continue
+                records_ = entry.score(todo, settings[entry.name], batch_tokens)
+                results[entry.name] += records_
+                for record in records_ if say else ():
+                    say(entry.line(record))
     return results

@@ -17,14 +17,13 @@ import pathlib
 from typing import Callable, Sequence
 
 import jax
-import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 from jax.sharding import NamedSharding, PartitionSpec as P
 
 from corpora import passkey as task
 from experiment.evals.common import Scoring, apply_overrides, window_positions
-from experiment.evals.kinds import EvalKind, Option, Request, Target, evaluate_kinds
+from experiment.evals.kinds import EvalKind, Option, Request, Target, evaluate_kinds, same_evaluation
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
 from experiment.store.run import RunDir
@@ -133,7 +132,7 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
     def predict(params, inputs, rows):
         model = nnx.merge(graphdef, params)
         positions = window_positions(model.scheme, config, rows, inputs.shape[1])  # randomized: per example
-        return jnp.argmax(model(inputs, positions), axis=-1).astype(jnp.int32)
+        return model.next_tokens(inputs, positions)
 
     batch_sharding = sharding.batch_sharding(scoring.mesh)
     fields = {**scoring.header(), "digits": spec.digits, "seed": spec.seed, "chance": 10.0 ** -spec.digits,
@@ -179,7 +178,16 @@ def _check(target: Target, request: Request) -> PasskeySpec:
     return checked_spec(target.run, target.config, list(target.lengths), spec, target.overrides)
 
 
+def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> set[int]:
+    """The lengths at which `recs` hold every depth of `spec` for this checkpoint, method and overrides."""
+    cells = {(int(r["eval_length"]), float(r["depth"])) for r in recs if same_evaluation(r, header)
+             and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell}
+    lengths = {length for length, _ in cells}
+    return {n for n in lengths if all((n, float(d)) in cells for d in spec.depths)}
+
+
 KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and depth) into DIR/eval/passkey.json",
                 OPTIONS, _check, lambda scoring, spec, batch_tokens: _evaluate_passkey(scoring, spec, batch_tokens),
-                lambda r: f"passkey L={r['eval_length']:>6}  depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}",
-                "passkey")
+                lambda r: (f"passkey{' ' + r['method'] if r.get('method') else ''} L={r['eval_length']:>6}  "
+                           f"depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}"),
+                "passkey", recorded=_recorded)

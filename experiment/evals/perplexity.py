@@ -23,7 +23,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 import corpora
 from experiment.evals.common import EvalSpec, Scoring, binned, eval_spec, window_positions
-from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds
+from experiment.evals.kinds import EvalKind, Option, Request, SPLIT, Target, evaluate_kinds, same_evaluation
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
 from experiment.store import records
@@ -135,11 +135,18 @@ def _check(target: Target, request: Request) -> EvalSpec:
 
 def _line(r: dict) -> str:
     extra = f"  word ppl {r['word_ppl']:.2f}" if "word_ppl" in r else ""
-    return (f"{r['scheme']:>12}  L={r['eval_length']:>6}  S={r['stride']:>6}  tokens {r['tokens']:>9,}  "
+    method = f"  {r['method']}" if r.get("method") else ""
+    return (f"{r['scheme']:>12}{method}  L={r['eval_length']:>6}  S={r['stride']:>6}  tokens {r['tokens']:>9,}  "
             f"ppl {r['ppl']:10.3f}{extra}")
+
+
+def _recorded(recs: list[dict], header: dict, spec: EvalSpec) -> set[int]:
+    """The lengths `recs` hold a record of for this checkpoint, method, overrides and `spec`."""
+    return {int(r["eval_length"]) for r in recs if same_evaluation(r, header) and r.get("split") == spec.split
+            and int(r.get("max_tokens", 0)) == spec.max_tokens and r["stride"] == (spec.stride or r["eval_length"])}
 
 
 KIND = EvalKind("perplexity", "score perplexity: the default when neither --passkey nor --attention is given; "
                 "add it to them to score it too", (STRIDE, SPLIT, MAX_TOKENS), _check,
                 lambda scoring, spec, batch_tokens: _evaluate(scoring, spec, batch_tokens), _line, "eval",
-                default=True)
+                default=True, recorded=_recorded)

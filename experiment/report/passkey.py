@@ -14,14 +14,15 @@ import numpy as np
 
 from experiment.report import plots
 from experiment.report.runs import describe, distinguish, file_stems, name_runs
+from experiment.store.records import curve_options
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
-    """{(digits, overrides json, checkpoint step): records}, in a stable order (newest step first);
+    """{(digits, curve options json, checkpoint step): records}, in a stable order (newest step first);
     records of two checkpoints are two series, never averaged together."""
     out = defaultdict(list)
     for r in records:
-        out[(int(r.get("digits", 4)), json.dumps(r.get("overrides", {}), sort_keys=True), r.get("step"))].append(r)
+        out[(int(r.get("digits", 4)), curve_options(r), r.get("step"))].append(r)
     return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or 0))))
 
 
@@ -30,7 +31,8 @@ def _series_label(label: str, key: tuple, groups: dict) -> str:
     digits, overrides, step = key
     extra = []
     if len({k[:2] for k in groups}) > 1:
-        extra += [f"{digits} digits"] + [f"{k.split('.')[-1]}={v}" for k, v in sorted(json.loads(overrides).items())]
+        extra += [f"{digits} digits"] + [v if k == "method" else f"{k.split('.')[-1]}={v}"
+                                         for k, v in sorted(json.loads(overrides).items())]
     if len({k[2] for k in groups}) > 1:
         extra.append(f"step {step}")
     return f"{label}, {', '.join(extra)}" if extra else label

@@ -21,12 +21,20 @@ import json
 from typing import Callable
 
 
+def curve_options(record: dict) -> str:
+    """What sets a record's curve apart besides split, stride and tokens, as JSON: its eval-time
+    overrides, or for a training-free method (experiment/evals/methods.py, whose options follow the
+    length) {"method": name}: one curve per method, not one per option value."""
+    if record.get("method"):
+        return json.dumps({"method": record["method"]})
+    return json.dumps(record.get("overrides", {}), sort_keys=True)
+
+
 def series_key(record: dict) -> tuple:
-    """The curve a record belongs to: (split, stride kind, max_tokens, overrides); the stride kind is
-    'nonoverlapping' where stride == eval_length, else the stride."""
+    """The curve a record belongs to: (split, stride kind, max_tokens, curve_options); the stride kind
+    is 'nonoverlapping' where stride == eval_length, else the stride."""
     kind = "nonoverlapping" if record["stride"] == record["eval_length"] else int(record["stride"])
-    return (record.get("split", "valid"), kind, int(record.get("max_tokens", 0)),
-            json.dumps(record.get("overrides", {}), sort_keys=True))
+    return (record.get("split", "valid"), kind, int(record.get("max_tokens", 0)), curve_options(record))
 
 
 def record_key(record: dict) -> tuple:
@@ -36,13 +44,12 @@ def record_key(record: dict) -> tuple:
 
 def passkey_key(record: dict) -> tuple:
     """One passkey record per (eval_length, depth, digits, overrides)."""
-    return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)),
-            json.dumps(record.get("overrides", {}), sort_keys=True))
+    return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)), curve_options(record))
 
 
 def attention_key(record: dict) -> tuple:
     """One attention record per (split, eval_length, overrides)."""
-    return (record.get("split"), int(record["eval_length"]), json.dumps(record.get("overrides", {}), sort_keys=True))
+    return (record.get("split"), int(record["eval_length"]), curve_options(record))
 
 
 def json_type(value) -> str:
@@ -159,7 +166,7 @@ def series_label(key: tuple) -> str:
     if max_tokens:
         label += f", first {max_tokens:,} tokens"
     for name, value in sorted(json.loads(overrides).items()):
-        label += f", {name.split('.')[-1]}={value}"
+        label += f", {value}" if name == "method" else f", {name.split('.')[-1]}={value}"
     return label
 
 

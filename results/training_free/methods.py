@@ -22,6 +22,7 @@ REPO = pathlib.Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO))
 
 from experiment.evals import PasskeySpec, evaluate, evaluate_passkey  # noqa: E402
+from experiment.evals import methods as training_free  # noqa: E402
 from experiment.store.run import RunDir  # noqa: E402
 
 MULTIPLES = (1, 2, 4, 8, 16)
@@ -29,23 +30,12 @@ LOGN = {"posenc.name": "logn"}
 
 
 def settings(method: str, k: int, train_length: int) -> dict[str, str]:
-    """The --set options of `method` at L_valid = k L (k = 1: none for a method that only rescales:
-    its factor would be 1). Factors follow the length: scale = L_valid / L where a method takes one."""
-    rope = lambda **options: {f"posenc.rope.{key}": str(value) for key, value in options.items()}
-    if method in ("PI", "NTK-aware", "YaRN", "Llama 3", "Self-Extend") and k == 1:
-        return {}
-    return {"direct": {},
-            "PI": rope(pi_factor=1 / k),
-            "NTK-aware": rope(ntk_alpha=k),
-            "dynamic NTK": rope(dynamic_ntk="true", dynamic_ntk_factor=2),
-            "YaRN": rope(yarn_scale=k),
-            "Llama 3": rope(llama3_factor=k),
-            "ReRoPE": rope(rerope_window=train_length // 2),
-            "Self-Extend": rope(self_extend_window=train_length // 4, self_extend_group=2 * k),
-            "DCA": rope(dca_chunk_size=3 * train_length // 4, dca_local_window=train_length // 16),
-            }[method]
+    """The --set options of `method` (its label in the tables) at L_valid = k L: the library's
+    (experiment/evals/methods.py; k = 1: none for a method that only rescales, its factor would be 1)."""
+    return training_free.options(BY_LABEL[method], k * train_length, train_length)
 
 
+BY_LABEL = {method.label: name for name, method in training_free.METHODS.items()}
 METHODS = ("direct", "PI", "NTK-aware", "dynamic NTK", "YaRN", "Llama 3", "ReRoPE", "Self-Extend", "DCA")
 PASSKEY = PasskeySpec(depths=(0.0, 0.25, 0.5, 0.75, 1.0), per_cell=20, seed=1234, digits=None)
 

