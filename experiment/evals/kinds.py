@@ -75,9 +75,10 @@ class EvalKind:
     `options` it reads, `check(target, request)` -> its settings (raising what is wrong before any
     scoring), `score(scoring, settings, batch_tokens)` -> its records (written as it goes), `line(record)`
     -> the line eval_extrapolate.py prints. `default`: evaluated when a command names no kind;
-    `what`: the word of its warning for a skipped length. `recorded(records, header, settings)` -> the
-    lengths whose records with these settings (and the header's checkpoint step, method and
-    overrides) `records` already holds, for `Request.skip_done` (None: never skipped)."""
+    `what`: the word of its warning for a skipped length. `recorded(records, header, settings)` ->
+    {length: the records that stand for its evaluation} where `records` already hold one with these
+    settings and the header's checkpoint step, method and overrides (`Request.skip_done`, and a
+    method whose options equal an evaluation's already recorded); None: never skipped."""
     name: str
     help: str
     options: tuple[Option, ...]
@@ -87,7 +88,7 @@ class EvalKind:
     what: str
     default: bool = False
     aliases: tuple[str, ...] = ()
-    recorded: Callable[[list[dict], dict, Any], set[int]] | None = None
+    recorded: Callable[[list[dict], dict, Any], dict[int, list[dict]]] | None = None
 
 
 def same_evaluation(record: dict, header: dict) -> bool:
@@ -190,14 +191,31 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
             scoring = dataclasses.replace(scoring, method=method)
             batch_tokens = int(request.batch_tokens or scoring.config.eval.batch_tokens)
             for entry in entries:
-                todo = scoring
-                if request.skip_done and entry.recorded is not None:
-                    done = entry.recorded(run.records(entry.name), scoring.header(), settings[entry.name])
-                    todo = dataclasses.replace(scoring, lengths=[n for n in scoring.lengths if n not in done])
-                    if not todo.lengths:
-                        continue
-                records_ = entry.score(todo, settings[entry.name], batch_tokens)
-                results[entry.name] += records_
-                for record in records_ if say else ():
+                lengths, new = list(scoring.lengths), []
+                if entry.recorded is not None:
+                    header, recs = scoring.header(), run.records(entry.name)
+                    if request.skip_done:
+                        done = entry.recorded(recs, header, settings[entry.name])
+                        lengths = [n for n in lengths if n not in done]
+                    if method is not None:  # the same options as an evaluation recorded: its records, relabelled
+                        same = _identical(entry, recs, header, settings[entry.name], lengths)
+                        lengths = [n for n in lengths if n not in {int(r["eval_length"]) for r in same}]
+                        scoring.write(entry.name, same)
+                        new += same
+                if lengths:
+                    new += entry.score(dataclasses.replace(scoring, lengths=lengths), settings[entry.name],
+                                       batch_tokens)
+                results[entry.name] += new
+                for record in new if say else ():
                     say(entry.line(record))
     return results
+
+
+def _identical(entry: EvalKind, recs: list[dict], header: dict, settings, lengths: list[int]) -> list[dict]:
+    """Records of `recs` at `lengths` from an evaluation with the same checkpoint, overrides and
+    settings as `header`'s but another method (or none), relabelled as this method's, `same_as`
+    naming the one evaluated: a method that sets nothing at a length (YaRN within the window) is the
+    model evaluated as trained there, scored once."""
+    others = [{**r, "method": header["method"], "same_as": r.get("same_as") or r.get("method") or "as trained"}
+              for r in recs if r.get("method") != header["method"] and int(r["eval_length"]) in lengths]
+    return [r for records_ in entry.recorded(others, header, settings).values() for r in records_]

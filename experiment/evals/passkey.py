@@ -142,7 +142,8 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         size = scoring.rows_per_batch(length, batch_tokens, at_most=len(batch))
 
-        with Progress(f"passkey {config.posenc.name} L={length}", math.ceil(len(batch) / size), "batches",
+        method = f" {scoring.method}" if scoring.method else ""
+        with Progress(f"passkey {config.posenc.name}{method} L={length}", math.ceil(len(batch) / size), "batches",
                       shown=scoring.run.writer) as progress:
             def fn(inputs, rows):
                 arrays = sharding.global_batch(batch_sharding, inputs.shape,
@@ -152,7 +153,7 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
                 return predicted
 
             cells = cell_records(batch, score_examples(fn, batch, size), length, **fields)
-        log.info("passkey %s L=%d: accuracy %s", config.posenc.name, length,
+        log.info("passkey %s%s L=%d: accuracy %s", config.posenc.name, method, length,
                  ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells))
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         results.extend(cells)
@@ -178,12 +179,14 @@ def _check(target: Target, request: Request) -> PasskeySpec:
     return checked_spec(target.run, target.config, list(target.lengths), spec, target.overrides)
 
 
-def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> set[int]:
-    """The lengths at which `recs` hold every depth of `spec` for this checkpoint, method and overrides."""
-    cells = {(int(r["eval_length"]), float(r["depth"])) for r in recs if same_evaluation(r, header)
+def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> dict[int, list[dict]]:
+    """{length: its records, one per depth of `spec`} where `recs` hold every depth of `spec` at that
+    length from this checkpoint, method and overrides."""
+    cells = {(int(r["eval_length"]), float(r["depth"])): r for r in recs if same_evaluation(r, header)
              and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell}
     lengths = {length for length, _ in cells}
-    return {n for n in lengths if all((n, float(d)) in cells for d in spec.depths)}
+    return {n: [cells[(n, float(d))] for d in spec.depths] for n in sorted(lengths)
+            if all((n, float(d)) in cells for d in spec.depths)}
 
 
 KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and depth) into DIR/eval/passkey.json",

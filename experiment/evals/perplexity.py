@@ -95,7 +95,8 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
     total, count = 0.0, 0.0
     pos_nll, pos_count = np.zeros(length), np.zeros(length)
     t0 = time.perf_counter()
-    with Progress(f"eval {config.posenc.name} L={length} S={s}", math.ceil(len(windows) / batch), "batches",
+    method = f" {scoring.method}" if scoring.method else ""
+    with Progress(f"eval {config.posenc.name}{method} L={length} S={s}", math.ceil(len(windows) / batch), "batches",
                   shown=scoring.run.writer) as progress:
         for index, (inputs, targets, weights) in enumerate(corpora.eval_batches(stream, length, s, batch,
                                                                                 tokenizer.eos_id)):
@@ -118,7 +119,7 @@ def _score_length(scoring: Scoring, spec: EvalSpec, length: int, text: tuple, sc
               "max_tokens": int(spec.max_tokens), "position_nll": binned(pos_nll, pos_count)}
     if tokenizer.kind != "word":
         record.update(words=words, word_ppl=math.exp(total / words))
-    log.info("%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, length, s, record["ppl"], count)
+    log.info("%s%s L=%d S=%d: ppl %.3f over %d tokens", config.posenc.name, method, length, s, record["ppl"], count)
     return record
 
 
@@ -140,9 +141,9 @@ def _line(r: dict) -> str:
             f"ppl {r['ppl']:10.3f}{extra}")
 
 
-def _recorded(recs: list[dict], header: dict, spec: EvalSpec) -> set[int]:
-    """The lengths `recs` hold a record of for this checkpoint, method, overrides and `spec`."""
-    return {int(r["eval_length"]) for r in recs if same_evaluation(r, header) and r.get("split") == spec.split
+def _recorded(recs: list[dict], header: dict, spec: EvalSpec) -> dict[int, list[dict]]:
+    """{length: its record} of the records in `recs` from this checkpoint, method, overrides and `spec`."""
+    return {int(r["eval_length"]): [r] for r in recs if same_evaluation(r, header) and r.get("split") == spec.split
             and int(r.get("max_tokens", 0)) == spec.max_tokens and r["stride"] == (spec.stride or r["eval_length"])}
 
 

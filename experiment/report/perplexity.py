@@ -3,6 +3,7 @@ tables per unit of perplexity (byte, BPE token, word), and the published curves 
 beside ours only where dataset, split, unit and training length match theirs."""
 from __future__ import annotations
 
+import json
 import pathlib
 from collections import defaultdict
 
@@ -143,21 +144,24 @@ def positions_figure(runs: list[dict]):
 
 
 def table(runs: list[dict], paper_mode: str = "auto") -> str:
-    """Markdown: one table per (unit, split, series); rows = L_valid, columns = runs (Table 2 style)
+    """Markdown: one table per (unit, split, series), the training-free methods of a series in one
+    (a column per run and method); rows = L_valid, columns = runs (Table 2 style)
     with their checkpoint step (a run evaluated at two checkpoints: a column each), word-level perplexity beside it for byte / BPE runs on WikiText, and
     the paper's number where it has one."""
     tables = defaultdict(list)
     for unit, entries in _by_unit(runs).items():
         for _, run, key, points, _ in entries:
-            tables[(unit, key)].append((run, points))
+            method = json.loads(key[3]).get("method") if key[3].startswith('{"method"') else None
+            tables[(unit, key[:3] + ('{"method": "*"}',) if method else key)].append((run, points, method))
     blocks = []
     for (unit, key), columns in tables.items():
-        header, getters, papers = ["L_valid"], [], set()
-        for run, points in columns:
+        header, getters, papers, repeated = ["L_valid"], [], set(), False
+        for run, points, method in columns:
             pts = {r["eval_length"]: r for r in points}
             note = checkpoint_note(points)
-            header.append(f"{run['label']} ({unit} ppl{', ' + note if note else ''})")
-            getters.append(lambda l, pts=pts: pts[l]["ppl"] if l in pts else None)
+            header.append(f"{run['label']}{', ' + method if method else ''} ({unit} ppl{', ' + note if note else ''})")
+            getters.append(_ppl_of(pts))
+            repeated = repeated or any(r.get("same_as") for r in points)
             if run["wikitext"] and any("word_ppl" in r for r in points):
                 header.append(f"{run['label']} (word ppl)")
                 getters.append(lambda l, pts=pts: pts[l].get("word_ppl") if l in pts else None)
@@ -166,19 +170,36 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
                 papers.add((run["scheme"], run["train_length"]))
                 header.append(f"{paper.CITATION} (word ppl)")
                 getters.append(ref.get)
-        heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _ in columns],
-                       f"{key[0]}, {records.series_label(key)}", labels_in="column headers")
+        series = records.series_label(key).replace(", *", ", training-free methods")
+        heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _, _ in columns],
+                        f"{key[0]}, {series}", labels_in="column headers")
         lines = [f"### {heading}", "", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-        for length in sorted({r["eval_length"] for _, points in columns for r in points}):
-            cells = [str(length)] + [("" if (v := get(length)) is None else f"{v:.2f}") for get in getters]
+        for length in sorted({r["eval_length"] for _, points, _ in columns for r in points}):
+            cells = [str(length)] + [_cell(get(length)) for get in getters]
             lines.append("| " + " | ".join(cells) + " |")
-        tokens = sorted({r["tokens"] for _, points in columns for r in points})
+        tokens = sorted({r["tokens"] for _, points, _ in columns for r in points})
         lines += ["", f"{unit_names(unit)[1].capitalize()}s scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
-        if any(paper_curve(run, unit, key, paper_mode) for run, _ in columns):
+        if repeated:
+            lines.append("*: the method sets nothing at this length (a factor of 1 within the window): the model as "
+                         "evaluated without it, scored once and shown in its column too.")
+        if any(paper_curve(run, unit, key, paper_mode) for run, _, _ in columns):
             lines.append(f"{paper.CITATION}: WikiText-103 valid, 247M-parameter word-level model"
                          + ("" if key[1] == "nonoverlapping" else ", stride 1") + ".")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
+
+
+def _ppl_of(pts: dict[int, dict]):
+    """The table cell getter of one column: its perplexity at a length, marked * where the record
+    repeats another method's (`same_as`)."""
+    def get(length):
+        r = pts.get(length)
+        return None if r is None else f"{r['ppl']:.2f}*" if r.get("same_as") else r["ppl"]
+    return get
+
+
+def _cell(value) -> str:
+    return "" if value is None else value if isinstance(value, str) else f"{value:.2f}"
 
 
 def write(runs: list[dict], out: pathlib.Path, paper_mode: str = "auto") -> dict:

@@ -220,7 +220,7 @@ def figure(collected: dict):
     for ax in axes[1:]:
         ax.set_yticks(range(len(labels)), [""] * len(labels))
         ax.tick_params(axis="y", length=0)
-    titles = [f"perplexity\nat L = {L}", f"perplexity / perplexity at L\n(log colour; green: no worse than at L)",
+    titles = [f"perplexity\nat L = {L}", "perplexity / perplexity at L\n(log colour; green: no worse than at L)",
               "passkey accuracy (exact match,\nmean over depths)"]
     for ax, text in zip(axes, titles):
         ax.set_xlabel(text, fontsize=9)

@@ -83,7 +83,8 @@ TEXT = (lambda v: isinstance(v, str), "a string")
 OPTIONS = (lambda v: isinstance(v, dict), "an object of option: value")
 BINS = (lambda v: _pairs(v, 2), "a list of [first, last] position bins")
 POSITION_NLL = (lambda v: _pairs(v, 3), "a list of [first, last, loss] rows")
-HEADER = {"step": COUNT, "train_length": POSITIVE, "scheme": TEXT, "tokenizer": TEXT, "overrides": OPTIONS}
+HEADER = {"step": COUNT, "train_length": POSITIVE, "scheme": TEXT, "tokenizer": TEXT, "overrides": OPTIONS,
+          "method": TEXT, "same_as": TEXT}  # method: experiment/evals/methods.py; same_as: the record it repeats
 
 
 def _attention_shapes(record: dict) -> str | None:

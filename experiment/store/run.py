@@ -280,8 +280,8 @@ class RunDir:
                     "--workdir NEW)")
         if base:
             return f"it came from the run this one started from: cp {base}/tokenizer.json {self.tokenizer_path}"
-        return (f"delete it and run this run's train.py command again: it is rebuilt from the train split (a "
-                f"vocabulary that does not fit the checkpoint is refused)")
+        return ("delete it and run this run's train.py command again: it is rebuilt from the train split (a "
+                "vocabulary that does not fit the checkpoint is refused)")
 
     # --- checkpoints (their steps; saving and restoring: experiment/store/checkpoints.py) -------
     def steps(self) -> list[int]:

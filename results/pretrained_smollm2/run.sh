@@ -19,7 +19,7 @@ QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
 if [ "$QUICK" = 1 ]; then
   W=${W:-runs/smollm2_quick}
   [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # data: the built-in corpus
-  "$PY" eval_extrapolate.py --workdir "$W" --split test --max_tokens 16385 --skip_done \
+  "$PY" eval_extrapolate.py --workdir "$W" --split test --max_tokens 16384 --skip_done \
       --methods direct,yarn,self_extend --lengths 2048,8192,16384
   "$PY" report.py "$W" --out "$W/report"
   exit 0
@@ -29,7 +29,7 @@ W=${W:-runs/pretrained_smollm2}
 OUT=${OUT:-results/pretrained_smollm2}
 DATA=${DATA:-../shared/data/wikitext/wikitext-103-raw}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W" --data_source local --data_path "$DATA"
-PPL=(--split test --max_tokens 32769 --skip_done)
+PPL=(--split test --max_tokens 32768 --skip_done)
 ALL=direct,pi,ntk,dynamic_ntk,yarn,llama3,rerope,self_extend,dca,lm_infinite
 # perplexity: every method to 2x the window; log-n on top beyond the window (within it log-n is the identity)
 "$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods "$ALL" --lengths 2048,4096,8192,16384

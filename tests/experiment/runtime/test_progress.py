@@ -27,6 +27,20 @@ def test_without_a_terminal_a_line_says_what_is_done_and_what_is_left(caplog):
     assert caplog.records == []
 
 
+def test_a_line_a_minute_while_one_item_takes_longer(caplog):
+    """A single long item (one 16k-token forward pass) still shows the work moving."""
+    import time
+    caplog.set_level(logging.INFO, logger=progress.__name__)
+    with progress.Progress("eval x L=16384", 2, "batches", every_s=0.2) as p:
+        time.sleep(0.7)
+        p.update()
+    lines = [r.getMessage() for r in caplog.records]
+    assert lines and lines[0].startswith("eval x L=16384: 0 of 2 batches done, ") and "working on the next" in lines[0]
+    count = len(caplog.records)
+    time.sleep(0.5)
+    assert len(caplog.records) == count  # none once closed
+
+
 def test_evaluations_report_each_batch_in_the_log(tmp_path, caplog, monkeypatch):
     data = tmp_path / "data"
     data.mkdir()
