@@ -9,11 +9,13 @@ curve per method rather than one per option value. A name with `+logn` adds log-
 `logn` wrapper around the run's scheme, posenc.name=logn) to the method: `yarn+logn`.
 
 The settings are those of results/training_free/ (the survey's experiment), for L_valid = k L:
-factors follow k (PI 1/k, NTK-aware alpha k, YaRN and Llama 3 scale k, Self-Extend group 2k); at or
-below the window (k <= 1) a method that only rescales sets nothing (its factor would be 1); windowed
-methods keep windows in proportion to L at every length (ReRoPE L/2; Self-Extend a neighbour window
-of L/4; Dual Chunk Attention chunks of 3L/4 with a local window of L/16; LM-Infinite 10 sink tokens and
-a window of L; dynamic NTK its factor 2 from the window on). Nothing here imports JAX.
+factors follow k (PI 1/k, NTK-aware alpha k, YaRN and Llama 3 scale k, Self-Extend group 2k);
+windowed methods keep windows in proportion to L at every length (ReRoPE L/2; Self-Extend a
+neighbour window of L/4; Dual Chunk Attention chunks of 3L/4 with a local window of L/16; LM-Infinite
+10 sink tokens and a window of L; dynamic NTK its factor 2). Where a method changes nothing (a factor
+of 1 at k <= 1, dynamic NTK and LM-Infinite within the window, ReRoPE up to L/2, DCA up to one chunk)
+it sets nothing: the model as trained, whose evaluation --methods then scores once for all of them
+(experiment/evals/kinds.py). Nothing here imports JAX.
 """
 from __future__ import annotations
 
@@ -32,31 +34,38 @@ def _rope(**options) -> dict[str, str]:
     return {f"posenc.rope.{key}": value if isinstance(value, str) else _number(value) for key, value in options.items()}
 
 
+def _window(L: int) -> int:
+    return L
+
+
 @dataclasses.dataclass(frozen=True)
 class Method:
-    """A method: how tables name it, what it cites, and its options at L_valid = k L (`options(k, L)`)."""
+    """A method: how tables name it, what it cites, its options at L_valid = k L (`options(k, L)`), and
+    the length up to which it changes nothing (`acts_beyond(L)`: a factor of 1 within the window, a
+    window of its own that the whole sequence fits in), where it sets nothing: the model as trained."""
     label: str
     citation: str
     options: Callable[[float, int], dict[str, str]]
-    rescales: bool = False  # a factor that follows k: nothing to set at k <= 1
+    acts_beyond: Callable[[int], int] = _window
 
     def at(self, eval_length: int, train_length: int) -> dict[str, str]:
-        k = eval_length / train_length
-        return {} if self.rescales and k <= 1 else self.options(k, train_length)
+        if eval_length <= self.acts_beyond(train_length):
+            return {}
+        return self.options(eval_length / train_length, train_length)
 
 
 METHODS: dict[str, Method] = {
     "direct": Method("direct", "RoPE as trained", lambda k, L: {}),
-    "pi": Method("PI", "Chen et al. 2023", lambda k, L: _rope(pi_factor=1 / k), rescales=True),
-    "ntk": Method("NTK-aware", "bloc97 2023", lambda k, L: _rope(ntk_alpha=k), rescales=True),
+    "pi": Method("PI", "Chen et al. 2023", lambda k, L: _rope(pi_factor=1 / k)),
+    "ntk": Method("NTK-aware", "bloc97 2023", lambda k, L: _rope(ntk_alpha=k)),
     "dynamic_ntk": Method("dynamic NTK", "emozilla 2023", lambda k, L: _rope(dynamic_ntk="true", dynamic_ntk_factor=2)),
-    "yarn": Method("YaRN", "Peng et al. 2024", lambda k, L: _rope(yarn_scale=k), rescales=True),
-    "llama3": Method("Llama 3", "Meta 2024", lambda k, L: _rope(llama3_factor=k), rescales=True),
-    "rerope": Method("ReRoPE", "Su 2023", lambda k, L: _rope(rerope_window=L // 2)),
+    "yarn": Method("YaRN", "Peng et al. 2024", lambda k, L: _rope(yarn_scale=k)),
+    "llama3": Method("Llama 3", "Meta 2024", lambda k, L: _rope(llama3_factor=k)),
+    "rerope": Method("ReRoPE", "Su 2023", lambda k, L: _rope(rerope_window=L // 2), acts_beyond=lambda L: L // 2),
     "self_extend": Method("Self-Extend", "Jin et al. 2024",
-                          lambda k, L: _rope(self_extend_window=L // 4, self_extend_group=math.ceil(2 * k)),
-                          rescales=True),
-    "dca": Method("DCA", "An et al. 2024", lambda k, L: _rope(dca_chunk_size=3 * L // 4, dca_local_window=L // 16)),
+                          lambda k, L: _rope(self_extend_window=L // 4, self_extend_group=math.ceil(2 * k))),
+    "dca": Method("DCA", "An et al. 2024", lambda k, L: _rope(dca_chunk_size=3 * L // 4, dca_local_window=L // 16),
+                  acts_beyond=lambda L: 3 * L // 4),
     "lm_infinite": Method("LM-Infinite", "Han et al. 2024", lambda k, L: {"model.attention_sinks": "10"}),
 }
 
