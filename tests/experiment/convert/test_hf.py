@@ -18,10 +18,11 @@ from experiment.convert.hf import export_hf, hf_rope_parameters, import_hf
 from experiment.evals import evaluate
 from experiment.evals.common import load_checkpoint
 from experiment.store import checkpoints
-from experiment.store.run import RunDir
+from experiment.store.run import RunDir, RunError
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import REPO, run_entry
+from tests.experiment.report.synthetic import fake_run
 
 FIXTURES = REPO / "tests" / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
@@ -211,6 +212,22 @@ def test_export_gives_the_stored_logits_and_tensors(tmp_path, arch, case):
     assert set(original) == set(exported)
     for name in original:
         np.testing.assert_array_equal(original[name], exported[name], err_msg=name)
+
+
+def test_export_writes_only_into_a_folder_it_owns(tmp_path):
+    """Issue 32: --out set to the run itself, to another run or to a folder of the user's files had
+    its config.json and tokenizer.json replaced (the run was then refused as damaged)."""
+    run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run").path
+    other = fake_run(tmp_path, "rope", 64, "/data/corpus", {64: 5.0}, name="other")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "own"}')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for out, what in ((run, "is a run folder"), (other, "is a run folder"),
+                      (mine, r"holds files that export_hf.py did not write \(config.json\)")):
+        with pytest.raises(RunError, match=rf"^--out {out} {what}.*give a new or empty folder, e.g. --out {out}_hf"):
+            export_hf(run, out)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_export_entry_point_and_rope_without_hf_form(tmp_path):

@@ -10,7 +10,6 @@ import pytest
 from experiment import config as config_lib
 from experiment.train import train
 from experiment.evals.common import load_checkpoint
-from experiment.report.runs import refuse_folders_of_runs
 from experiment.store.run import RunDir, RunError
 from experiment.train import train
 from tests.conftest import tiny_config
@@ -91,11 +90,3 @@ def test_a_failed_attempt_with_a_damaged_config_json_is_cleared(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     run.clear_leftovers(config_lib.resolve(tiny_config("alibi")))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
-
-
-def test_a_sweep_folder_given_for_its_runs_says_how_to_name_them(run, tmp_path):
-    """Issue 22, item 15: report.py SWEEP_ROOT advised evaluating the root."""
-    with pytest.raises(RunError, match=rf"{tmp_path} is not a run but holds 1 runs .*python report.py {tmp_path}/\* "
-                                       r"--out out"):
-        refuse_folders_of_runs([run.path, tmp_path], "out")
-    refuse_folders_of_runs([run.path], "out")  # a run is fine
