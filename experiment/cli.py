@@ -20,6 +20,7 @@ from experiment import config as config_lib
 from experiment.config import ConfigError
 from experiment.runtime import interrupts
 from experiment.runtime.start import start_runtime
+from experiment.store.files import NoSpace, out_of_space
 from posenc.domains import Domain
 
 
@@ -51,14 +52,17 @@ def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None
             _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
         except KeyboardInterrupt:
             _stop(130, "interrupted; what was written before is kept (every file is replaced whole)")
-        except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
+        except Exception as e:  # noqa: BLE001 - the user's errors are one line; the code's keep their traceback
             if os.environ.get("LX_TRACEBACK"):
                 raise
-            _stop(2, f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
-        except OSError as e:
-            if e.errno not in USER_OS_ERRORS or os.environ.get("LX_TRACEBACK"):
-                raise
-            _stop(2, f"error: cannot write {e.filename or 'a file'} ({e.strerror})")
+            full = out_of_space(e)
+            if full is not None:  # whatever library was writing
+                _stop(2, f"error: {full if isinstance(full, NoSpace) else NoSpace(full.filename or 'a file')}")
+            if isinstance(e, (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError)):
+                _stop(2, f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
+            if isinstance(e, OSError) and e.errno in USER_OS_ERRORS:
+                _stop(2, f"error: cannot write {e.filename or 'a file'} ({e.strerror})")
+            raise
 
 
 def _stop(code: int, message: str) -> None:

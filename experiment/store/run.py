@@ -41,7 +41,8 @@ import numpy as np
 import corpora
 from experiment import config as config_lib
 from experiment.store import files, lock, records
-from experiment.store.files import checked_origin, checked_stream, first_line, write_atomically
+from experiment.store.files import (checked_origin, checked_stream, first_line, save_array_atomically,
+                                   write_atomically)
 
 log = logging.getLogger(__name__)
 
@@ -266,9 +267,7 @@ class RunDir:
         stream, words = tokenizer.encode_lines(lines), corpora.count_words(lines)
         if write:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, stream)
-            tmp.replace(path)
+            save_array_atomically(path, np.asarray(stream))
             write_atomically(meta, json.dumps({"words": words, "tokens": int(len(stream))}))
         return stream, words
 
@@ -345,9 +344,7 @@ class RunDir:
                         "have them for step %s", len(stale), sorted({r.get("step") for r in stale}), path,
                         new[0].get("step"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        tmp.replace(path)
+        write_atomically(path, json.dumps(merged, indent=1))
         return merged
 
     # --- origin ----------------------------------------------------------------------------------

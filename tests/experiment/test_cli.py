@@ -1,4 +1,5 @@
 """Bad input gets one clear line, never a traceback from deep inside JAX."""
+import errno
 import json
 import sys
 
@@ -195,3 +196,23 @@ def test_a_config_file_of_the_wrong_shape_is_one_line(monkeypatch, capsys, tmp_p
         parse_config(monkeypatch, str(path))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and expected in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("error,named", [
+    (OSError(errno.ENOSPC, "No space left on device", "/data/run/streams/train.npy"), "/data/run/streams/train.npy"),
+    (RuntimeError("orbax: Failed to write"), "/data/run/checkpoints/0"),
+    (OSError("21795 requested and 4064 written"), "a file")], ids=["ENOSPC", "wrapped", "short write"])
+def test_a_full_device_is_one_line_whatever_library_raised_it(monkeypatch, capsys, error, named):
+    """Issue 32: 289 lines of orbax tracebacks, or `OSError: 21795 requested and 4064 written`."""
+    import experiment.cli as cli
+    monkeypatch.setattr(cli, "start_runtime", lambda *a: None)
+    monkeypatch.delenv("LX_TRACEBACK", raising=False)
+
+    def fails():
+        if isinstance(error, RuntimeError):
+            raise error from OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/0")
+        raise error
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_cleanly(fails)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err == [f"error: no space left on device: {named}"], err

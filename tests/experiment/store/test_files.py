@@ -2,12 +2,17 @@
 by name with the command that repairs it (experiment/store/run.py, experiment/store/files.py); a cache is
 rebuilt. One run is trained for the module; each test damages a copy of it."""
 import json
+import math
+import pathlib
 import shutil
 
 import numpy as np
 import pytest
 
+import corpora
 from experiment import config as config_lib
+from experiment.store import files
+from experiment.store.files import NoSpace
 from experiment.train import train
 from experiment.evals.common import load_checkpoint
 from experiment.store.run import RunDir, RunError
@@ -90,3 +95,25 @@ def test_a_failed_attempt_with_a_damaged_config_json_is_cleared(tmp_path):
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
     run.clear_leftovers(config_lib.resolve(tiny_config("alibi")))
     assert sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def short_write(path, array, *args, **kwargs):
+    """np.save on a full device: part of the file, then numpy's error (no errno, no file name)."""
+    pathlib.Path(path).write_bytes(b"\x93NUMPY" + b"\0" * 100)
+    raise OSError(f"{array.nbytes} requested and 4064 written")
+
+
+def test_a_full_device_while_a_token_stream_is_written_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """Issue 32: a 32-line traceback ending in `OSError: 21795 requested and 4064 written`."""
+    run, tokenizer = RunDir(tmp_path / "run"), corpora.ByteTokenizer()
+    lines = ["the grass is green"] * 20_000
+    monkeypatch.setattr(np, "save", short_write)
+    needed = f"{math.ceil((np.asarray(tokenizer.encode_lines(lines)).nbytes + 128) / 1e6)} MB needed"
+    with pytest.raises(NoSpace) as error:
+        run.stream(None, "valid", tokenizer, lines)
+    assert str(error.value) == f"no space left on device: {run.stream_path('valid')} ({needed})"
+    assert list(run.streams_dir.iterdir()) == []  # no half-written file left
+    monkeypatch.undo()
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(NoSpace, match=rf"^no space left on device: {run.stream_path('valid')} \({needed}\)$"):
+        run.stream(None, "valid", tokenizer, lines)  # refused before writing
