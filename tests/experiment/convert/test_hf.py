@@ -136,6 +136,36 @@ def test_evaluate_an_imported_run_on_a_local_corpus(tmp_path):
     assert math.isfinite(self_extend[0]["ppl"])
 
 
+def test_a_bad_data_path_is_refused_at_import_and_a_moved_one_names_a_fix_evaluation_has(tmp_path):
+    """Issue 32: an import with a bad --data_path was accepted, and the evaluation then said "set
+    --config.data.path", a flag eval_extrapolate.py does not have."""
+    src = checkpoint(tmp_path, "llama")
+    with pytest.raises(corpora.DataError, match=r"data folder .*absent.* does not exist; set --data_path to a folder"):
+        import_hf(src, tmp_path / "run", data={"source": "local", "path": str(tmp_path / "absent")})
+    assert not (tmp_path / "run").exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "valid.txt").write_text("a line of text\n" * 50)
+    import_hf(src, tmp_path / "run", data={"source": "local", "path": str(corpus)})
+    corpus.rename(tmp_path / "moved")
+    with pytest.raises(corpora.DataError) as error:
+        evaluate(tmp_path / "run", [64], max_tokens=256)
+    message = str(error.value)
+    assert "--config.data" not in message and f"edit data.path (and data.source) there" in message
+    assert f"data section of {tmp_path / 'run' / 'config.json'}" in message and "import_hf.py CHECKPOINT" in message
+
+
+def test_a_tokenizer_kept_apart_is_given_with_tokenizer(tmp_path):
+    """Issue 32: a checkpoint folder without tokenizer.json was refused with no way to give one."""
+    src = _no_tokenizer(checkpoint(tmp_path, "llama"))
+    with pytest.raises(HFError, match="no tokenizer.json; .*give it with --tokenizer PATH"):
+        import_hf(src, tmp_path / "refused")
+    run = import_hf(src, tmp_path / "run", tokenizer=FIXTURES / "llama" / "tokenizer.json")
+    assert run.tokenizer(run.load_config().data, write=False).vocab_size == 320
+    with pytest.raises(HFError, match=rf"--tokenizer {tmp_path}: no such file in it"):
+        import_hf(src, tmp_path / "other", tokenizer=tmp_path)
+
+
 def _drop(name):
     return lambda t: {k: v for k, v in t.items() if k != name}
 
