@@ -12,6 +12,9 @@ lengths, between the runs of a sweep. Where stopping at once is harmless (readin
 tokens: every file written there is replaced atomically), `immediate(saved)` makes the first
 Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
 a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
+A Ctrl-C that would raise inside a garbage-collection callback or a finaliser (JAX runs one at
+every collection), where Python prints the exception in 7 lines and drops it, is delivered again a
+moment later, outside.
 
 In a job of several processes a Ctrl-C may reach only some of them; the training loop's processes
 agree on it every few steps (experiment/train/loop.py: _stop_requested) and stop at one step with
@@ -25,6 +28,7 @@ from inside an import.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
@@ -53,12 +57,35 @@ def _exit_at_once(message: str):
     return handler
 
 
+def _swallowed_here(frame) -> bool:
+    """Whether an exception raised in `frame` would be printed and dropped instead of stopping the
+    command: inside a garbage-collection callback (JAX's _xla_gc_callback runs at every collection)
+    or a finaliser (__del__)."""
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int) -> None:
+    """Deliver `signum` again in a moment, once the main thread has left the callback it is in."""
+    timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def _handler(signum, frame):
-    if _state["requested"] and not _state["exit_on_second"]:
-        raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
-    if _state["requested"]:
+    second = _state["requested"]
+    if second and _state["exit_on_second"]:
         _exit_at_once("second Ctrl-C: stopped at once; every file is as a kill leaves it (the newest complete "
                       "checkpoint and records are kept): the same command goes on from there")(signum, frame)
+    if (second or _state["immediate"] is not None) and _swallowed_here(frame):
+        _again_soon(signum)  # raised here it would be printed (7 lines) and dropped: the same Ctrl-C, once out
+        return
+    if second:
+        raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
     _state["requested"] = True
     if _state["immediate"] is not None:
         raise Interrupted(_state["immediate"])
