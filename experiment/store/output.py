@@ -52,6 +52,7 @@ def is_run_folder(folder: pathlib.Path) -> bool:
 
 def _free(out: pathlib.Path, command: str) -> pathlib.Path:
     """A folder beside `out` that does not exist yet."""
+    out = out if out.name else pathlib.Path(os.path.abspath(out))  # `.`
     stem = f"{out.name}_{SUGGESTED_SUFFIX.get(command, 'out')}"
     candidates = (out.with_name(stem if n == 1 else f"{stem}{n}") for n in range(1, 1000))
     return next(p for p in candidates if not p.exists())
@@ -88,20 +89,21 @@ def replacing(out: str | pathlib.Path, command: str, flag: str = "--out") -> Ite
     block ends without an error, removed otherwise. `flag`: as for `claim`."""
     out = pathlib.Path(out)
     claim(out, command, flag)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    lock_path = out.parent / f".{out.name}.lock"
+    real = pathlib.Path(os.path.abspath(out))  # `--out .` has a name and a parent too
+    real.parent.mkdir(parents=True, exist_ok=True)
+    lock_path = real.parent / f".{real.name}.lock"
     release = lock.acquire(lock_path, command, name=f"{flag} {out}" if flag.startswith("--") else str(out),
                            instead=f"or give another --out, e.g. --out {_free(out, command)}")
-    staging = out.parent / f".{out.name}.writing-{os.getpid()}"
+    staging = real.parent / f".{real.name}.writing-{os.getpid()}"
     try:
         claim(out, command, flag)  # again, now that no other writer can change it
-        for stale in (*out.parent.glob(f".{_escaped(out.name)}.writing-*"),
-                      *out.parent.glob(f".{_escaped(out.name)}.old-*")):
+        for stale in (*real.parent.glob(f".{_escaped(real.name)}.writing-*"),
+                      *real.parent.glob(f".{_escaped(real.name)}.old-*")):
             shutil.rmtree(stale, ignore_errors=True)  # left by a writer that was killed
         staging.mkdir()
         (staging / MARKER).write_text(f"{command}\n")
         yield staging
-        _swap(staging, out)
+        _swap(staging, real)
     finally:
         shutil.rmtree(staging, ignore_errors=True)
         lock_path.unlink(missing_ok=True)  # while held: a writer that opened it before finds it busy

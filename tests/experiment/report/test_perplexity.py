@@ -6,7 +6,6 @@ import pathlib
 import pytest
 
 from experiment.report import paper, perplexity as reporting, write_report
-from experiment.store import output
 from experiment.store.lock import WorkdirBusy
 from experiment.store.run import RunError
 from tests.experiment.report.synthetic import fake_run, full_run
@@ -143,6 +142,7 @@ def test_a_report_folder_holds_exactly_what_the_last_report_wrote(tmp_path):
 
 
 def test_a_second_report_into_the_same_out_at_once_is_refused(tmp_path):
+    from experiment.store import output
     run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
     with output.replacing(tmp_path / "report", "report.py"):  # a report.py writing there now
         with pytest.raises(WorkdirBusy, match=r"--out .*report is in use by report.py \(pid"):

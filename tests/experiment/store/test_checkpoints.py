@@ -7,13 +7,13 @@ import jax.numpy as jnp
 import pytest
 
 from experiment.store import checkpoints, files
-from experiment.store.files import NoSpace
 
 PARAMS = {"w": jnp.zeros((1000, 1000))}  # 4 MB
 OPT_STATE = {"m": jnp.zeros((1000, 1000))}
 
 
 def test_a_full_device_at_the_first_checkpoint_is_one_line_naming_it(tmp_path, monkeypatch):
+    from experiment.store.files import NoSpace
     mngr = checkpoints.manager(tmp_path)
     monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 10**6, 10**6))
     with pytest.raises(NoSpace, match=rf"^no space left on device: {tmp_path.absolute() / 'checkpoints' / '0'} "

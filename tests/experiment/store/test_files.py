@@ -12,7 +12,6 @@ import pytest
 import corpora
 from experiment import config as config_lib
 from experiment.store import files
-from experiment.store.files import NoSpace
 from experiment.train import train
 from experiment.evals.common import load_checkpoint
 from experiment.store.run import RunDir, RunError
@@ -105,6 +104,7 @@ def short_write(path, array, *args, **kwargs):
 
 def test_a_full_device_while_a_token_stream_is_written_is_one_line_naming_the_file(tmp_path, monkeypatch):
     """Issue 32: a 32-line traceback ending in `OSError: 21795 requested and 4064 written`."""
+    from experiment.store.files import NoSpace
     run, tokenizer = RunDir(tmp_path / "run"), corpora.ByteTokenizer()
     lines = ["the grass is green"] * 20_000
     monkeypatch.setattr(np, "save", short_write)
