@@ -144,7 +144,7 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
     configs = resolve_runs(base, root, ((None, scheme, length, settings) for scheme in schemes
                                         for length in train_lengths or [None] for settings in grid_points(grid or {})))
     output.claim(root / "report", "report.py", "the sweep's report",  # before hours of training
-                 instead=f"move it away (the sweep writes its report there), or use another --workdir")
+                 instead="move it away (the sweep writes its report there), or use another --workdir")
 
     def work(workdir: pathlib.Path, config: Config) -> None:
         if is_trained(workdir, config) and is_evaluated(workdir, config):

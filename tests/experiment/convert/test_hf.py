@@ -151,7 +151,7 @@ def test_a_bad_data_path_is_refused_at_import_and_a_moved_one_names_a_fix_evalua
     with pytest.raises(corpora.DataError) as error:
         evaluate(tmp_path / "run", [64], max_tokens=256)
     message = str(error.value)
-    assert "--config.data" not in message and f"edit data.path (and data.source) there" in message
+    assert "--config.data" not in message and "edit data.path (and data.source) there" in message
     assert f"data section of {tmp_path / 'run' / 'config.json'}" in message and "import_hf.py CHECKPOINT" in message
 
 
