@@ -12,9 +12,9 @@ lengths, between the runs of a sweep. Where stopping at once is harmless (readin
 tokens: every file written there is replaced atomically), `immediate(saved)` makes the first
 Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
 a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
-A Ctrl-C that would raise inside a garbage-collection callback or a finaliser (JAX runs one at
-every collection), where Python prints the exception in 7 lines and drops it, is delivered again a
-moment later, outside.
+A Ctrl-C that would raise inside a garbage-collection callback (JAX runs one at every collection),
+a finaliser or a weak-reference callback, where Python prints the exception in 7 lines and drops
+it, is delivered again a moment later, outside.
 
 In a job of several processes a Ctrl-C may reach only some of them; the training loop's processes
 agree on it every few steps (experiment/train/loop.py: _stop_requested) and stop at one step with
@@ -33,6 +33,8 @@ import os
 import signal
 import sys
 import threading
+import weakref
+import _weakrefset
 from typing import Callable
 
 EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
@@ -57,13 +59,25 @@ def _exit_at_once(message: str):
     return handler
 
 
+_collecting = {"now": False}  # a garbage collection is running (the callback below, in gc.callbacks)
+_WEAKREF_FILES = {weakref.__file__, _weakrefset.__file__}
+
+
+def _track_collection(phase: str, info: dict) -> None:
+    _collecting["now"] = phase == "start"
+
+
 def _swallowed_here(frame) -> bool:
     """Whether an exception raised in `frame` would be printed and dropped instead of stopping the
-    command: inside a garbage-collection callback (JAX's _xla_gc_callback runs at every collection)
-    or a finaliser (__del__)."""
+    command: during a garbage collection (its callbacks, such as JAX's _xla_gc_callback, and the
+    finalisers and weak-reference callbacks it runs), in a finaliser (__del__) or in a callback of
+    the weakref module (WeakKeyDictionary's remove, ...)."""
+    if _collecting["now"]:
+        return True
     callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
     while frame is not None:
-        if frame.f_code in callbacks or frame.f_code.co_name == "__del__":
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES:
             return True
         frame = frame.f_back
     return False
@@ -104,9 +118,12 @@ def deferred(*, exit_on_second: bool = False):
         return
     previous = signal.signal(signal.SIGINT, _handler)
     _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second)
+    gc.callbacks.append(_track_collection)
     try:
         yield
     finally:
+        gc.callbacks.remove(_track_collection)
+        _collecting["now"] = False
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
         _state.update(on=False, requested=False, immediate=None, exit_on_second=False)
 
