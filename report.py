@@ -49,7 +49,8 @@ def main(argv):
         for key, value in paths.items():  # the part of an evaluation kind added later
             if key not in ("png", "md", "positions_png", "attention_pngs", "passkey"):
                 print(f"wrote {key}: {value}")
-    run_cleanly(go, at_once="interrupted; the report may be incomplete: the same command writes it again")
+    run_cleanly(go, at_once="interrupted; --out is as it was (a report is written aside and swapped in "
+                                  "whole): the same command writes it")
 
 
 if __name__ == "__main__":

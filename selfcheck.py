@@ -5,20 +5,27 @@ mode), with training and evaluation throughput, planned memory and `auto`'s choi
 as they come and writes selfcheck_<device>.json and .md to --out. Exit status 1 if a path the
 framework would use is wrong here (experiment/selfcheck/check.py says how each number is taken).
 """
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+
 import sys
 
 from absl import app, flags
 
-from experiment.cli import parse_flags, run_cleanly
-from experiment.selfcheck.check import make_plan, run
+from experiment.cli import define_numbers, parse_flags, run_cleanly
+from experiment.selfcheck.check import LENGTHS, MEMORY_GB, make_plan, run
 
 flags.DEFINE_bool("short", False, "the short plan (tiny model, 2 schemes, 2 lengths): CI's machine, a minute")
 flags.DEFINE_string("schemes", "", "comma-separated schemes (default: the plan's)")
-flags.DEFINE_string("lengths", "", "comma-separated lengths (default: the plan's)")
+define_numbers("lengths", [], "comma-separated lengths (default: the plan's)", domain=LENGTHS,
+               example="--lengths=512,4096")
 flags.DEFINE_enum("dtype", "", ["", "float32", "bfloat16"], "compute dtype (default: bfloat16 on GPU / TPU, "
                   "float32 on CPU)")
-flags.DEFINE_float("memory_gb", 0.0, "skip programs that plan more than this (default: 90% of the device, "
-                   "a quarter of the available memory on CPU)")
+define_numbers("memory_gb", 0.0, "skip programs that plan more than this (default: 90% of the device, "
+               "a quarter of the available memory on CPU)", kind=float, domain=MEMORY_GB, example="--memory_gb=8",
+               sequence=False)
 flags.DEFINE_string("out", ".", "folder for selfcheck_<device>.json and .md")
 FLAGS = flags.FLAGS
 

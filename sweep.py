@@ -9,7 +9,7 @@ registered scheme and the notable options in configs/all_schemes.py; experiment/
 perplexity and passkey retrieval at each length, then one table and heat map in --out (default
 WORKDIR/report); --schemes then names the runs to train and evaluate this time (default: all):
 
-    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --out results/all_schemes
+    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)

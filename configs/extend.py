@@ -27,7 +27,7 @@ import pathlib
 import ml_collections
 
 from configs import demo
-from experiment.config import load_config
+from experiment.config import arg_count, load_config
 
 METHODS = ("pi", "yarn", "plain")
 DEFAULT_ARG = "yarn,runs/extend/base"  # the README's commands
@@ -39,7 +39,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     if method not in METHODS or not base:
         raise ValueError(f"configs/extend.py needs METHOD,BASE_WORKDIR[,FACTOR] with METHOD one of "
                          f"{', '.join(METHODS)}, got {arg!r}")
-    factor = int(factor or 4)
+    factor = arg_count(factor, 4, part="FACTOR (after the base folder)", spec=f"configs/extend.py:{arg}",
+                       example=f"configs/extend.py:{method},{base},4")
     c = demo.get_config("rope")
     saved = pathlib.Path(base) / "config.json"
     if saved.exists():

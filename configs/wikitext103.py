@@ -32,7 +32,7 @@ experiment/data/press2022_wikitext103_valid.csv, which report.py overlays):
 """
 import ml_collections
 
-from experiment.config import defaults
+from experiment.config import arg_count, defaults
 from experiment.report import paper
 
 TOKENS_PER_DEVICE = 9216
@@ -55,7 +55,8 @@ SIZES = {"247m": dict(num_layers=16, d_model=1024, num_heads=8, mlp_dim=4096),
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
     """`arg`: SCHEME[,L[,SIZE]], SIZE 247m (default) or 1.3b."""
     scheme, length, size = ((arg or "alibi,512").split(",") + ["", ""])[:3]
-    train_length = int(length or 512)
+    train_length = arg_count(length, 512, part="the training length L (after the scheme)",
+                             spec=f"configs/wikitext103.py:{arg}", example=f"configs/wikitext103.py:{scheme},512")
     size = (size or "247m").lower()
     if size not in SIZES:
         raise ValueError(f"unknown model size {size!r} in configs/wikitext103.py:{arg}; valid: {', '.join(SIZES)}")

@@ -8,6 +8,7 @@ import contextlib
 import errno
 import importlib.util
 import os
+import re
 import sys
 from typing import Callable
 
@@ -20,6 +21,7 @@ from experiment import config as config_lib
 from experiment.config import ConfigError
 from experiment.runtime import interrupts
 from experiment.runtime.start import start_runtime
+from experiment.store.files import NoSpace, out_of_space
 from posenc.domains import Domain
 
 
@@ -51,14 +53,17 @@ def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None
             _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
         except KeyboardInterrupt:
             _stop(130, "interrupted; what was written before is kept (every file is replaced whole)")
-        except (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError) as e:
+        except Exception as e:  # noqa: BLE001 - the user's errors are one line; the code's keep their traceback
             if os.environ.get("LX_TRACEBACK"):
                 raise
-            _stop(2, f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
-        except OSError as e:
-            if e.errno not in USER_OS_ERRORS or os.environ.get("LX_TRACEBACK"):
-                raise
-            _stop(2, f"error: cannot write {e.filename or 'a file'} ({e.strerror})")
+            full = out_of_space(e)
+            if full is not None:  # whatever library was writing
+                _stop(2, f"error: {full if isinstance(full, NoSpace) else NoSpace(full.filename or 'a file')}")
+            if isinstance(e, (ConfigError, DataError, posenc.LengthError, ValueError, FileNotFoundError, KeyError)):
+                _stop(2, f"error: {e.args[0] if isinstance(e, KeyError) and e.args else e}")
+            if isinstance(e, OSError) and e.errno in USER_OS_ERRORS:
+                _stop(2, f"error: cannot write {e.filename or 'a file'} ({e.strerror})")
+            raise
 
 
 def _stop(code: int, message: str) -> None:
@@ -135,10 +140,12 @@ def define_numbers(name: str, default, help_text: str, *, kind: type = int, doma
 
 
 def _last_line(message: str) -> str:
-    """A message that embeds a traceback (ml_collections wraps errors of get_config so) -> its last line."""
+    """A message that embeds a traceback (ml_collections wraps errors of get_config so) -> its last
+    line, without the class name of an error whose message is written to be read alone."""
     if "Traceback (most recent call last)" not in message:
         return message
-    return [line for line in message.splitlines() if line.strip()][-1]
+    last = [line for line in message.splitlines() if line.strip()][-1]
+    return re.sub(r"^(?:[\w.]+\.)?(?:ConfigError|DataError|RunError|DomainError): ", "", last)
 
 
 def _config_arg(argv: list[str]) -> str | None:
@@ -235,6 +242,7 @@ def _checked_overrides(argv: list[str]) -> list[str]:
     config = _load_config(argv) if any(a.startswith("--config.") for a in argv) else None
     if config is None:
         return argv
+    _check_config_type(config, _config_arg(argv))  # before ml_collections tries the overrides on it
     out = list(argv)
     seen: dict[str, list[int]] = {}  # tuple key -> the argv indices of each of its overrides
     for i, a in enumerate(argv):
@@ -296,13 +304,19 @@ def help_text(argv: list[str], flag_values: flags.FlagValues) -> str:
     return "\n\n".join(p for p in parts if p) + "\n"
 
 
+def _check_config_type(config, spec: str | None) -> None:
+    """What --config's get_config returned must be a ConfigDict (one line naming the file otherwise)."""
+    if not isinstance(config, ml_collections.ConfigDict):
+        where = f"{spec.partition(':')[0]}: get_config()" if spec else "the config"
+        raise ConfigError(f"{where} returned a {type(config).__name__}; return an ml_collections.ConfigDict "
+                          f"(start from experiment.config.defaults(scheme)), which --config.KEY=VALUE can override")
+
+
 def _check_config_object(config, spec: str | None) -> None:
     """What --config's get_config returned must be a ConfigDict of the config's sections (one
     line naming the file otherwise, not a traceback from the first use of a missing section)."""
     where = f"{spec.partition(':')[0]}: get_config()" if spec else "the config"
-    if not isinstance(config, ml_collections.ConfigDict):
-        raise ConfigError(f"{where} returned a {type(config).__name__}; return an ml_collections.ConfigDict "
-                          f"(start from experiment.config.defaults(scheme)), which --config.KEY=VALUE can override")
+    _check_config_type(config, spec)
     try:
         config_lib.typed(config)
     except ConfigError as e:

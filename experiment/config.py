@@ -166,6 +166,21 @@ def defaults(scheme: str = "alibi") -> ml_collections.ConfigDict:
     return c
 
 
+def arg_count(text: str, default: int, *, part: str, spec: str, example: str) -> int:
+    """A whole number >= 1 in a config file's argument (`configs/wikitext103.py:alibi,512`): `text`,
+    or `default` where it is empty. A ConfigError names the argument, which `part` of it is wrong
+    and a valid argument (`example`)."""
+    if not text.strip():
+        return default
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"--config {spec}: {part} must be a whole number >= 1, got {text!r}; e.g. --config {example}")
+    return value
+
+
 def _section(cls, given: dict, where: str):
     valid = {f.name: f for f in _keys(cls)}
     unknown = sorted(set(given) - set(valid))

@@ -168,12 +168,15 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
         log.warning("%s: Qwen2's sliding_window=%d (from layer max_window_layers on) is not applied: logits are "
                     "exact only up to %d tokens", folder.name, window, window)
     cfg = model_config(config, dtype)
-    block = posenc_config(config, rope_parameters)
     length = config["max_position_embeddings"]
+    # the rope dict's errors blame whoever wrote it: the caller's rope_parameters, or the checkpoint
+    rope_source = (f"rope_parameters {json.dumps(rope_parameters)} (import_hf.py --rope_parameters)"
+                   if rope_parameters is not None else str(folder if source else folder / "config.json"))
     try:
+        block = posenc_config(config, rope_parameters)
         abstract = nnx.eval_shape(lambda: DecoderLM(cfg, block, length, rngs=nnx.Rngs(0)))
-    except ValueError as e:  # a rope option the scheme refuses
-        raise HFError(f"{folder if source else folder / 'config.json'}: {e}") from None
+    except ValueError as e:  # HFError included: a value outside its domain, a rope option the scheme refuses
+        raise HFError(f"{rope_source}: {e}") from None
     graphdef, state = nnx.split(abstract)
     flat = {".".join(map(str, key)): (key, variable) for key, variable in nnx.to_flat_state(state)}
     architecture, heads = config["architectures"][0], Heads.of(cfg)

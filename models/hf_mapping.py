@@ -24,6 +24,7 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from posenc.domains import above, at_least, between, positive
 
 
 class HFError(ValueError):
@@ -211,10 +212,38 @@ def rope_parameters_of(config: dict, override: dict | None = None) -> dict:
     return params
 
 
+# The values of HF's rope dict, checked before they become our options (an error then names HF's key,
+# the one written in the dict, not the option it becomes): key -> (domain, rope types it is checked for).
+ROPE_VALUE_DOMAINS = {
+    "factor": (positive(), ("linear", "longrope")), "rope_theta": (positive(), ROPE_TYPES),
+    "partial_rotary_factor": (between(0, 1, lo_open=True), ROPE_TYPES),
+    "low_freq_factor": (positive(), ("llama3",)),
+    "high_freq_factor": (above(lambda p: p.get("low_freq_factor") or 0, "low_freq_factor"), ("llama3",)),
+    "beta_fast": (positive(), ("yarn",)), "beta_slow": (positive(), ("yarn",)),
+    "attention_factor": (at_least(0), ("yarn", "longrope")),
+    "original_max_position_embeddings": (at_least(1), ("yarn", "llama3", "longrope")),
+}
+SCALING_FACTOR = at_least(1, note="L_target / L_train")  # dynamic, yarn, llama3: factor
+
+
+def check_rope_values(params: dict) -> None:
+    """Each number of HF's rope dict in its domain (HFError naming the key, its value and what is valid)."""
+    kind = params.get("rope_type")
+    for key, value in params.items():
+        domain, kinds = ROPE_VALUE_DOMAINS.get(key, (None, ()))
+        if key == "factor" and kind in ("dynamic", "yarn", "llama3"):
+            domain, kinds = SCALING_FACTOR, (kind,)
+        if domain is None or kind not in kinds or value is None:
+            continue
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not domain.test(value, params):
+            raise HFError(f"{key!r} of rope_type {kind!r} must be {domain.describe(params)}, got {value!r}")
+
+
 def rope_options(config: dict, override: dict | None = None) -> dict[str, Any]:
     """Our `rope` options for a checkpoint's rope parameters (`rope_parameters_of`), as HF transformers
     computes the inverse frequencies and attention factor of each rope_type."""
     params = rope_parameters_of(config, override)
+    check_rope_values(params)
     try:
         return _rope_options(config, params)
     except KeyError as e:

@@ -15,7 +15,8 @@ experiment config's sections in experiment/config.py):
 `check(cls, values, where)` checks every field of `cls` in `values`:
 - its type, from the field's default (an int option takes a whole number, a float one any finite
   number, a bool one only True / False, a tuple one a sequence), for every field, declared or not;
-- its domain, where `DOMAINS` declares one (a range, a set of choices, a condition on other options).
+- its domain, where `DOMAINS` declares one (a range, a set of choices, a condition on other options;
+  `only_with`: an option that acts only together with another is refused alone).
 The error names the option (`where.field`), says what is valid, and gives a valid value, so the
 message fits a --config flag, a --set override or a damaged config.json alike. Why here: a value
 outside its domain otherwise trains (a negative learning rate climbs the loss) or fails deep in JAX.
@@ -102,6 +103,15 @@ def above(bound: Callable[[Mapping], float], what: str) -> Domain:
     """A number greater than a function of the section's other options (`what` names it)."""
     return Domain(lambda v, o: _number(v) and v > bound(o), lambda o: f"> {what} = {bound(o):g}",
                   lambda o: int(bound(o)) + 1)
+
+
+def only_with(on: Callable[[Mapping], bool], what: str, domain: Domain, off: Any) -> Domain:
+    """An option that acts only together with another (`on(options)`: whether that one is set; `what`
+    names it): alone it must keep its `off` value (any other would be recorded in a run or a record
+    that it did not change), with it a value in `domain`."""
+    return Domain(lambda v, o: domain.test(v, o) if on(o) else v == off,
+                  lambda o: domain.describe(o) if on(o) else f"{off} unless {what} is set too (alone it has no effect)",
+                  lambda o: (domain.example(o) if callable(domain.example) else domain.example) if on(o) else off)
 
 
 def satisfies(test: Callable[[Any, Mapping], bool], text: str | Callable[[Mapping], str],

@@ -31,7 +31,8 @@ import posenc
 from experiment import config as config_lib
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, load_checkpoint
-from experiment.store import checkpoints
+from experiment.store import checkpoints, output
+from experiment.store.files import first_line
 from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models import hf
@@ -74,7 +75,8 @@ def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None,
     newlines (`line_end`, corpora/tokenizers.py)."""
     tokenizer = tokenizer if tokenizer is not None else hf.tokenizer(folder)
     if tokenizer is None:
-        raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text")
+        raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text: give "
+                      f"it with --tokenizer PATH (its tokenizer.json, or a folder holding one)")
     vocab = int(config["vocab_size"])
     if tokenizer.get_vocab_size() > vocab:
         log.warning("the tokenizer has %d tokens, the model's vocabulary %d: ids past it cannot be scored",
@@ -105,6 +107,44 @@ def run_config(config: dict, rope_parameters: dict | None = None, dtype: str = "
     return config_lib.resolve(c)
 
 
+def given_tokenizer(path: str | pathlib.Path) -> tuple[object, pathlib.Path]:
+    """(the `tokenizers.Tokenizer`, its folder) of import_hf.py --tokenizer PATH: a tokenizer.json, or
+    a folder holding one (for checkpoints that keep their tokenizer apart)."""
+    path = pathlib.Path(path)
+    file = path / "tokenizer.json" if path.is_dir() else path
+    if not file.is_file():
+        raise HFError(f"--tokenizer {path}: no such file{' in it' if path.is_dir() else ''}; give the checkpoint's "
+                      f"tokenizer.json, or a folder holding one")
+    from tokenizers import Tokenizer
+    try:
+        return Tokenizer.from_file(str(file)), file.parent
+    except Exception as e:  # noqa: BLE001 - the tokenizers library raises its own kinds
+        raise HFError(f"--tokenizer {file} is not a tokenizer.json of the tokenizers library "
+                      f"({first_line(e)})") from None
+
+
+IMPORT_DATA_FLAGS = {"--config.data.source": "--data_source", "--config.data.path": "--data_path",
+                     "--config.data.name": "--data_name"}
+
+
+def check_data(config: Config) -> None:
+    """The run's data can be read where it says (its folder and a split's files; a hub name is not
+    contacted): a bad --data_path is refused at import, not at the first evaluation. One of the
+    splits an evaluation or fine-tune reads is enough; the error names import_hf.py's flags."""
+    splits = list(dict.fromkeys((config.eval.split, config.data.train_split, "test")))
+    errors = []
+    for split in splits:
+        try:
+            corpora.check_splits(config.data, [split])
+            return
+        except corpora.DataError as e:
+            errors.append(str(e))
+    message = errors[0]
+    for theirs, ours in IMPORT_DATA_FLAGS.items():
+        message = message.replace(theirs, ours)
+    raise corpora.DataError(message.replace("--config.data.", "data."))
+
+
 def _refuse_existing(workdir: pathlib.Path) -> None:
     if RunDir(workdir).exists():
         raise RunError(f"{workdir} already holds a run; import into a new --workdir (or delete this one)")
@@ -113,17 +153,22 @@ def _refuse_existing(workdir: pathlib.Path) -> None:
 
 
 def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_parameters: dict | None = None,
-              dtype: str = "float32", data: dict | None = None) -> RunDir:
+              dtype: str = "float32", data: dict | None = None, tokenizer: str | pathlib.Path | None = None) -> RunDir:
     """Make `workdir` a run holding the checkpoint `src` (a local folder, a hub id or a GGUF file) at
     step 0 (module docstring). `rope_parameters`: HF's rope dict in place of the checkpoint's; `data`:
-    data-section values (source, path, name, hf_config, text_column). On any failure nothing is
-    left in `workdir`: the run is written into a hidden sibling folder, renamed at the end."""
+    data-section values (source, path, name, hf_config, text_column), checked to be readable;
+    `tokenizer`: a tokenizer.json (or a folder holding one) in place of the checkpoint's, for
+    checkpoints that keep it apart. On any failure nothing is left in `workdir`: the run is written
+    into a hidden sibling folder, renamed at the end."""
     workdir = pathlib.Path(workdir)
     _refuse_existing(workdir)
+    given = given_tokenizer(tokenizer) if tokenizer is not None else None
     # HFError on any bad checkpoint; a GGUF file's metadata comes as config.json's dict
     model, hf_tokenizer, hf_cfg, folder = hf.load_checkpoint(src, rope_parameters=rope_parameters, dtype=dtype)
     config = run_config(hf_cfg, rope_parameters, dtype, data)
-    tokenizer = pretrained_tokenizer(folder, hf_cfg, hf_tokenizer)
+    check_data(config)
+    hf_tokenizer, tokenizer_folder = given if given is not None else (hf_tokenizer, folder)
+    tokenizer = pretrained_tokenizer(tokenizer_folder, hf_cfg, hf_tokenizer)
     _, params = nnx.split(model)
     opt_state = make_optimizer(config.train).init(params)
 
@@ -205,22 +250,27 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
     them: a run trained with plain RoPE exported with YaRN switched on), model.safetensors, and the
     run's tokenizer as tokenizer.json with its end-of-sequence id as eos_token_id (every tokenizer
     kind has a `tokenizers` form, corpora/tokenizers.py) and a tokenizer_config.json naming it, so
-    that import_hf.py and transformers' AutoTokenizer take the export back."""
+    that import_hf.py and transformers' AutoTokenizer take the export back. `out` is new, empty or an
+    earlier export, never a run folder or a folder of other files (experiment/store/output.py), and
+    holds this export alone afterwards."""
+    out = pathlib.Path(out)
+    output.claim(out, "export_hf.py")  # before anything is loaded
     run = RunDir(workdir)
     run.require_checkpoint()
     overrides = dict(overrides or {})
     config = run.load_config()
     rope = hf_rope_parameters(apply_overrides(config, overrides).posenc, int(config.train.seq_len))
     scoring = load_checkpoint(run, config, [], overrides)
-    out = hf.export(scoring.model(), out, rope_parameters=rope)
-    tokenizer = scoring.tokenizer
-    hf_tokenizer = tokenizer.hf_tokenizer()
-    (out / "tokenizer.json").write_text(hf_tokenizer.to_str())
-    # the generic fast tokenizer, so that transformers' AutoTokenizer takes tokenizer.json as it is
-    (out / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                           "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
-    exported = json.loads((out / "config.json").read_text())
-    exported["eos_token_id"] = tokenizer.eos_id
-    (out / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
+    with output.replacing(out, "export_hf.py") as staging:
+        hf.export(scoring.model(), staging, rope_parameters=rope)
+        tokenizer = scoring.tokenizer
+        hf_tokenizer = tokenizer.hf_tokenizer()
+        (staging / "tokenizer.json").write_text(hf_tokenizer.to_str())
+        # the generic fast tokenizer, so that transformers' AutoTokenizer takes tokenizer.json as it is
+        (staging / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
+                                                                   "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
+        exported = json.loads((staging / "config.json").read_text())
+        exported["eos_token_id"] = tokenizer.eos_id
+        (staging / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
     log.info("exported %s at step %d to %s", run.path, scoring.step, out)
     return out

@@ -24,7 +24,7 @@ from experiment.evals.common import eval_spec
 from experiment.evals.perplexity import evaluate
 from experiment.report import write_report
 from experiment.runtime import distributed, interrupts
-from experiment.store import records
+from experiment.store import output, records
 from experiment.store.run import RunDir, opened
 from experiment.train import is_trained, train
 
@@ -143,6 +143,8 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
         raise ValueError(f"--grid {empty[0]}= gives no values; give them as --grid {empty[0]}=v1,v2")
     configs = resolve_runs(base, root, ((None, scheme, length, settings) for scheme in schemes
                                         for length in train_lengths or [None] for settings in grid_points(grid or {})))
+    output.claim(root / "report", "report.py", "the sweep's report",  # before hours of training
+                 instead="move it away (the sweep writes its report there), or use another --workdir")
 
     def work(workdir: pathlib.Path, config: Config) -> None:
         if is_trained(workdir, config) and is_evaluated(workdir, config):

@@ -2,7 +2,7 @@
 (one config) and evaluated alike (perplexity and passkey retrieval at each of config.eval.lengths),
 then one table, one heat map and their numbers (experiment/report/schemes.py).
 
-    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --out results/all_schemes
+    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes
 
 The study is a config's `get_table()` (configs/all_schemes.py; sweep.py --table reads it from the
 --config file): {"every_scheme": true or false, "rows": [...]}. With every_scheme, every registered
@@ -38,8 +38,9 @@ from experiment.evals.perplexity import evaluate
 from experiment.model import abstract_model
 from experiment.pipeline.run import resolve_runs, run_each
 from experiment.report import schemes as report
-from experiment.store import records
-from experiment.store.run import RunDir, opened
+from experiment.store import output, records
+from experiment.store.files import write_atomically
+from experiment.store.run import RunDir, RunError, opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
@@ -172,6 +173,15 @@ def impossible(run: RunDir, config: Config, overrides: dict, lengths) -> dict[in
 
 # --- running ------------------------------------------------------------------------------------
 
+def _readable(read, root: pathlib.Path) -> dict:
+    """What `read(root)` gives; a damaged file (RunError) is written again here, so it is read as empty."""
+    try:
+        return read(root)
+    except RunError as e:
+        log.warning("%s; writing it again", str(e).split(";")[0])
+        return {"rows": []} if read is report.read_manifest else {}
+
+
 class _Clock:
     """Wall and process CPU seconds of a phase, added to ROOT/timings.json under the run's name."""
 
@@ -183,13 +193,13 @@ class _Clock:
         return self
 
     def __exit__(self, *exc):
-        times = json.loads(self.path.read_text()) if self.path.exists() else {}
+        times = _readable(report.read_timings, self.path.parent)
         entry = times.setdefault(self.run, {})
         for key, value in ((f"{self.phase}_wall_s", time.perf_counter() - self.wall),
                            (f"{self.phase}_cpu_s", time.process_time() - self.cpu)):
             entry[key] = entry.get(key, 0.0) + value
         self.path.parent.mkdir(parents=True, exist_ok=True)
-        self.path.write_text(json.dumps(times, indent=1, sort_keys=True))
+        write_atomically(self.path, json.dumps(times, indent=1, sort_keys=True))
         return False
 
 
@@ -223,6 +233,7 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
     paths and the runs that failed ({run: error})."""
     root = pathlib.Path(root)
     out = pathlib.Path(out) if out else root / "report"
+    output.claim(out, "report.py")  # before any training
     table = rows(study, where)
     firsts: dict[str, Row] = {}
     for row in table:  # each run trained with its first row's scheme and settings
@@ -263,7 +274,7 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
 def _write(root: pathlib.Path, out: pathlib.Path, manifest: dict, table: list[Row], cannot_by_row: dict,
            failed: dict) -> dict:
     """The manifest with each row's impossible lengths (or its run's failure), then the report."""
-    previous = report.read_manifest(root) if (root / report.MANIFEST).exists() else {"rows": []}
+    previous = _readable(report.read_manifest, root) if (root / report.MANIFEST).exists() else {"rows": []}
     kept = {r["name"]: r.get("cannot", {}) for r in previous["rows"]}  # rows not run this time keep theirs
     for row, entry in zip(table, manifest["rows"]):
         if row.run in failed:
@@ -271,7 +282,7 @@ def _write(root: pathlib.Path, out: pathlib.Path, manifest: dict, table: list[Ro
         else:
             entry["cannot"] = cannot_by_row.get(row.name, kept.get(entry["name"], {}))
     root.mkdir(parents=True, exist_ok=True)
-    (root / report.MANIFEST).write_text(json.dumps(manifest, indent=1))
+    write_atomically(root / report.MANIFEST, json.dumps(manifest, indent=1))
     return report.write(root, out)
 
 

@@ -1,16 +1,23 @@
 """What every report's figure shares: a figure without a display; axes whose tick labels are exact,
 distinct and enough (experiment/report/ticks.py), lengths in powers of two; one style per series
 (colour and marker per series, line style per run); the training lengths marked; legends beside
-the axes; and saving that keeps everything on the image (the canvas grows to hold a long legend,
-nothing is cut off at its edges)."""
+the axes; saving that keeps everything on the image (the canvas grows to hold a long legend,
+nothing is cut off at its edges); and labels that render in any script: where matplotlib finds an
+installed font with CJK glyphs it is the fallback of the default one, and a character that no font
+in use draws is written as its code (\\u5b9e), so two runs' labels never differ only in empty boxes."""
 from __future__ import annotations
 
+import functools
 import pathlib
 import textwrap
 from typing import Iterable
 
+import matplotlib
+from matplotlib import font_manager, ticker
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
+from matplotlib.ft2font import FT2Font
+from matplotlib.text import Text
 
 from experiment.report import ticks
 
@@ -21,8 +28,62 @@ LINESTYLES = ("-", "--", ":", "-.", (0, (8, 2, 2, 2, 2, 2)), (0, (10, 3)), (0, (
 PUBLISHED = (0, (2, 1))  # the paper's curves: a line style no run has
 
 
+CJK_PROBE = "\u4e00"  # a font that draws it draws Chinese, and as a rule Japanese and Korean too
+
+
+@functools.cache
+def cjk_fallback() -> str | None:
+    """The family of an installed font with CJK glyphs (matplotlib's font list; its bundled fonts
+    have none), or None."""
+    bundled = pathlib.Path(matplotlib.get_data_path()).resolve()
+    for entry in font_manager.fontManager.ttflist:
+        if pathlib.Path(entry.fname).resolve().is_relative_to(bundled):
+            continue
+        try:
+            if ord(CJK_PROBE) in FT2Font(entry.fname).get_charmap():
+                return entry.name
+        except (OSError, RuntimeError, ValueError):
+            continue
+    return None
+
+
+def font_families() -> list[str]:
+    """matplotlib's default family, then the CJK fallback where there is one."""
+    return ["sans-serif"] + ([cjk_fallback()] if cjk_fallback() else [])
+
+
+@functools.cache
+def _drawn_characters(families: tuple[str, ...]) -> frozenset[int]:
+    """The code points the fonts of `families` draw."""
+    points: set[int] = set()
+    for family in families:
+        path = font_manager.findfont(font_manager.FontProperties(family=[family]), fallback_to_default=True)
+        points.update(FT2Font(path).get_charmap())
+    return frozenset(points)
+
+
+def drawable(text: str) -> str:
+    """`text` with every character that no font in use draws written as its code (\\u5b9e)."""
+    drawn = _drawn_characters(tuple(font_families()))
+    return "".join(c if c.isspace() or ord(c) in drawn else f"\\u{ord(c):04x}" if ord(c) <= 0xFFFF
+                   else f"\\U{ord(c):08x}" for c in text)
+
+
+def drawable_texts(fig: Figure) -> None:
+    """Every text of `fig` (titles, labels, legends, fixed tick labels) made `drawable`."""
+    for text in fig.findobj(Text):
+        if text.get_text() != drawable(text.get_text()):
+            text.set_text(drawable(text.get_text()))
+    for ax in fig.axes:
+        for axis in (ax.xaxis, ax.yaxis):
+            formatter = axis.get_major_formatter()
+            if isinstance(formatter, ticker.FixedFormatter):
+                formatter.seq = [drawable(str(label)) for label in formatter.seq]
+
+
 def figure(size: tuple[float, float]) -> Figure:
-    """A figure drawn off screen (no display needed)."""
+    """A figure drawn off screen (no display needed), in `font_families`."""
+    matplotlib.rcParams["font.family"] = font_families()
     fig = Figure(figsize=size)
     FigureCanvasAgg(fig)
     return fig
@@ -40,6 +101,7 @@ def save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
     axes keep their width) and inside the saved image, which is cut to what is drawn plus a margin."""
     path = pathlib.Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
+    drawable_texts(fig)
     fig.tight_layout()
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
     fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES, bbox_extra_artists=legends or None)

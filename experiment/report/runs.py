@@ -5,8 +5,10 @@ from __future__ import annotations
 import os
 import pathlib
 import re
+import shlex
 
 import posenc
+from experiment.store import output
 from experiment.store.run import RunDir, RunError
 
 # tokenizer kind -> (name in titles, what one token is)
@@ -76,10 +78,11 @@ def distinct_names(paths: list[str | pathlib.Path]) -> list[str]:
 
 
 def file_stems(names: list[str]) -> list[str]:
-    """File-name-safe, distinct stems of distinct names ('A/alibi_L64' -> 'A_alibi_L64')."""
+    """File-name-safe, distinct stems of distinct names ('A/alibi_L64' -> 'A_alibi_L64'); letters of
+    any script are kept ('运行/甲' -> '运行_甲'), so that the files tell runs apart as their names do."""
     stems, taken = [], set()
     for name in names:
-        stem = re.sub(r"[^A-Za-z0-9_.-]+", "_", name).strip("_.") or "run"
+        stem = re.sub(r"[^\w.-]+", "_", name).strip("_.") or "run"
         unique, n = stem, 1
         while unique in taken:  # two names that differ only in characters a file name cannot hold
             n += 1
@@ -132,11 +135,17 @@ def title(what: str, runs: list[dict], details: str = "", labels_in: str = "lege
 
 def refuse_folders_of_runs(workdirs: list, out: str) -> None:
     """A folder given where a run is expected that is not one but holds runs (a sweep's root, given
-    for `ROOT/*`) is refused with the command that names its runs."""
+    for its runs) is refused with the command that names its runs, each one: a glob `ROOT/*` would
+    also take the sweep's own report/ folder, which is not a run."""
     for workdir in map(pathlib.Path, workdirs):
         if not workdir.is_dir() or RunDir(workdir).exists():
             continue
-        inside = [p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists()]
+        if output.written_by(workdir):  # ROOT/* took the sweep's report folder
+            others = " ".join(shlex.quote(str(w)) for w in workdirs if pathlib.Path(w) != workdir)
+            raise RunError(f"{workdir} is a folder {output.written_by(workdir)} wrote, not a run: leave it out, "
+                           f"python report.py {others or 'RUN ...'} --out {shlex.quote(str(out))}")
+        inside = sorted(p for p in workdir.iterdir() if p.is_dir() and RunDir(p).exists())
         if inside:
+            runs = " ".join(shlex.quote(str(p)) for p in inside)
             raise RunError(f"{workdir} is not a run but holds {len(inside)} runs (a sweep's folder?): give the "
-                           f"runs, python report.py {workdir}/* --out {out}")
+                           f"runs, python report.py {runs} --out {shlex.quote(str(out))}")

@@ -18,8 +18,9 @@ import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
 from experiment.report import plots
-from experiment.store import records
-from experiment.store.run import RunDir
+from experiment.store import output, records
+from experiment.store.files import first_line
+from experiment.store.run import RunDir, RunError
 
 MANIFEST = "rows.json"
 TIMINGS = "timings.json"
@@ -27,11 +28,37 @@ NOT_YET = "not evaluated yet"
 
 
 def read_manifest(root: str | pathlib.Path) -> dict:
+    """ROOT/rows.json, checked: a missing or damaged one is a one-line error naming it and the
+    command that writes it."""
     path = pathlib.Path(root) / MANIFEST
+    again = f"python sweep.py --config configs/all_schemes.py --table --workdir {root}"
     if not path.exists():
-        raise FileNotFoundError(f"{path} not found: a table root is made by "
-                                f"python sweep.py --config configs/passkey.py --table --workdir {root}")
-    return json.loads(path.read_text())
+        raise FileNotFoundError(f"{path} not found: a table root is made by {again}")
+    try:
+        manifest = json.loads(path.read_text())
+        problem = None if isinstance(manifest, dict) and isinstance(manifest.get("rows"), list) else (
+            "expected an object with a list of rows")
+    except (ValueError, OSError) as e:
+        problem = first_line(e)
+    if problem:
+        raise RunError(f"{path} is damaged ({problem}); the table's command writes it again from its runs (those "
+                       f"done are skipped): {again}")
+    return manifest
+
+
+def read_timings(root: pathlib.Path) -> dict:
+    """ROOT/timings.json ({} if there is none); damaged: a one-line error naming it."""
+    path = root / TIMINGS
+    if not path.exists():
+        return {}
+    try:
+        timings = json.loads(path.read_text())
+    except (ValueError, OSError) as e:
+        timings = first_line(e)
+    if not isinstance(timings, dict):
+        raise RunError(f"{path} is damaged ({timings if isinstance(timings, str) else 'not an object'}); it holds "
+                       f"only the table's times: delete it (rm {path}) and the table is written without them")
+    return timings
 
 
 def _overrides_json(overrides: dict) -> str:
@@ -245,12 +272,13 @@ def as_json(collected: dict, timings: dict | None = None) -> dict:
 def write(root: str | pathlib.Path, out: str | pathlib.Path) -> dict:
     """OUT/all_schemes.md, OUT/all_schemes.png and OUT/all_schemes.json from the table root ROOT."""
     root, out = pathlib.Path(root), pathlib.Path(out)
+    output.claim(out, "report.py")
     collected = collect(root)
-    timings_path = root / TIMINGS
-    timings = json.loads(timings_path.read_text()) if timings_path.exists() else {}
-    out.mkdir(parents=True, exist_ok=True)
-    paths = {"md": out / "all_schemes.md", "png": out / "all_schemes.png", "json": out / "all_schemes.json"}
-    paths["md"].write_text(table(collected, timings))
-    figure(collected).savefig(paths["png"], dpi=plots.DPI, bbox_inches="tight")  # long row labels kept whole
-    paths["json"].write_text(json.dumps(as_json(collected, timings), indent=1))
-    return {k: str(v) for k, v in paths.items()}
+    timings = read_timings(root)
+    with output.replacing(out, "report.py") as staging:
+        (staging / "all_schemes.md").write_text(table(collected, timings))
+        fig = figure(collected)
+        plots.drawable_texts(fig)
+        fig.savefig(staging / "all_schemes.png", dpi=plots.DPI, bbox_inches="tight")  # long row labels kept whole
+        (staging / "all_schemes.json").write_text(json.dumps(as_json(collected, timings), indent=1))
+    return {k: str(out / f"all_schemes.{k}") for k in ("md", "png", "json")}

@@ -1,6 +1,7 @@
 """The whole report of a set of runs (`write_report`, what report.py and the pipeline call): the
 perplexity report, then each other record kind's part (experiment/store/records.py: KINDS) from
-`report(runs, out)` of its module in experiment/report/, for the runs that have its records."""
+`report(runs, out)` of its module in experiment/report/, for the runs that have its records. The
+folder holds exactly what one call wrote (experiment/store/output.py: written aside, swapped in)."""
 from __future__ import annotations
 
 import importlib
@@ -8,22 +9,21 @@ import pathlib
 
 from experiment.report import perplexity
 from experiment.report.perplexity import PAPER_MODES
-from experiment.store import records
+from experiment.store import output, records
 
 
 def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, paper_mode: str = "auto") -> dict:
     """Write OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md, and each
     other kind's files (attention_<run>.png, the passkey report, ...) for the runs that have those
-    records."""
+    records; OUT is new, empty or an earlier report, and holds only this report afterwards."""
     if paper_mode not in PAPER_MODES:
         raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
     out = pathlib.Path(out)
-    if out.exists() and not out.is_dir():
-        raise ValueError(f"--out {out} is a file; give a folder")
+    output.claim(out, "report.py")  # before reading any run
     runs = perplexity.load_runs(workdirs)
-    out.mkdir(parents=True, exist_ok=True)
-    paths = perplexity.write(runs, out, paper_mode)
-    for kind in records.KINDS:
-        if kind != "perplexity":
-            paths.update(importlib.import_module(f"experiment.report.{kind}").report(runs, out))
-    return paths
+    with output.replacing(out, "report.py") as staging:
+        paths = perplexity.write(runs, staging, paper_mode)
+        for kind in records.KINDS:
+            if kind != "perplexity":
+                paths.update(importlib.import_module(f"experiment.report.{kind}").report(runs, staging))
+    return output.moved(paths, staging, out)

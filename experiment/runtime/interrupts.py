@@ -12,6 +12,9 @@ lengths, between the runs of a sweep. Where stopping at once is harmless (readin
 tokens: every file written there is replaced atomically), `immediate(saved)` makes the first
 Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
 a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
+A Ctrl-C that would raise inside a garbage-collection callback (JAX runs one at every collection),
+a finaliser or a weak-reference callback, where Python prints the exception in 7 lines and drops
+it, is delivered again a moment later, outside.
 
 In a job of several processes a Ctrl-C may reach only some of them; the training loop's processes
 agree on it every few steps (experiment/train/loop.py: _stop_requested) and stop at one step with
@@ -25,10 +28,13 @@ from inside an import.
 from __future__ import annotations
 
 import contextlib
+import gc
 import os
 import signal
 import sys
 import threading
+import weakref
+import _weakrefset
 from typing import Callable
 
 EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
@@ -53,12 +59,47 @@ def _exit_at_once(message: str):
     return handler
 
 
+_collecting = {"now": False}  # a garbage collection is running (the callback below, in gc.callbacks)
+_WEAKREF_FILES = {weakref.__file__, _weakrefset.__file__}
+
+
+def _track_collection(phase: str, info: dict) -> None:
+    _collecting["now"] = phase == "start"
+
+
+def _swallowed_here(frame) -> bool:
+    """Whether an exception raised in `frame` would be printed and dropped instead of stopping the
+    command: during a garbage collection (its callbacks, such as JAX's _xla_gc_callback, and the
+    finalisers and weak-reference callbacks it runs), in a finaliser (__del__) or in a callback of
+    the weakref module (WeakKeyDictionary's remove, ...)."""
+    if _collecting["now"]:
+        return True
+    callbacks = {getattr(callback, "__code__", None) for callback in gc.callbacks}
+    while frame is not None:
+        code = frame.f_code
+        if code in callbacks or code.co_name == "__del__" or code.co_filename in _WEAKREF_FILES:
+            return True
+        frame = frame.f_back
+    return False
+
+
+def _again_soon(signum: int) -> None:
+    """Deliver `signum` again in a moment, once the main thread has left the callback it is in."""
+    timer = threading.Timer(0.01, os.kill, (os.getpid(), signum))
+    timer.daemon = True
+    timer.start()
+
+
 def _handler(signum, frame):
-    if _state["requested"] and not _state["exit_on_second"]:
-        raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
-    if _state["requested"]:
+    second = _state["requested"]
+    if second and _state["exit_on_second"]:
         _exit_at_once("second Ctrl-C: stopped at once; every file is as a kill leaves it (the newest complete "
                       "checkpoint and records are kept): the same command goes on from there")(signum, frame)
+    if (second or _state["immediate"] is not None) and _swallowed_here(frame):
+        _again_soon(signum)  # raised here it would be printed (7 lines) and dropped: the same Ctrl-C, once out
+        return
+    if second:
+        raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
     _state["requested"] = True
     if _state["immediate"] is not None:
         raise Interrupted(_state["immediate"])
@@ -77,9 +118,12 @@ def deferred(*, exit_on_second: bool = False):
         return
     previous = signal.signal(signal.SIGINT, _handler)
     _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second)
+    gc.callbacks.append(_track_collection)
     try:
         yield
     finally:
+        gc.callbacks.remove(_track_collection)
+        _collecting["now"] = False
         signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
         _state.update(on=False, requested=False, immediate=None, exit_on_second=False)
 

@@ -28,6 +28,7 @@ import datetime
 import json
 import pathlib
 import time
+from typing import Sequence
 
 import jax
 import jax.numpy as jnp
@@ -44,6 +45,7 @@ from models import DecoderLM
 from models.attention import choice, pallas, paths, verify
 from models.attention.dense import dense_attention
 from models.config import ModelConfig
+from posenc.domains import at_least
 
 PATHS: tuple[str, ...] = ()  # the attention paths measured; empty: every row of models/attention/paths.py
 REFERENCE_CHUNK = 512  # queries per chunk of the float32 reference
@@ -70,11 +72,36 @@ class Plan:
         return self.model["d_model"] // self.model["num_heads"]
 
 
-def make_plan(short: bool = False, schemes: str = "", lengths: str = "", dtype: str = "",
+LENGTHS = at_least(1)  # selfcheck.py --lengths, each
+MEMORY_GB = at_least(0, note="0 = the default: 90% of the device, a quarter of the available memory on CPU")
+
+
+def _lengths(lengths: str | Sequence[int]) -> tuple[int, ...]:
+    """--lengths as whole numbers >= 1 (comma-separated text, or a sequence); a ValueError names the flag."""
+    items = [x.strip() for x in lengths.split(",") if x.strip()] if isinstance(lengths, str) else list(lengths)
+    out = []
+    for item in items:
+        try:
+            value = int(item) if isinstance(item, str) else item
+        except ValueError:
+            value = None
+        if not isinstance(value, int) or isinstance(value, bool) or not LENGTHS.test(value, {}):
+            raise ValueError(f"flag --lengths={lengths if isinstance(lengths, str) else ','.join(map(str, lengths))}: "
+                             f"{str(item)!r} is not a whole number {LENGTHS.describe({})} (e.g. --lengths=512,4096)")
+        out.append(value)
+    return tuple(out)
+
+
+def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[int] = "", dtype: str = "",
               memory_gb: float = 0.0) -> Plan:
     """The full plan (up to 16k tokens; 16,384 tokens per timed step on an accelerator; on a CPU
     4,096, fewer repeats, and no timing beyond 4,096 tokens, where one training step takes minutes)
-    or the short one (tiny, for CI's machine), with any of its lists or settings replaced."""
+    or the short one (tiny, for CI's machine), with any of its lists or settings replaced. A length
+    or memory limit outside its domain is a ValueError naming selfcheck.py's flag (a negative
+    limit would skip every row and report a pass)."""
+    if not MEMORY_GB.test(memory_gb, {}):
+        raise ValueError(f"flag --memory_gb={memory_gb:g}: must be {MEMORY_GB.describe({})} (e.g. --memory_gb=8)")
+    lengths = _lengths(lengths)
     accelerator = jax.default_backend() in ("gpu", "tpu")
     if short:
         base = dict(mode="short", schemes=("alibi", "t5"), lengths=(24, 40), repeats=1, step_tokens=96,
@@ -87,7 +114,7 @@ def make_plan(short: bool = False, schemes: str = "", lengths: str = "", dtype: 
                     timed_max_length=0 if accelerator else 4096,
                     model=dict(num_layers=2, d_model=256, num_heads=4, mlp_dim=1024, vocab_size=256))
     return Plan(schemes=tuple(schemes.split(",")) if schemes else base["schemes"],
-                lengths=tuple(int(x) for x in lengths.split(",")) if lengths else base["lengths"],
+                lengths=lengths or base["lengths"],
                 dtype=dtype or ("bfloat16" if accelerator else "float32"),
                 memory_limit=int(memory_gb * 2**30) if memory_gb else default_memory_limit(),
                 **{k: v for k, v in base.items() if k not in ("schemes", "lengths")})

@@ -14,7 +14,7 @@ from typing import Any
 import jax
 import orbax.checkpoint as ocp
 
-from experiment.store.files import check_meta, first_line
+from experiment.store.files import check_meta, first_line, space_for
 from experiment.store.run import RunDir, RunError
 
 log = logging.getLogger(__name__)
@@ -34,11 +34,16 @@ def manager_of(run: RunDir) -> ocp.CheckpointManager:
 
 
 def save(mngr: ocp.CheckpointManager, step: int, params: Any, opt_state: Any, meta: dict) -> None:
-    """Synchronous save (an interrupted run must find it complete); `meta` is JSON (step, data position)."""
-    mngr.save(step, args=ocp.args.Composite(
-        params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
-        meta=ocp.args.JsonSave(meta)), force=True)
-    mngr.wait_until_finished()
+    """Synchronous save (an interrupted run must find it complete); `meta` is JSON (step, data position).
+    A device without room for it is one line (files.NoSpace), checked before orbax starts its
+    threads (each would print its own traceback), and whatever orbax raises that says so."""
+    folder = pathlib.Path(mngr.directory) / str(step)
+    needed = sum(int(getattr(leaf, "nbytes", 0)) for leaf in jax.tree.leaves((params, opt_state)))
+    with space_for(folder, needed):
+        mngr.save(step, args=ocp.args.Composite(
+            params=ocp.args.StandardSave(params), opt_state=ocp.args.StandardSave(opt_state),
+            meta=ocp.args.JsonSave(meta)), force=True)
+        mngr.wait_until_finished()
 
 
 def _abstract(tree):

@@ -4,12 +4,20 @@ once its structure is checked: config.json (its sections and the types of its va
 init_from.json, metrics.jsonl lines, a checkpoint's meta item and the token streams; evaluation
 records are checked by experiment/store/records.py. A check raises a ValueError or returns what is wrong
 (None: nothing), and run.py turns that into an error naming the file and the command that repairs
-it: nothing reads a field it has not checked."""
+it: nothing reads a field it has not checked.
+
+A full device is one line whatever library was writing (`space_for`, NoSpace): "no space left on
+device: FILE (N MB needed)"."""
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import errno
 import json
+import math
 import pathlib
+import re
+import shutil
 
 import numpy as np
 
@@ -50,8 +58,77 @@ def checked_stream(path: pathlib.Path, meta: pathlib.Path, vocab_size: int) -> t
 
 def write_atomically(path: pathlib.Path, text: str) -> None:
     tmp = path.with_suffix(path.suffix + ".tmp")
-    tmp.write_text(text)
+    with space_for(path, len(text.encode()), tmp):
+        tmp.write_text(text)
     tmp.replace(path)
+
+
+def save_array_atomically(path: pathlib.Path, array: np.ndarray) -> None:
+    """An .npy file written whole (a temporary file renamed into place)."""
+    tmp = path.with_suffix(".tmp.npy")
+    with space_for(path, array.nbytes + 128, tmp):
+        np.save(tmp, array)
+    tmp.replace(path)
+
+
+# --- a full device ---------------------------------------------------------------------------------
+
+class NoSpace(OSError):
+    """The device filled up while `path` was written: "no space left on device: FILE (N MB needed)"."""
+
+    def __init__(self, path: str | pathlib.Path, needed: int | None = None):
+        size = f" ({max(1, math.ceil(needed / 1e6)):,} MB needed)" if needed else ""
+        super().__init__(errno.ENOSPC, f"no space left on device: {path}{size}", str(path))
+
+    def __str__(self) -> str:
+        return self.strerror
+
+
+_SHORT_WRITE = re.compile(r"\d+ requested and \d+ written")  # numpy's tofile on a full device
+
+
+def out_of_space(error: BaseException | None) -> NoSpace | OSError | None:
+    """The error in `error`'s chain (itself, or what it was raised from) that says the device is
+    full: ENOSPC, EDQUOT, or a short write as numpy reports it; None if none does."""
+    seen = set()
+    while error is not None and id(error) not in seen:
+        seen.add(id(error))
+        if isinstance(error, OSError) and error.errno in (errno.ENOSPC, errno.EDQUOT):
+            return error
+        if _SHORT_WRITE.search(str(error)) or "No space left on device" in str(error):
+            return error if isinstance(error, OSError) else OSError(errno.ENOSPC, str(error))
+        error = error.__cause__ or error.__context__
+    return None
+
+
+def free_bytes(path: pathlib.Path) -> int | None:
+    """Free bytes on the device that holds `path` (or its nearest existing parent); None if unknown."""
+    for folder in (path, *path.parents):
+        if folder.exists():
+            try:
+                return shutil.disk_usage(folder).free
+            except OSError:
+                return None
+    return None
+
+
+@contextlib.contextmanager
+def space_for(path: pathlib.Path, needed: int, *leftovers: pathlib.Path):
+    """The block writes `path` (`needed` bytes): refused at once where the device has less free, and
+    an error of the block that says the device is full becomes NoSpace naming `path`; `leftovers`
+    (its temporary files) are then removed."""
+    path = pathlib.Path(path)
+    free = free_bytes(path)
+    if free is not None and free < needed:
+        raise NoSpace(path, needed)
+    try:
+        yield
+    except Exception as e:
+        if isinstance(e, NoSpace) or not out_of_space(e):
+            raise
+        for leftover in leftovers:
+            shutil.rmtree(leftover, ignore_errors=True) if leftover.is_dir() else leftover.unlink(missing_ok=True)
+        raise NoSpace(path, needed) from None
 
 
 def first_line(error: BaseException | None) -> str:

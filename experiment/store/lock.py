@@ -82,8 +82,10 @@ def holding(folder: pathlib.Path, purpose: str) -> Iterator[None]:
                 break
 
 
-def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:
-    """Take the lock; returns the function that releases it."""
+def acquire(lock_path: pathlib.Path, purpose: str, *, name: str | None = None,
+            instead: str = "or use another --workdir") -> Callable[[], None]:
+    """Take the lock; returns the function that releases it. A busy lock is a WorkdirBusy naming
+    `name` (default: the lock's folder) and its holder, and saying `instead`."""
     fd = _open(lock_path)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
@@ -91,11 +93,11 @@ def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:
         if e.errno in (errno.EWOULDBLOCK, errno.EAGAIN, errno.EACCES):
             holder = os.pread(fd, 4096, 0).decode(errors="replace")
             os.close(fd)
-            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(holder)}; wait for it to finish, "
-                              f"or use another --workdir") from None
+            raise WorkdirBusy(f"{name or lock_path.parent} is in use by {_describe(holder)}; wait for it to "
+                              f"finish, {instead}") from None
         os.close(fd)
         if e.errno in (errno.ENOLCK, errno.EOPNOTSUPP, errno.ENOSYS):
-            return _acquire_by_file(lock_path, purpose)
+            return _acquire_by_file(lock_path, purpose, name or str(lock_path.parent))
         raise
     os.ftruncate(fd, 0)
     os.pwrite(fd, _holder(purpose).encode(), 0)
@@ -107,10 +109,10 @@ def acquire(lock_path: pathlib.Path, purpose: str) -> Callable[[], None]:
     return release
 
 
-def _acquire_by_file(lock_path: pathlib.Path, purpose: str):
+def _acquire_by_file(lock_path: pathlib.Path, purpose: str, name: str):
     """For filesystems without locks: an O_EXCL file naming its holder, recovered when that holder
     (on this host) is no longer alive."""
-    path = lock_path.with_name(".lock.owner")
+    path = lock_path.with_name(lock_path.name + ".owner")  # .lock.owner beside a run folder's .lock
     for _ in range(2):
         try:
             fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o644)
@@ -124,7 +126,7 @@ def _acquire_by_file(lock_path: pathlib.Path, purpose: str):
             if stale:
                 path.unlink(missing_ok=True)
                 continue
-            raise WorkdirBusy(f"{lock_path.parent} is in use by {_describe(text)}; wait for it to finish, "
+            raise WorkdirBusy(f"{name} is in use by {_describe(text)}; wait for it to finish, "
                               f"or delete {path} if that process is gone") from None
         os.write(fd, _holder(purpose).encode())
         os.close(fd)

@@ -41,7 +41,8 @@ import numpy as np
 import corpora
 from experiment import config as config_lib
 from experiment.store import files, lock, records
-from experiment.store.files import checked_origin, checked_stream, first_line, write_atomically
+from experiment.store.files import (checked_origin, checked_stream, first_line, save_array_atomically,
+                                   write_atomically)
 
 log = logging.getLogger(__name__)
 
@@ -262,15 +263,25 @@ class RunDir:
                                    f"evaluation or train.py command encodes the {split} split again") from None
                 log.warning("%s is damaged (%s); encoding the %s split again", path, e, split)
         if lines is None:
-            lines = corpora.load_lines(data_cfg, split)
+            try:
+                lines = corpora.load_lines(data_cfg, split)
+            except corpora.DataError as e:
+                raise self._data_error(e, data_cfg) if self.has_checkpoint() else e from None
         stream, words = tokenizer.encode_lines(lines), corpora.count_words(lines)
         if write:
             path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = path.with_suffix(".tmp.npy")
-            np.save(tmp, stream)
-            tmp.replace(path)
+            save_array_atomically(path, np.asarray(stream))
             write_atomically(meta, json.dumps({"words": words, "tokens": int(len(stream))}))
         return stream, words
+
+    def _data_error(self, error: Exception, data_cfg) -> corpora.DataError:
+        """A run's data that cannot be read any more (moved, or imported with a wrong --data_path):
+        the fix is in its config.json, which evaluation reads (it has no --config flags)."""
+        what = re.sub(r"--config\.data\.(\w+)", r"data.\1", str(error))
+        again = (", or import the checkpoint again into a new folder: python import_hf.py CHECKPOINT --workdir NEW "
+                 "--data_path FOLDER" if data_cfg.tokenizer == "pretrained" else "")
+        return corpora.DataError(f"{what}; this run reads its data as the data section of {self.config_path} says: "
+                                 f"edit data.path (and data.source) there{again}")
 
     def _tokenizer_repair(self, data_cfg) -> str:
         """How to put back a damaged tokenizer.json: from where the run's tokenizer came."""
@@ -345,9 +356,7 @@ class RunDir:
                         "have them for step %s", len(stale), sorted({r.get("step") for r in stale}), path,
                         new[0].get("step"))
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_suffix(".tmp")
-        tmp.write_text(json.dumps(merged, indent=1))
-        tmp.replace(path)
+        write_atomically(path, json.dumps(merged, indent=1))
         return merged
 
     # --- origin ----------------------------------------------------------------------------------

@@ -5,11 +5,28 @@ from __future__ import annotations
 
 import dataclasses
 
-from posenc.domains import above, at_least, between, each, one_of, positive, unit_interval
+from posenc.domains import above, at_least, between, each, one_of, only_with, positive, unit_interval
 from posenc.options.declare import declare
 
 YARN_RAMPS = ("index", "turns")
 POPE_BIAS_INITS = ("zeros", "uniform")
+
+
+# Whether a method is on, from the options of its section (posenc/domains.py: only_with).
+def _yarn_on(o) -> bool:
+    return o["yarn_scale"] != 1
+
+
+def _llama3_on(o) -> bool:
+    return o["llama3_factor"] != 1
+
+
+def _longrope_on(o) -> bool:
+    return bool(o["longrope_short_factor"] or o["longrope_long_factor"])
+
+
+def _xpos_on(o) -> bool:
+    return bool(o["xpos"])
 
 
 @dataclasses.dataclass(frozen=True)
@@ -48,20 +65,33 @@ class RopeOptions:
     xpos_scale_base: float = 512.0  # gamma
     p_rope: float = 1.0           # p-RoPE: share of the frequency pairs that rotate, the highest ones;
                                   # the others get frequency 0 (position-free). 1 = off (plain RoPE)
-    # Each option alone (validate_rope_options checks how they combine).
+    # Each option alone (validate_rope_options checks how they combine); an option of one method
+    # (`only_with`) keeps its default unless the method is switched on: alone it would change nothing.
     DOMAINS = {"base": positive(), "fraction": unit_interval(), "pi_factor": positive(note="L_train / L_target"),
-               "ntk_alpha": positive(), "dynamic_ntk_factor": at_least(1),
-               "yarn_scale": at_least(1, note="L_target / L_train; 1 = off"), "yarn_beta_fast": positive(),
-               "yarn_beta_slow": between(0, lo_open=True, note="and < yarn_beta_fast"),
-               "yarn_ramp": one_of("index", "turns"), "original_length": at_least(0, note="0 = the training length"),
-               "llama3_factor": at_least(1, note="1 = off"), "llama3_low_freq_factor": positive(),
-               "llama3_high_freq_factor": above(lambda o: o["llama3_low_freq_factor"], "llama3_low_freq_factor"),
+               "ntk_alpha": positive(),
+               "dynamic_ntk_factor": only_with(lambda o: o["dynamic_ntk"], "dynamic_ntk", at_least(1), 1.0),
+               "yarn_scale": at_least(1, note="L_target / L_train; 1 = off"),
+               "yarn_beta_fast": only_with(_yarn_on, "yarn_scale", positive(), 32.0),
+               "yarn_beta_slow": only_with(_yarn_on, "yarn_scale", between(0, lo_open=True, note="and < yarn_beta_fast"),
+                                           1.0),
+               "yarn_ramp": only_with(_yarn_on, "yarn_scale", one_of("index", "turns"), "index"),
+               "original_length": at_least(0, note="0 = the training length"),
+               "llama3_factor": at_least(1, note="1 = off"),
+               "llama3_low_freq_factor": only_with(_llama3_on, "llama3_factor", positive(), 1.0),
+               "llama3_high_freq_factor": only_with(_llama3_on, "llama3_factor", above(
+                   lambda o: o["llama3_low_freq_factor"], "llama3_low_freq_factor"), 4.0),
                "longrope_short_factor": each(positive()), "longrope_long_factor": each(positive()),
-               "longrope_factor": positive(), "longrope_attention_factor": at_least(0, note="0 = HF's default"),
+               "longrope_factor": only_with(_longrope_on, "longrope_short_factor / long_factor", positive(), 1.0),
+               "longrope_attention_factor": only_with(_longrope_on, "longrope_short_factor / long_factor",
+                                                      at_least(0, note="0 = HF's default"), 0.0),
                "rerope_window": at_least(0, note="0 = off"), "self_extend_window": at_least(0, note="0 = off"),
-               "self_extend_group": at_least(1), "xpos_gamma0": positive(), "xpos_scale_base": positive(),
+               "self_extend_group": only_with(lambda o: o["self_extend_window"] > 0, "self_extend_window",
+                                              at_least(1), 1),
+               "xpos_gamma0": only_with(_xpos_on, "xpos", positive(), 0.4),
+               "xpos_scale_base": only_with(_xpos_on, "xpos", positive(), 512.0),
                "p_rope": unit_interval(note="1 = plain RoPE"), "dca_chunk_size": at_least(0, note="0 = off"),
-               "dca_local_window": at_least(0, note="and < dca_chunk_size")}
+               "dca_local_window": only_with(lambda o: o["dca_chunk_size"] > 0, "dca_chunk_size (Dual Chunk Attention)",
+                                             at_least(0, note="and < dca_chunk_size"), 0)}
 
 
 def longrope_on(options: RopeOptions) -> bool:

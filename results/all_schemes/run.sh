@@ -10,5 +10,6 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 W=${W:-runs/all_schemes}
 STEPS=${STEPS:-600}
-$PY sweep.py --config configs/all_schemes.py --table --workdir "$W" --out results/all_schemes \
+$PY sweep.py --config configs/all_schemes.py --table --workdir "$W" \
   --config.train.steps="$STEPS" --config.train.checkpoint_every=200
+cp "$W"/report/all_schemes.* results/all_schemes/  # the report folder is the command's own; copied here beside this script

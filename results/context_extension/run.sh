@@ -16,4 +16,5 @@ for method in pi yarn plain; do
       --workdir "$W/$method"
 done
 $PY report.py "$W/base" "$W"/pi/rope_L256_steps* "$W"/yarn/rope_L256_steps* "$W"/plain/rope_L256_steps* \
-    --out results/context_extension
+    --out "$W/report"
+cp "$W"/report/* results/context_extension/  # the report folder is the command's own; its files copied here

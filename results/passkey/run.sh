@@ -10,4 +10,5 @@ for s in $SCHEMES; do
   $PY train.py --config "configs/passkey.py:$s" --workdir "$W/$s"
   $PY eval_extrapolate.py --workdir "$W/$s" --passkey
 done
-$PY report.py $(for s in $SCHEMES; do echo "$W/$s"; done) --out results/passkey
+$PY report.py $(for s in $SCHEMES; do echo "$W/$s"; done) --out "$W/report"
+cp "$W"/report/* results/passkey/  # the report folder is the command's own; its files copied here beside this script

@@ -12,4 +12,5 @@ $PY sweep.py --config configs/wikitext_small.py --schemes sinusoidal,rope,t5,ali
 for s in sinusoidal rope t5 alibi; do
   $PY eval_extrapolate.py --workdir "$W/${s}_L64" --lengths 128,256,512,1024 --stride 64 --max_tokens 32768
 done
-$PY report.py "$W/sinusoidal_L64" "$W/rope_L64" "$W/t5_L64" "$W/alibi_L64" --out results/wikitext_small
+$PY report.py "$W/sinusoidal_L64" "$W/rope_L64" "$W/t5_L64" "$W/alibi_L64" --out "$W/report"
+cp "$W"/report/* results/wikitext_small/  # the report folder is the command's own; its files copied here

@@ -1,4 +1,5 @@
 """Bad input gets one clear line, never a traceback from deep inside JAX."""
+import errno
 import json
 import sys
 
@@ -195,3 +196,54 @@ def test_a_config_file_of_the_wrong_shape_is_one_line(monkeypatch, capsys, tmp_p
         parse_config(monkeypatch, str(path))
     err = capsys.readouterr().err
     assert exit_.value.code == 2 and expected in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("error,named", [
+    (OSError(errno.ENOSPC, "No space left on device", "/data/run/streams/train.npy"), "/data/run/streams/train.npy"),
+    (RuntimeError("orbax: Failed to write"), "/data/run/checkpoints/0"),
+    (OSError("21795 requested and 4064 written"), "a file")], ids=["ENOSPC", "wrapped", "short write"])
+def test_a_full_device_is_one_line_whatever_library_raised_it(monkeypatch, capsys, error, named):
+    """Issue 32: 289 lines of orbax tracebacks, or `OSError: 21795 requested and 4064 written`."""
+    import experiment.cli as cli
+    monkeypatch.setattr(cli, "start_runtime", lambda *a: None)
+    monkeypatch.delenv("LX_TRACEBACK", raising=False)
+
+    def fails():
+        if isinstance(error, RuntimeError):
+            raise error from OSError(errno.ENOSPC, "No space left on device", "/data/run/checkpoints/0")
+        raise error
+    with pytest.raises(SystemExit) as exit_:
+        cli.run_cleanly(fails)
+    err = capsys.readouterr().err.strip().splitlines()
+    assert exit_.value.code == 2 and err == [f"error: no space left on device: {named}"], err
+
+
+@pytest.mark.parametrize("spec,expected", [
+    ("configs/wikitext103.py:alibi,abc", "error: --config configs/wikitext103.py:alibi,abc: the training length L "
+     "(after the scheme) must be a whole number >= 1, got 'abc'; e.g. --config configs/wikitext103.py:alibi,512"),
+    ("configs/wikitext103.py:rope,-5", "the training length L (after the scheme) must be a whole number >= 1, got '-5'"),
+    ("configs/extend.py:pi,runs/none,x", "error: --config configs/extend.py:pi,runs/none,x: FACTOR (after the base "
+     "folder) must be a whole number >= 1, got 'x'; e.g. --config configs/extend.py:pi,runs/none,4")],
+    ids=["L", "negative L", "factor"])
+def test_a_bad_part_of_a_config_argument_is_named(monkeypatch, capsys, spec, expected):
+    """Issue 32: configs/wikitext103.py:alibi,abc gave `invalid literal for int()`, naming no part."""
+    with pytest.raises(SystemExit):
+        parse_config(monkeypatch, spec)
+    err = capsys.readouterr().err
+    assert expected in err and "invalid literal" not in err and "Traceback" not in err, err
+
+
+@pytest.mark.parametrize("override", ["--config.train.steps=3", "--config.posenc.name=rope",
+                                      "--config.model.num_layers=2"])
+def test_a_config_file_returning_a_dict_with_an_override_is_one_line(monkeypatch, capsys, tmp_path, override):
+    """Issue 32: alone it was one good line; with --config.posenc.name= or a key the dict lacks, a
+    45-line traceback (ml_collections' KeyError, then ours on `config.posenc` of a dict)."""
+    path = tmp_path / "odd.py"
+    path.write_text("def get_config():\n    return {'seed': 0, 'train': {'steps': 2}}\n")
+    with pytest.raises(SystemExit) as exit_:
+        parse_config(monkeypatch, str(path), override)
+    err = capsys.readouterr().err
+    assert exit_.value.code == 2 and "Traceback" not in err, err
+    assert err.splitlines()[0] == (f"error: {path}: get_config() returned a dict; return an ml_collections.ConfigDict "
+                                   "(start from experiment.config.defaults(scheme)), which --config.KEY=VALUE can "
+                                   "override")

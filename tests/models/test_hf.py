@@ -140,6 +140,22 @@ def refusal(path, match: str, **kwargs) -> str:
     return message
 
 
+@pytest.mark.parametrize("rope, expected", [
+    ({"rope_type": "yarn", "factor": -4}, "'factor' of rope_type 'yarn' must be >= 1 (L_target / L_train), got -4"),
+    ({"rope_type": "linear", "factor": 0}, "'factor' of rope_type 'linear' must be > 0, got 0"),  # was ZeroDivisionError
+    ({"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 2,
+      "original_max_position_embeddings": 32}, "'high_freq_factor' of rope_type 'llama3' must be > low_freq_factor")],
+    ids=["yarn", "linear", "llama3"])
+def test_bad_rope_parameters_blame_the_rope_parameters_given_not_the_checkpoint(rope, expected):
+    """Issue 32: --rope_parameters '{"rope_type":"yarn","factor":-4}' blamed the checkpoint's
+    config.json and an option the user did not write (posenc.rope.yarn_scale)."""
+    with pytest.raises(hf.HFError) as error:
+        hf.load_checkpoint(FIXTURES / "llama", rope_parameters=rope)
+    message = str(error.value)
+    assert message.startswith(f"rope_parameters {json.dumps(rope)} (import_hf.py --rope_parameters): {expected}")
+    assert "config.json" not in message and "posenc." not in message
+
+
 def test_unsupported_architecture_is_refused(tmp_path):
     folder = variant(tmp_path, "qwen2")
     config = json.loads((folder / "config.json").read_text())

@@ -71,6 +71,20 @@ CASES = [  # (change, the message's start): item 9 of issue 22 first (a negative
     (with_scheme("logn", "posenc.rope.yarn_scale", 0.5), "posenc.rope.yarn_scale must be >= 1"),  # what logn wraps
     (with_scheme("sandwich", "posenc.sandwich.dim", 3), "posenc.sandwich.dim must be 0 (the head dimension) or"),
     (with_scheme("kerple_power", "posenc.kerple_power.r2_init_max", 2.5), "posenc.kerple_power.r2_init_max must be"),
+    # issue 32: an option that acts only with another, given alone, was recorded as a result of its own
+    (with_scheme("rope", "posenc.rope.dca_local_window", 8), "posenc.rope.dca_local_window must be 0 unless "
+     "dca_chunk_size (Dual Chunk Attention) is set too (alone it has no effect), got 8"),
+    (with_scheme("rope", "posenc.rope.self_extend_group", 4), "posenc.rope.self_extend_group must be 1 unless "
+     "self_extend_window is set too"),
+    (with_scheme("rope", "posenc.rope.dynamic_ntk_factor", 2.0), "posenc.rope.dynamic_ntk_factor must be 1.0 unless "
+     "dynamic_ntk is set too"),
+    (with_scheme("rope", "posenc.rope.yarn_beta_fast", 16.0), "posenc.rope.yarn_beta_fast must be 32.0 unless "
+     "yarn_scale is set too"),
+    (with_scheme("rope", "posenc.rope.llama3_low_freq_factor", 2.0), "posenc.rope.llama3_low_freq_factor must be 1.0"),
+    (with_scheme("rope", "posenc.rope.longrope_factor", 4.0), "posenc.rope.longrope_factor must be 1.0 unless "
+     "longrope_short_factor / long_factor is set too"),
+    (with_scheme("rope", "posenc.rope.xpos_scale_base", 256.0), "posenc.rope.xpos_scale_base must be 512.0 unless "
+     "xpos is set too"),
 ]
 
 
@@ -86,6 +100,20 @@ def test_a_value_outside_its_domain_is_refused_by_name_with_a_valid_value_that_r
         default = default[part]
     set_key(key, config_lib.converted(default, valid, "test"))(config)
     config_lib.resolve(config)  # the value the message suggests is accepted
+
+
+def test_an_option_that_acts_only_with_another_is_refused_alone_at_evaluation_and_taken_with_it():
+    """Issue 32: --set posenc.rope.dca_local_window=8 without a chunk size was scored as plain rope
+    and drawn as a series of its own."""
+    from experiment.evals.common import apply_overrides
+    config = tiny_config("rope")
+    with pytest.raises(posenc.DomainError, match=r"^posenc.rope.dca_local_window must be 0 unless dca_chunk_size "
+                                                 r".*; a valid value: posenc.rope.dca_local_window=0$"):
+        apply_overrides(config, {"posenc.rope.dca_local_window": "8"})
+    both = apply_overrides(config, {"posenc.rope.dca_chunk_size": "12", "posenc.rope.dca_local_window": "8"})
+    assert (both.posenc.rope.dca_chunk_size, both.posenc.rope.dca_local_window) == (12, 8)
+    with pytest.raises(posenc.DomainError, match="posenc.rope.dca_local_window must be >= 0"):
+        apply_overrides(config, {"posenc.rope.dca_chunk_size": "12", "posenc.rope.dca_local_window": "-1"})
 
 
 def test_types_are_checked_too_and_unused_schemes_are_not_looked_at():

@@ -18,10 +18,11 @@ from experiment.convert.hf import export_hf, hf_rope_parameters, import_hf
 from experiment.evals import evaluate
 from experiment.evals.common import load_checkpoint
 from experiment.store import checkpoints
-from experiment.store.run import RunDir
+from experiment.store.run import RunDir, RunError
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import REPO, run_entry
+from tests.experiment.report.synthetic import fake_run
 
 FIXTURES = REPO / "tests" / "fixtures" / "hf_tiny"
 ROPE_PARAMETERS = json.loads((FIXTURES / "llama" / "rope_parameters.json").read_text())
@@ -135,6 +136,36 @@ def test_evaluate_an_imported_run_on_a_local_corpus(tmp_path):
     assert math.isfinite(self_extend[0]["ppl"])
 
 
+def test_a_bad_data_path_is_refused_at_import_and_a_moved_one_names_a_fix_evaluation_has(tmp_path):
+    """Issue 32: an import with a bad --data_path was accepted, and the evaluation then said "set
+    --config.data.path", a flag eval_extrapolate.py does not have."""
+    src = checkpoint(tmp_path, "llama")
+    with pytest.raises(corpora.DataError, match=r"data folder .*absent.* does not exist; set --data_path to a folder"):
+        import_hf(src, tmp_path / "run", data={"source": "local", "path": str(tmp_path / "absent")})
+    assert not (tmp_path / "run").exists()
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "valid.txt").write_text("a line of text\n" * 50)
+    import_hf(src, tmp_path / "run", data={"source": "local", "path": str(corpus)})
+    corpus.rename(tmp_path / "moved")
+    with pytest.raises(corpora.DataError) as error:
+        evaluate(tmp_path / "run", [64], max_tokens=256)
+    message = str(error.value)
+    assert "--config.data" not in message and "edit data.path (and data.source) there" in message
+    assert f"data section of {tmp_path / 'run' / 'config.json'}" in message and "import_hf.py CHECKPOINT" in message
+
+
+def test_a_tokenizer_kept_apart_is_given_with_tokenizer(tmp_path):
+    """Issue 32: a checkpoint folder without tokenizer.json was refused with no way to give one."""
+    src = _no_tokenizer(checkpoint(tmp_path, "llama"))
+    with pytest.raises(HFError, match="no tokenizer.json; .*give it with --tokenizer PATH"):
+        import_hf(src, tmp_path / "refused")
+    run = import_hf(src, tmp_path / "run", tokenizer=FIXTURES / "llama" / "tokenizer.json")
+    assert run.tokenizer(run.load_config().data, write=False).vocab_size == 320
+    with pytest.raises(HFError, match=rf"--tokenizer {tmp_path}: no such file in it"):
+        import_hf(src, tmp_path / "other", tokenizer=tmp_path)
+
+
 def _drop(name):
     return lambda t: {k: v for k, v in t.items() if k != name}
 
@@ -211,6 +242,22 @@ def test_export_gives_the_stored_logits_and_tensors(tmp_path, arch, case):
     assert set(original) == set(exported)
     for name in original:
         np.testing.assert_array_equal(original[name], exported[name], err_msg=name)
+
+
+def test_export_writes_only_into_a_folder_it_owns(tmp_path):
+    """Issue 32: --out set to the run itself, to another run or to a folder of the user's files had
+    its config.json and tokenizer.json replaced (the run was then refused as damaged)."""
+    run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run").path
+    other = fake_run(tmp_path, "rope", 64, "/data/corpus", {64: 5.0}, name="other")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text('{"my": "own"}')
+    before = {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()}
+    for out, what in ((run, "is a run folder"), (other, "is a run folder"),
+                      (mine, r"holds files that export_hf.py did not write \(config.json\)")):
+        with pytest.raises(RunError, match=rf"^--out {out} {what}.*give a new or empty folder, e.g. --out {out}_hf"):
+            export_hf(run, out)
+    assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
 def test_export_entry_point_and_rope_without_hf_form(tmp_path):

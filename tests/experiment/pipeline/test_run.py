@@ -29,3 +29,13 @@ def test_a_context_extension_factor_follows_the_training_length(method, key, at_
     assert run_config(base, "rope", None, {"train.seq_len": "128"}).posenc.rope[key] == at_128
     assert run_config(base, "rope", 128, {f"posenc.rope.{key}": "3"}).posenc.rope[key] == 3  # given: kept
     assert base.posenc.rope[key] == at_base_factor  # the base config is not changed by its grid points
+
+
+def test_a_sweep_whose_report_folder_holds_other_files_is_refused_before_any_run(tmp_path):
+    """Issue 32: no command writes into a folder it does not own; the sweep finds out before training."""
+    (tmp_path / "grid" / "report").mkdir(parents=True)
+    (tmp_path / "grid" / "report" / "notes.txt").write_text("mine")
+    with pytest.raises(ValueError, match=rf"^{tmp_path / 'grid' / 'report'} \(the sweep's report\) holds files that "
+                                         r"report.py did not write \(notes.txt\); move it away"):
+        sweep(tiny_config("alibi"), ["alibi"], [], tmp_path / "grid")
+    assert sorted(p.name for p in (tmp_path / "grid").iterdir()) == ["report"]  # no run was started

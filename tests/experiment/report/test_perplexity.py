@@ -6,7 +6,9 @@ import pathlib
 import pytest
 
 from experiment.report import paper, perplexity as reporting, write_report
-from tests.experiment.report.synthetic import fake_run
+from experiment.store.lock import WorkdirBusy
+from experiment.store.run import RunError
+from tests.experiment.report.synthetic import fake_run, full_run
 
 
 def tables(markdown: str) -> list[str]:
@@ -123,5 +125,35 @@ def test_records_of_two_checkpoints_are_two_curves_and_two_columns(tmp_path):
 def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
     run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
     (tmp_path / "taken").write_text("not a folder")
-    with pytest.raises(ValueError, match=r"^--out .*taken is a file; give a folder$"):
+    with pytest.raises(ValueError, match=r"^--out .*taken is a file; give a new or empty folder, e.g. --out "
+                                         r".*taken_report$"):
         write_report([run], tmp_path / "taken")
+
+
+def test_a_report_folder_holds_exactly_what_the_last_report_wrote(tmp_path):
+    """Issue 32: the perplexity report of one set of runs sat beside the passkey report of another."""
+    with_passkey, plain = full_run(tmp_path, "with_passkey"), fake_run(tmp_path, "rope", 64, "/data/c", {64: 5.0})
+    first = write_report([with_passkey], tmp_path / "report")
+    assert pathlib.Path(first["passkey"]["md"]).exists()
+    second = write_report([plain], tmp_path / "report")
+    assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
+        ".written_by", "loss_by_position.png", "ppl_vs_length.md", "ppl_vs_length.png"]
+    assert pathlib.Path(second["md"]).parent == tmp_path / "report" and "passkey" not in second
+
+
+def test_a_second_report_into_the_same_out_at_once_is_refused(tmp_path):
+    from experiment.store import output
+    run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
+    with output.replacing(tmp_path / "report", "report.py"):  # a report.py writing there now
+        with pytest.raises(WorkdirBusy, match=r"--out .*report is in use by report.py \(pid"):
+            write_report([run], tmp_path / "report")
+
+
+def test_a_report_never_writes_into_a_run_or_a_folder_of_other_files(tmp_path):
+    run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
+    (tmp_path / "notes").mkdir()
+    (tmp_path / "notes" / "todo.txt").write_text("mine")
+    for out, what in ((run, "is a run folder"), (tmp_path / "notes", r"holds files that report.py did not write")):
+        with pytest.raises(RunError, match=rf"^--out {out} {what}"):
+            write_report([run], out)
+    assert (tmp_path / "notes" / "todo.txt").read_text() == "mine" and not (run / "ppl_vs_length.png").exists()

@@ -104,9 +104,35 @@ def test_saved_images_hold_everything_and_every_run_its_own_files(tmp_path, monk
     assert len(saved) == 2 + 1 + 4 + 2  # perplexity, positions; passkey; heat maps; attention
     for fig, path in saved:
         check_figure(fig, path.name)
-        check_png(path)
+        check_png(tmp_path / "report" / path.name)  # written aside, then swapped in whole
     with pytest.raises(ValueError, match="same run directory"):
         write_report([workdirs[0], workdirs[0].parent / "." / "alibi_L64"], tmp_path / "again")
+
+
+def test_runs_named_in_any_script_are_told_apart_by_drawn_labels_and_file_names(tmp_path, monkeypatch):
+    """Labels render in any script: without a font for CJK (this machine: matplotlib's own fonts),
+    two runs whose folder names differ only in Chinese characters had labels that differed only in
+    empty boxes; their labels now differ in characters the font draws, their files by name."""
+    monkeypatch.setattr(plots, "cjk_fallback", lambda: None)
+    saved = []
+    save = plots.save
+    monkeypatch.setattr(plots, "save", lambda fig, path: saved.append((fig, save(fig, path))) or saved[-1][1])
+    workdirs = [full_run(tmp_path, name, attention=False) for name in ("实验一", "实验二")]
+    paths = write_report(workdirs, tmp_path / "report")
+    assert [p.split("/")[-1] for p in paths["passkey"]["heatmaps"]] == ["passkey_heatmap_实验一.png",
+                                                                        "passkey_heatmap_实验二.png"]
+    drawn = plots._drawn_characters(tuple(plots.font_families()))
+    legend = [t.get_text() for t in saved[0][0].axes[0].get_legend().get_texts()]
+    assert len(set(legend)) == 2 and all(ord(c) in drawn or c.isspace() for text in legend for c in text), legend
+    assert legend[0].endswith("[\\u5b9e\\u9a8c\\u4e00]")  # the name's characters, by their codes
+    assert "alibi (L=64) [实验一]" in (tmp_path / "report" / "ppl_vs_length.md").read_text()  # text files keep them
+
+
+def test_a_font_with_cjk_glyphs_is_the_fallback_where_one_is_installed(monkeypatch):
+    monkeypatch.setattr(plots, "cjk_fallback", lambda: "Noto Sans CJK JP")
+    monkeypatch.setattr(plots, "_drawn_characters", lambda families: frozenset(map(ord, "alibi 实验一")))
+    assert plots.font_families() == ["sans-serif", "Noto Sans CJK JP"]
+    assert plots.drawable("alibi 实验一") == "alibi 实验一" and plots.drawable("é") == "\\u00e9"
 
 
 def test_check_png_finds_a_legend_cut_at_the_edge(tmp_path):

@@ -4,8 +4,10 @@ unevaluated rows show as such (experiment/report/schemes.py)."""
 import json
 import pathlib
 
+import pytest
+
 from experiment.report import schemes
-from experiment.store.run import RunDir
+from experiment.store.run import RunDir, RunError
 
 LENGTHS = [64, 128, 256]
 PROTOCOL = {"train_length": 64, "lengths": LENGTHS, "split": "valid", "max_tokens": 0, "steps": 10,
@@ -79,3 +81,17 @@ def test_the_table_sorts_reads_each_rows_overrides_and_says_why_a_cell_is_empty(
     assert lines["fox"].count("| – ") == 2 + 2 + 3  # ppl at L and 16L, 2 ratios, 3 passkey cells
     assert "| 2 | rope + YaRN | relative | rope + YaRN et al. | 4.40 | 5.50 | 1.09 | 1.25 | 0.50 |" in text
     assert pathlib.Path(paths["png"]).stat().st_size > 10_000
+
+
+def test_a_damaged_manifest_or_timings_file_is_named_with_what_to_do(tmp_path):
+    """Issue 32: a truncated rows.json gave `Expecting value: line 16 column 4`, naming no file."""
+    (tmp_path / schemes.MANIFEST).write_text(json.dumps({"protocol": PROTOCOL, "rows": []}, indent=1)[:40])
+    with pytest.raises(RunError, match=rf"^{tmp_path / 'rows.json'} is damaged \(Expecting .*\); the table's command "
+                                       rf"writes it again .*: python sweep.py --config configs/all_schemes.py "
+                                       rf"--table --workdir {tmp_path}$"):
+        schemes.write(tmp_path, tmp_path / "out")
+    (tmp_path / schemes.MANIFEST).write_text(json.dumps({"protocol": PROTOCOL, "rows": []}))
+    (tmp_path / schemes.TIMINGS).write_text('{"alibi": ')
+    with pytest.raises(RunError, match=rf"^{tmp_path / 'timings.json'} is damaged .*: delete it \(rm "):
+        schemes.write(tmp_path, tmp_path / "out")
+    assert not (tmp_path / "out").exists()

@@ -3,6 +3,7 @@ nothing damaged. Each phase gets a real SIGINT, sent to the process from inside 
 marks the phase (a wrapper patches that call to signal its own process), so the moment is exact;
 start-up gets one from outside. Subprocesses cost seconds each: one runs by default, the rest
 are marked slow."""
+import gc
 import json
 import os
 import signal
@@ -81,6 +82,44 @@ def test_a_ctrl_c_is_held_to_the_next_safe_point_and_a_second_one_stops_at_once(
                 os.kill(os.getpid(), signal.SIGINT)
                 time.sleep(0.05)
     assert signal.getsignal(signal.SIGINT) is before and not interrupts.requested()
+
+
+def test_a_ctrl_c_that_lands_in_a_garbage_collection_callback_still_stops_at_once(recwarn):
+    """Issue 32: `Exception ignored in: <function _xla_gc_callback>` and 6 more lines, then the
+    command went on: Python drops what a gc callback (JAX runs one at every collection) raises."""
+    if threading.current_thread() is not threading.main_thread():
+        pytest.skip("signal handlers belong to the main thread")
+    landed = []
+
+    def callback(phase, info):  # as JAX's _xla_gc_callback: Python code run by the collector
+        if phase == "start" and not landed:
+            landed.append(True)
+            signal.raise_signal(signal.SIGINT)  # its handler runs here, inside the callback
+            sum(range(1000))
+    gc.callbacks.append(callback)
+    try:
+        with interrupts.deferred():
+            with pytest.raises(interrupts.Interrupted, match="reading"):
+                with interrupts.immediate("interrupted while reading"):
+                    gc.collect()
+                    time.sleep(1.0)  # the same Ctrl-C, delivered again once out of the callback
+    finally:
+        gc.callbacks.remove(callback)
+    assert landed and not [w for w in recwarn if "Exception ignored" in str(w.message)]
+
+
+ENTRY_POINTS = sorted(p.name for p in REPO.glob("*.py") if "app.run(" in p.read_text())
+
+
+@pytest.mark.parametrize("entry", ENTRY_POINTS)
+def test_every_entry_point_sets_its_start_up_handler_before_any_import(entry):
+    """Ctrl-C while an entry point imports JAX: one line and rc 130 (selfcheck.py had no handler: a
+    KeyboardInterrupt traceback from inside an import)."""
+    source = (REPO / entry).read_text()
+    code = source.split('"""', 2)[2].lstrip() if source.startswith('"""') else source
+    assert code.startswith('if __name__ == "__main__":'), entry
+    block = code.split("\n\n", 1)[0]
+    assert "signal.signal(signal.SIGINT" in block and "os._exit(130)" in block, entry
 
 
 def test_ctrl_c_while_the_training_step_compiles_saves_nothing_and_says_so(tmp_path):

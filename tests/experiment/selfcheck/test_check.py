@@ -84,3 +84,23 @@ def test_rows_are_judged_against_xla_paths_within_floor_and_cap():
     alone = [dict(path="pallas", status="ok", forward_error=0.0, gradient_error=np.float64(0.004))]
     selfcheck.judge(alone, "float32")  # no XLA path ran: the cap
     assert alone[0]["status"] == "ok" and alone[0]["gradient_bound"] == pytest.approx(0.01)
+
+
+@pytest.mark.parametrize("kwargs,expected", [
+    (dict(lengths="abc"), "flag --lengths=abc: 'abc' is not a whole number >= 1 (e.g. --lengths=512,4096)"),
+    (dict(lengths="-5"), "flag --lengths=-5: '-5' is not a whole number >= 1"),
+    (dict(memory_gb=-1.0), "flag --memory_gb=-1: must be >= 0 (0 = the default"),
+], ids=["abc", "negative length", "negative memory"])
+def test_bad_lengths_and_memory_are_refused_naming_the_flag(kwargs, expected):
+    """Issue 32: --lengths abc / -5 named no flag; --memory_gb=-1 skipped every row and reported PASS."""
+    with pytest.raises(ValueError) as error:
+        selfcheck.make_plan(short=True, **kwargs)
+    assert str(error.value).startswith(expected), str(error.value)
+    assert selfcheck.make_plan(short=True, lengths=[24, 40], memory_gb=0.5).lengths == (24, 40)
+
+
+def test_the_command_refuses_a_negative_memory_limit_as_it_parses_it():
+    from tests.conftest import run_entry
+    result = run_entry("selfcheck.py", "--short", "--memory_gb=-1", "--lengths=24")
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
+    assert "error: flag --memory_gb=-1: '-1' is not a number >= 0 (0 = the default" in result.stderr

@@ -2,15 +2,18 @@
 by name with the command that repairs it (experiment/store/run.py, experiment/store/files.py); a cache is
 rebuilt. One run is trained for the module; each test damages a copy of it."""
 import json
+import math
+import pathlib
 import shutil
 
 import numpy as np
 import pytest
 
+import corpora
 from experiment import config as config_lib
+from experiment.store import files
 from experiment.train import train
 from experiment.evals.common import load_checkpoint
-from experiment.report.runs import refuse_folders_of_runs
 from experiment.store.run import RunDir, RunError
 from experiment.train import train
 from tests.conftest import tiny_config
@@ -93,9 +96,24 @@ def test_a_failed_attempt_with_a_damaged_config_json_is_cleared(tmp_path):
     assert sorted(p.name for p in tmp_path.iterdir()) == []
 
 
-def test_a_sweep_folder_given_for_its_runs_says_how_to_name_them(run, tmp_path):
-    """Issue 22, item 15: report.py SWEEP_ROOT advised evaluating the root."""
-    with pytest.raises(RunError, match=rf"{tmp_path} is not a run but holds 1 runs .*python report.py {tmp_path}/\* "
-                                       r"--out out"):
-        refuse_folders_of_runs([run.path, tmp_path], "out")
-    refuse_folders_of_runs([run.path], "out")  # a run is fine
+def short_write(path, array, *args, **kwargs):
+    """np.save on a full device: part of the file, then numpy's error (no errno, no file name)."""
+    pathlib.Path(path).write_bytes(b"\x93NUMPY" + b"\0" * 100)
+    raise OSError(f"{array.nbytes} requested and 4064 written")
+
+
+def test_a_full_device_while_a_token_stream_is_written_is_one_line_naming_the_file(tmp_path, monkeypatch):
+    """Issue 32: a 32-line traceback ending in `OSError: 21795 requested and 4064 written`."""
+    from experiment.store.files import NoSpace
+    run, tokenizer = RunDir(tmp_path / "run"), corpora.ByteTokenizer()
+    lines = ["the grass is green"] * 20_000
+    monkeypatch.setattr(np, "save", short_write)
+    needed = f"{math.ceil((np.asarray(tokenizer.encode_lines(lines)).nbytes + 128) / 1e6)} MB needed"
+    with pytest.raises(NoSpace) as error:
+        run.stream(None, "valid", tokenizer, lines)
+    assert str(error.value) == f"no space left on device: {run.stream_path('valid')} ({needed})"
+    assert list(run.streams_dir.iterdir()) == []  # no half-written file left
+    monkeypatch.undo()
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(NoSpace, match=rf"^no space left on device: {run.stream_path('valid')} \({needed}\)$"):
+        run.stream(None, "valid", tokenizer, lines)  # refused before writing

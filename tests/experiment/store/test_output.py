@@ -1,0 +1,81 @@
+"""Folders written outside a run (experiment/store/output.py): a command writes only into a folder it
+owns (new, empty, or marked as its own), and the folder then holds exactly what one call wrote."""
+import json
+
+import pytest
+
+from experiment.store import output
+from experiment.store.lock import WorkdirBusy
+from experiment.store.run import RunError
+
+
+def a_run(path):
+    path.mkdir(parents=True)
+    (path / "config.json").write_text(json.dumps({"seed": 0}))
+    (path / "checkpoints").mkdir()
+    return path
+
+
+def test_a_new_empty_or_own_folder_is_taken_and_anything_else_refused_naming_it(tmp_path):
+    output.claim(tmp_path / "new", "export_hf.py")
+    (tmp_path / "empty").mkdir()
+    output.claim(tmp_path / "empty", "export_hf.py")
+    with output.replacing(tmp_path / "own", "export_hf.py") as staging:
+        (staging / "config.json").write_text("{}")
+    output.claim(tmp_path / "own", "export_hf.py")  # written by the same command before: may be written again
+    run = a_run(tmp_path / "run")
+    with pytest.raises(RunError, match=rf"^--out {run} is a run folder, which only its own run writes; give a new "
+                                       rf"or empty folder, e.g. --out {run}_hf$"):
+        output.claim(run, "export_hf.py")
+    mine = tmp_path / "mine"
+    mine.mkdir()
+    (mine / "config.json").write_text("my own")
+    with pytest.raises(RunError, match=rf"^--out {mine} holds files that export_hf.py did not write \(config.json\)"):
+        output.claim(mine, "export_hf.py")
+    with pytest.raises(RunError, match=rf"--out {tmp_path / 'own'} was written by export_hf.py, not report.py"):
+        output.claim(tmp_path / "own", "report.py")
+    (tmp_path / "file").write_text("x")
+    with pytest.raises(RunError, match="is a file"):
+        output.claim(tmp_path / "file", "report.py")
+
+
+def test_a_report_folder_of_an_earlier_version_is_recognised_by_its_files(tmp_path):
+    (tmp_path / "report").mkdir()
+    for name in ("ppl_vs_length.png", "ppl_vs_length.md", "passkey_heatmap_alibi.png"):
+        (tmp_path / "report" / name).write_text("x")
+    output.claim(tmp_path / "report", "report.py")
+    with pytest.raises(RunError, match="did not write"):
+        output.claim(tmp_path / "report", "export_hf.py")
+
+
+def test_the_folder_holds_exactly_what_the_last_call_wrote_and_a_failed_call_changes_nothing(tmp_path):
+    out = tmp_path / "out"
+    with output.replacing(out, "report.py") as staging:
+        (staging / "a.md").write_text("first")
+        (staging / "passkey.md").write_text("first")
+        assert not out.exists()  # nothing is seen before the swap
+    with output.replacing(out, "report.py") as staging:
+        (staging / "a.md").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == [".written_by", "a.md"]
+    with pytest.raises(ValueError, match="boom"):
+        with output.replacing(out, "report.py") as staging:
+            (staging / "a.md").write_text("third")
+            raise ValueError("boom")
+    assert (out / "a.md").read_text() == "second"
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]  # no staging folder or lock left
+
+
+def test_a_second_writer_at_the_same_time_is_refused_in_one_line(tmp_path):
+    out = tmp_path / "out"
+    with output.replacing(out, "report.py"):
+        with pytest.raises(WorkdirBusy, match=rf"^--out {out} is in use by report.py \(pid \d+ .*\); wait for it to "
+                                              rf"finish, or give another --out, e.g. --out {out}_report$"):
+            with output.replacing(out, "report.py"):
+                pass
+
+
+def test_paths_written_aside_are_reported_where_they_end_up(tmp_path):
+    staging, out = tmp_path / ".o.writing-1", tmp_path / "o"
+    paths = {"png": str(staging / "a.png"), "list": [str(staging / "b.png")], "nested": {"md": staging / "c.md"}}
+    assert output.moved(paths, staging, out) == {"png": str(out / "a.png"), "list": [str(out / "b.png")],
+                                                 "nested": {"md": out / "c.md"}}
