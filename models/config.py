@@ -47,8 +47,12 @@ class ModelConfig:
       num_heads / num_kv_heads query heads; 0 = num_heads) and `head_dim` (0 = d_model / num_heads);
       biases of the q/k/v projection (`qkv_bias`), the attention output (`out_bias`) and the MLP
       (`mlp_bias`); `scale_embeddings` (x sqrt(d_model) as fairseq; Hugging Face models do not);
-      `parallel_residual` (GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x) instead of two residual steps).
+      `parallel_residual` (GPT-NeoX: x + attn(ln1 x) + mlp(ln2 x) instead of two residual steps);
+      Gemma 3's block: `qk_norm` (q and k normed per head before the scheme), `post_norms` (the
+      attention's and the MLP's outputs normed before the residual), and windowed layers with a global
+      one every `global_every` layers, whose RoPE base is `local_rope_base`.
     """
+
     vocab_size: int = 0
     num_layers: int = 4
     d_model: int = 128
@@ -86,6 +90,12 @@ class ModelConfig:
     mlp_bias: bool = True           # biases of the MLP's projections
     scale_embeddings: bool = True   # embeddings x sqrt(d_model)
     parallel_residual: bool = False # x + attn(ln1 x) + mlp(ln2 x)
+    qk_norm: bool = False           # a norm over each head's features of q and k, before the positional scheme
+    post_norms: bool = False        # a norm of the attention's and the MLP's output before each residual addition
+    global_every: int = 0           # with attention_window: every N-th layer (N-1, 2N-1, ...) sees all keys, the
+                                    # others the window (Gemma 3: 6); 0: every layer as attention_window says
+    local_rope_base: float = 0.0    # with global_every: the RoPE base of the windowed layers, which keep plain
+                                    # RoPE whatever the scheme's scaling (Gemma 3: 10,000); 0: the scheme's
     # Each option's values (posenc/domains.py; `check_block` checks how they combine).
     DOMAINS = {"num_layers": at_least(1), "d_model": at_least(1), "num_heads": at_least(1), "mlp_dim": at_least(1),
                "activation": one_of(*ACTIVATION_NAMES), "dropout": unit_interval(hi_open=True),
@@ -99,12 +109,18 @@ class ModelConfig:
                "num_kv_heads": at_least(0, note="0 = num_heads"),
                "head_dim": at_least(0, note="0 = d_model / num_heads"),
                "attention_sinks": at_least(0, note="0 = off"),
-               "attention_window": at_least(0, note="0 = none, or the training length with sinks")}
+               "attention_window": at_least(0, note="0 = none, or the training length with sinks"),
+               "global_every": at_least(0, note="0 = every layer as attention_window says"),
+               "local_rope_base": at_least(0, note="0 = the scheme's base")}
 
     @property
     def head_size(self) -> int:
         """Features per head: `head_dim`, or d_model / num_heads."""
         return self.head_dim or self.d_model // self.num_heads
+
+    def windowed(self, layer: int) -> bool:
+        """Whether layer `layer` (from 0) attends within `attention_window` (not a global layer)."""
+        return bool(self.attention_window) and not (self.global_every and (layer + 1) % self.global_every == 0)
 
     @property
     def kv_heads(self) -> int:
@@ -135,6 +151,12 @@ class ModelConfig:
                              f"set model.head_dim")
         if self.num_heads % self.kv_heads:
             raise ValueError(f"model.num_heads={self.num_heads} is not divisible by model.num_kv_heads={self.kv_heads}")
+        if self.global_every and not self.attention_window:
+            raise ValueError(f"model.global_every={self.global_every} makes every {self.global_every}th layer global "
+                             f"among windowed ones; it needs model.attention_window (the other layers' window)")
+        if self.local_rope_base and not self.global_every:
+            raise ValueError(f"model.local_rope_base={self.local_rope_base} is the base of the windowed layers beside "
+                             f"global ones; it needs model.global_every and model.attention_window")
         for name, valid in (("activation", ACTIVATION_NAMES), ("attention", ATTENTION_PATHS),
                             ("dtype", DTYPE_NAMES), ("norm", NORMS), ("mlp", MLPS)):
             if getattr(self, name) not in valid:

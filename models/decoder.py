@@ -12,6 +12,7 @@ models/hf.py loads Hugging Face checkpoints into them.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 from typing import Any
 
@@ -49,11 +50,13 @@ def _split(key, n):
     return [None] * n if key is None else list(jax.random.split(key, n))
 
 
-def norm_layer(cfg: ModelConfig, rngs: nnx.Rngs) -> nnx.Module:
-    """The norm `cfg.norm` names: LayerNorm (with or without bias) or RMSNorm, epsilon `norm_eps`."""
+def norm_layer(cfg: ModelConfig, rngs: nnx.Rngs, features: int | None = None) -> nnx.Module:
+    """The norm `cfg.norm` names: LayerNorm (with or without bias) or RMSNorm, epsilon `norm_eps`,
+    over `features` (default d_model)."""
+    features = features or cfg.d_model
     if cfg.norm == "rmsnorm":
-        return nnx.RMSNorm(cfg.d_model, epsilon=cfg.norm_eps, dtype=DTYPES[cfg.dtype], rngs=rngs)
-    return nnx.LayerNorm(cfg.d_model, epsilon=cfg.norm_eps, use_bias=cfg.norm == "layernorm",
+        return nnx.RMSNorm(features, epsilon=cfg.norm_eps, dtype=DTYPES[cfg.dtype], rngs=rngs)
+    return nnx.LayerNorm(features, epsilon=cfg.norm_eps, use_bias=cfg.norm == "layernorm",
                          dtype=DTYPES[cfg.dtype], rngs=rngs)
 
 
@@ -81,13 +84,19 @@ class Attention(nnx.Module):
         width = (cfg.num_heads + 2 * cfg.kv_heads) * self.head_dim
         self.qkv = linear(cfg, cfg.d_model, width, cfg.qkv_bias, rngs)
         self.out = linear(cfg, cfg.num_heads * self.head_dim, cfg.d_model, cfg.out_bias, rngs)
+        if cfg.qk_norm:  # over each head's features (Gemma 3), before the positional scheme
+            self.q_norm = norm_layer(cfg, rngs, self.head_dim)
+            self.k_norm = norm_layer(cfg, rngs, self.head_dim)
 
     def project(self, x_BxTxD):
-        """q, k, v, each B x T x num_heads x head_dim (k and v repeated under grouped-query attention)."""
+        """q, k, v, each B x T x num_heads x head_dim (k and v repeated under grouped-query attention;
+        q and k normed per head where `qk_norm`)."""
         b, t, _ = x_BxTxD.shape
         h, kv = self.cfg.num_heads, self.cfg.kv_heads
         qkv = self.qkv(x_BxTxD).reshape(b, t, h + 2 * kv, self.head_dim)
         q, k, v = qkv[:, :, :h], qkv[:, :, h:h + kv], qkv[:, :, h + kv:]
+        if self.cfg.qk_norm:
+            q, k = self.q_norm(q), self.k_norm(k)
         if kv != h:
             k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
         return q, k, v
@@ -124,10 +133,15 @@ class Block(nnx.Module):
         self.fc2 = linear(cfg, cfg.mlp_dim, cfg.d_model, cfg.mlp_bias, rngs)
         if cfg.mlp == "gated":
             self.gate = linear(cfg, cfg.d_model, cfg.mlp_dim, cfg.mlp_bias, rngs)
+        if cfg.post_norms:  # Gemma 2 / 3: each branch's output normed before the residual addition
+            self.ln_attn_out = norm_layer(cfg, rngs)
+            self.ln_mlp_out = norm_layer(cfg, rngs)
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         k_attn, k_res1, k_act, k_res2 = _split(key, 4)
-        attended = dropout(self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn), self.cfg.dropout, k_res1)
+        post = self.cfg.post_norms
+        attended = self.attn(self.ln1(x_BxTxD), positions_BxT, k_attn)
+        attended = dropout(self.ln_attn_out(attended) if post else attended, self.cfg.dropout, k_res1)
         if not self.cfg.parallel_residual:
             x_BxTxD = x_BxTxD + attended
         activation = ACTIVATIONS[self.cfg.activation]
@@ -135,7 +149,8 @@ class Block(nnx.Module):
         def mlp(x):
             y = self.ln2(x)
             h = activation(self.gate(y)) * self.fc1(y) if self.cfg.mlp == "gated" else activation(self.fc1(y))
-            return dropout(self.fc2(dropout(h, self.cfg.activation_dropout, k_act)), self.cfg.dropout, k_res2)
+            out = self.fc2(dropout(h, self.cfg.activation_dropout, k_act))
+            return dropout(self.ln_mlp_out(out) if post else out, self.cfg.dropout, k_res2)
 
         chunk = self.cfg.attention_block
         if key is None and is_long(x_BxTxD.shape[1], chunk):  # long evaluation: B x chunk x mlp_dim at a time
@@ -194,6 +209,9 @@ class DecoderLM(nnx.Module):
         if self.scheme.traits.per_layer:
             layer_schemes = [self.scheme] + [posenc.build(posenc_cfg, dims, rngs=rngs)
                                              for _ in range(cfg.num_layers - 1)]
+        if cfg.local_rope_base:  # Gemma 3: windowed layers keep plain RoPE at their own base
+            local = posenc.build(local_rope(posenc_cfg, cfg.local_rope_base), dims, rngs=rngs)
+            layer_schemes = [local if cfg.windowed(i) else s for i, s in enumerate(layer_schemes)]
         if cfg.adaptive_cutoffs:
             self.embed = AdaptiveInput(cfg.vocab_size, cfg.d_model, cfg.adaptive_cutoffs,
                                        cfg.adaptive_factor, rngs=rngs, dtype=dtype)
@@ -204,7 +222,10 @@ class DecoderLM(nnx.Module):
         else:
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
                                    embedding_init=columns_sharded(nnx.initializers.normal(stddev=cfg.d_model ** -0.5)))
-        self.blocks = nnx.List([Block(cfg, scheme, rngs=rngs) for scheme in layer_schemes])
+        # a global layer among windowed ones (global_every) sees every key: its config has no window
+        self.blocks = nnx.List([Block(cfg if cfg.windowed(i) or not cfg.global_every
+                                      else dataclasses.replace(cfg, attention_window=0), scheme, rngs=rngs)
+                                for i, scheme in enumerate(layer_schemes)])
         self.ln_f = norm_layer(cfg, rngs)
         if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
@@ -288,6 +309,19 @@ def _tracing(tokens_BxT, embed: nnx.Module) -> bool:
     """Whether a call is being traced (inside jit, grad, vmap ...): its tokens or the parameters are."""
     leaves = jax.tree_util.tree_leaves(nnx.state(embed))
     return any(isinstance(x, jax.core.Tracer) for x in [tokens_BxT, *leaves])
+
+
+def local_rope(posenc_cfg: Any, base: float) -> Any:
+    """The positional config of windowed layers beside global ones (ModelConfig.local_rope_base):
+    plain RoPE at `base`, with the rotated fraction of the run's rope and none of its scalings, which
+    act on the global layers only (as Hugging Face's Gemma 3 applies rope scaling)."""
+    if posenc_cfg.name not in ("rope", "logn") or "rope" not in posenc_cfg:
+        raise ValueError(f"model.local_rope_base sets the RoPE base of windowed layers; positional scheme "
+                         f"{posenc_cfg.name!r} has none")
+    local = posenc.default_config("rope")
+    local.rope.base = float(base)
+    local.rope.fraction = float(posenc_cfg.rope.fraction)
+    return local
 
 
 def build_model(model_cfg: ModelConfig, posenc_cfg: Any, train_length: int, seed: int) -> DecoderLM:

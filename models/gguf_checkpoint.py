@@ -27,7 +27,11 @@ from tokenizers import Tokenizer
 from models.gguf_tokenizer import TokenizerMetadataError, from_metadata
 from models.hf_mapping import HFError
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM"}  # GGUF's name -> HF's
+ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}  # GGUF -> HF
+# What llama.cpp fixes for Gemma 3 rather than writing it: a global layer every 6, the windowed layers'
+# RoPE base 10,000 (its llama-model.cpp); used where the file's metadata has no key for them
+GEMMA3_PATTERN, GEMMA3_LOCAL_BASE = 6, 10000.0
+NORM_WEIGHT = re.compile(r"(norm|layernorm)\.weight$")
 ROPE_SCALINGS = ("none", "linear", "yarn")
 ROWS_AT_ONCE = 256  # rows of a tensor de-quantized together
 
@@ -167,7 +171,19 @@ class GGUFCheckpoint:
             token = self.meta.get(f"tokenizer.ggml.{which}_token_id")
             if token is not None:
                 config[f"{which}_token_id"] = int(token)
+        if self.arch == "gemma3":
+            config.update(self._gemma3(config))
         return config
+
+    def _gemma3(self, config: dict[str, Any]) -> dict[str, Any]:
+        """Gemma 3's keys of config.json (models/hf_mapping.py: _gemma3_block). llama.cpp scales the
+        27B model's queries by (d / heads)^-0.5, the others' by head_dim^-0.5."""
+        layers, every = config["num_hidden_layers"], int(self._key("attention.sliding_window_pattern", GEMMA3_PATTERN))
+        scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else config["head_dim"]
+        return {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
+                "sliding_window": int(self._need("attention.sliding_window")), "query_pre_attn_scalar": scalar,
+                "layer_types": ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)],
+                "rope_local_base_freq": _f32(self._key("rope.freq_base_swa", GEMMA3_LOCAL_BASE))}
 
     def _rope_parameters(self, context: int) -> dict[str, Any]:
         """HF's rope dict of `{arch}.rope.scaling.*` (or the older rope.scale_linear); Llama 3's
@@ -232,6 +248,8 @@ class GGUFCheckpoint:
         if self.arch == "llama" and re.search(r"self_attn\.[qk]_proj\.", name):
             heads = self.config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
             array = unpermute(array, heads)
+        if self.arch == "gemma3" and NORM_WEIGHT.search(name):
+            array = array - np.float32(1.0)  # llama.cpp stores Gemma's 1 + weight; HF's checkpoint holds weight
         # device_put, not jnp.asarray: the latter holds a second host copy of the tensor until it is freed
         return jax.device_put(array).block_until_ready()  # copied before the next tensor is de-quantized
 

@@ -32,7 +32,9 @@ class HFError(ValueError):
 
 
 LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-ARCHITECTURES = LLAMA_FAMILY + ("GPTNeoXForCausalLM",)
+GEMMA3 = "Gemma3ForCausalLM"  # imported (its text model: windowed and global layers); not exported
+EXPORTABLE = LLAMA_FAMILY + ("GPTNeoXForCausalLM",)
+ARCHITECTURES = EXPORTABLE + (GEMMA3,)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu_exact", "gelu_new": "gelu",
                "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "relu": "relu"}
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
@@ -84,6 +86,8 @@ class Rule:
 
 RULES = {
     "copy": Rule(lambda arrays, heads: arrays[0], lambda x, heads: [x]),
+    # Gemma's RMSNorm multiplies by (1 + weight): our scale is HF's weight + 1
+    "gemma_norm": Rule(lambda arrays, heads: arrays[0] + 1.0, lambda x, heads: [x - 1.0]),
     "linear": Rule(lambda arrays, heads: arrays[0].T, lambda x, heads: [x.T]),
     "qkv": Rule(_qkv_in, _qkv_out),
     "neox": Rule(_neox_in, _neox_out),
@@ -109,6 +113,19 @@ LLAMA_TABLE = (
     ((_LLAMA_LAYER + "mlp.down_proj.bias",), "blocks.{i}.fc2.bias", "copy"),
 )
 
+GEMMA3_TABLE = (
+    (("model.embed_tokens.weight",), "embed.embedding", "copy"),
+    (("model.norm.weight",), "ln_f.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "input_layernorm.weight",), "blocks.{i}.ln1.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "post_attention_layernorm.weight",), "blocks.{i}.ln_attn_out.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "pre_feedforward_layernorm.weight",), "blocks.{i}.ln2.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "post_feedforward_layernorm.weight",), "blocks.{i}.ln_mlp_out.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "self_attn.q_norm.weight",), "blocks.{i}.attn.q_norm.scale", "gemma_norm"),
+    ((_LLAMA_LAYER + "self_attn.k_norm.weight",), "blocks.{i}.attn.k_norm.scale", "gemma_norm"),
+    *(row for row in LLAMA_TABLE if row[1].startswith(("blocks.{i}.attn.qkv", "blocks.{i}.attn.out",
+                                                        "blocks.{i}.gate", "blocks.{i}.fc"))),
+)
+
 _NEOX_LAYER = "gpt_neox.layers.{i}."
 _NEOX_PAIRS = (  # (HF module, our module, rule of the weight); each has a weight and a bias
     ("gpt_neox.final_layer_norm", "ln_f", "copy"),
@@ -130,7 +147,7 @@ GPT_NEOX_TABLE = (
 
 def table(architecture: str) -> tuple:
     """The weight table of an architecture (see the module docstring)."""
-    return GPT_NEOX_TABLE if architecture == "GPTNeoXForCausalLM" else LLAMA_TABLE
+    return {"GPTNeoXForCausalLM": GPT_NEOX_TABLE, GEMMA3: GEMMA3_TABLE}.get(architecture, LLAMA_TABLE)
 
 
 def rows(architecture: str, num_layers: int):
@@ -167,6 +184,8 @@ def model_config(config: dict, dtype: str) -> ModelConfig:
     """The ModelConfig of a HF config.json (block options as that architecture builds its layers)."""
     architecture = config["architectures"][0]
     act = config.get("hidden_act", "gelu" if architecture == "GPTNeoXForCausalLM" else "silu")
+    if architecture == GEMMA3:
+        act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
     if act not in ACTIVATIONS:
         raise HFError(f"config.json: hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
     heads, d_model = config["num_attention_heads"], config["hidden_size"]
@@ -179,6 +198,10 @@ def model_config(config: dict, dtype: str) -> ModelConfig:
         bias = bool(config.get("attention_bias", True))
         cfg = ModelConfig(**common, norm="layernorm", norm_eps=config.get("layer_norm_eps", 1e-5),
                           qkv_bias=bias, out_bias=bias, parallel_residual=config.get("use_parallel_residual", True))
+    elif architecture == GEMMA3:
+        cfg = ModelConfig(**{**common, "scale_embeddings": True,
+                             "tie_embeddings": bool(config.get("tie_word_embeddings", True))},
+                          **_gemma3_block(config, head_dim))
     else:
         bias = bool(config.get("attention_bias", False))
         qwen = architecture == "Qwen2ForCausalLM"  # Qwen2: q/k/v biases always, none on o_proj
@@ -194,13 +217,43 @@ def model_config(config: dict, dtype: str) -> ModelConfig:
     return cfg
 
 
+def _gemma3_block(config: dict, head_dim: int) -> dict:
+    """Gemma 3's block options: RMSNorm (scale 1 + weight, gemma_norm) before and after each branch,
+    q and k normed per head, GeGLU, embeddings x sqrt(d), windowed layers with a global one every N
+    (`layer_types`, or `sliding_window_pattern`) at their own RoPE base. HFError for what the decoder
+    does not compute: another attention scale than head_dim^-0.5, soft-capped logits, an irregular
+    pattern of layer types."""
+    scalar = config.get("query_pre_attn_scalar", head_dim)
+    if scalar != head_dim:
+        raise HFError(f"config.json: query_pre_attn_scalar {scalar} differs from head_dim {head_dim}; only the "
+                      f"scale head_dim^-0.5 is supported")
+    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
+        if config.get(key) is not None:
+            raise HFError(f"config.json: {key} {config[key]} is not supported (no soft-capping in the decoder)")
+    layers = config["num_hidden_layers"]
+    types = config.get("layer_types") or [
+        "full_attention" if (i + 1) % int(config.get("sliding_window_pattern", 6)) == 0 else "sliding_attention"
+        for i in range(layers)]
+    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
+    every = full[0] + 1 if full else layers + 1
+    if types != ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]:
+        raise HFError(f"config.json: layer_types {types} is not a global layer every N layers; not supported")
+    nested = config.get("rope_parameters") or {}
+    local = config.get("rope_local_base_freq") or (nested.get("sliding_attention") or {}).get("rope_theta") or 1e4
+    return dict(norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="gated",
+                num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
+                qkv_bias=bool(config.get("attention_bias", False)), out_bias=bool(config.get("attention_bias", False)),
+                mlp_bias=False, qk_norm=True, post_norms=True, attention_window=int(config["sliding_window"]),
+                global_every=every, local_rope_base=float(local))
+
+
 def rope_parameters_of(config: dict, override: dict | None = None) -> dict:
     """HF's rope parameters in their current form: config.json's `rope_parameters` (or the older
     `rope_scaling`, `type` read as `rope_type`), `override` in their place where given; rope_theta
     and partial_rotary_factor from the checkpoint where the chosen dict has none."""
-    params = dict(override if override is not None
-                  else config.get("rope_parameters") or config.get("rope_scaling") or {})
     saved = config.get("rope_parameters") or {}
+    saved = saved.get("full_attention", saved)  # Gemma 3's per layer type: the global layers' (the scheme's)
+    params = dict(override if override is not None else saved or config.get("rope_scaling") or {})
     if "type" in params and "rope_type" not in params:
         params["rope_type"] = params.pop("type")
     params.setdefault("rope_type", "default")
@@ -300,9 +353,10 @@ def architecture_of(cfg: ModelConfig) -> str:
     neox = (cfg.norm == "layernorm" and cfg.mlp == "plain" and cfg.mlp_bias and cfg.qkv_bias == cfg.out_bias
             and cfg.kv_heads == cfg.num_heads)
     llama = cfg.norm == "rmsnorm" and cfg.mlp == "gated" and not cfg.parallel_residual
-    if cfg.scale_embeddings or cfg.adaptive_cutoffs or not (neox or llama):
-        raise HFError("this model's block is none of " + ", ".join(ARCHITECTURES) + " (model.norm, model.mlp, "
-                      "model.scale_embeddings, biases); it cannot be exported")
+    if cfg.scale_embeddings or cfg.adaptive_cutoffs or cfg.qk_norm or cfg.post_norms or cfg.global_every \
+            or not (neox or llama):
+        raise HFError("this model's block is none of " + ", ".join(EXPORTABLE) + " (model.norm, model.mlp, "
+                      "model.scale_embeddings, biases, Gemma 3's options); it cannot be exported")
     qwen = cfg.qkv_bias and not cfg.out_bias and not cfg.mlp_bias
     if cfg.attention_window and (neox or cfg.qkv_bias or cfg.out_bias or cfg.mlp_bias):
         raise HFError("a sliding window (model.attention_window) exports only as MistralForCausalLM: a Llama "
