@@ -7,8 +7,9 @@ attention path a call runs is decided in models/attention/choice.py, from the ta
 models/attention/paths.py.
 
 ModelConfig (models/config.py, free of JAX) also gives the Llama family's block (RMSNorm, SwiGLU,
-grouped-query attention, no biases, unscaled embeddings) and GPT-NeoX's (parallel residual);
-models/hf.py loads Hugging Face checkpoints into them.
+grouped-query attention, no biases, unscaled embeddings), GPT-NeoX's (parallel residual) and Gemma 3's
+(q / k norms, norms after each branch, windowed layers with a global one every N at their own RoPE
+base); models/hf.py loads Hugging Face checkpoints into them.
 """
 from __future__ import annotations
 
