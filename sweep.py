@@ -1,15 +1,19 @@
 """Run a grid and report: python sweep.py --config configs/demo.py --schemes sinusoidal,rope,alibi
-[--train_lengths 64,128] [--grid train.steps=25,100] --workdir runs/demo [--config.a.b=v ...]
+[--train_lengths 64,128] [--grid train.steps=25,100] [--seeds 0,1,2] --workdir runs/demo [--config.a.b=v ...]
 
 Each (scheme, training length) trains in WORKDIR/<scheme>_L<L>; complete runs are skipped and
-interrupted ones resume; the plot and table go to WORKDIR/report.
+interrupted ones resume; the plot and table go to WORKDIR/report. --seeds trains each once per seed
+(the config's `seed`: parameter init, data order, passkey mix, dropout), a seed other than the config's
+own in WORKDIR/<scheme>_L<L>_seed<N>; the report draws each set of seeds as its mean with a band.
 
 --table: instead of a grid, the rows of the table the --config file gives (its get_table(): every
 registered scheme and the notable options in configs/all_schemes.py; experiment/pipeline/table.py),
 perplexity and passkey retrieval at each length, then one table and heat map in --out (default
-WORKDIR/report); --schemes then names the runs to train and evaluate this time (default: all):
+WORKDIR/report); --schemes then names the runs to train and evaluate this time (default: all), and
+--seeds the seeds they are trained with (ROW_RUN_seed<N> beside the config's own seed's folder):
 
     python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes
+    python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --schemes fox --seeds 0,1,2
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -30,6 +34,8 @@ config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", 
 flags.DEFINE_list("schemes", None, "positional schemes to train (default: the config's posenc.name)")
 define_numbers("train_lengths", None, "training lengths (default: the config's train.seq_len)",
                domain=at_least(1), example="--train_lengths=64,128")
+define_numbers("seeds", None, "train every run once per seed (default: the config's seed); a seed other than "
+               "the config's own adds _seed<N> to the run's folder", domain=at_least(0), example="--seeds=0,1,2")
 flags.DEFINE_string("workdir", None, "root folder; one sub-folder per run")
 flags.DEFINE_multi_string("grid", [], "KEY=v1,v2: also sweep this config key (repeatable), e.g. train.steps=25,100")
 flags.DEFINE_boolean("table", False, "train and evaluate the rows of the --config file's get_table() "
@@ -53,7 +59,7 @@ def main(argv):
                 raise ValueError(f"--table: {config_path} has no get_table() (the table's rows); give a config that "
                                  f"has one: --config configs/all_schemes.py")
             paths = build_table(FLAGS.config, get_table(), FLAGS.workdir, FLAGS.out, FLAGS.schemes,
-                                where=f"{config_path}: get_table()")
+                                where=f"{config_path}: get_table()", seeds=FLAGS.seeds)
             print(f"table: {paths['md']}, {paths['png']}, {paths['json']}")
             if paths["failed"]:
                 raise ValueError(f"{len(paths['failed'])} run(s) failed (their cells say so; see the log above): "
@@ -65,7 +71,7 @@ def main(argv):
         if bad:
             raise ValueError(f"--grid takes KEY=v1,v2, got {bad[0]!r}")
         grid = {k: [v for v in vals.split(",") if v] for k, vals in (g.split("=", 1) for g in FLAGS.grid)}
-        paths = sweep(FLAGS.config, schemes, FLAGS.train_lengths or [], FLAGS.workdir, grid)
+        paths = sweep(FLAGS.config, schemes, FLAGS.train_lengths or [], FLAGS.workdir, grid, FLAGS.seeds)
         if not paths:  # not the process that writes (several processes as one job)
             return
         print(f"report: {paths['png']} and {paths['md']}")

@@ -1,5 +1,7 @@
 """Whole experiments: one run trained then evaluated (`train_and_evaluate`), and a grid of runs
-(schemes x training lengths x any config keys), each in its own workdir, then one report (`sweep`).
+(schemes x training lengths x any config keys x seeds), each in its own workdir, then one report
+(`sweep`). A seed other than the config's own is a suffix of the folder's name (`seed_name`:
+alibi_L64_seed1), so that the config's own seed keeps the name a sweep without seeds gives it.
 
 Runs of a sweep that are already complete (trained to config.train.steps and evaluated at every
 length) are skipped; interrupted ones resume from their last checkpoint. Every set of runs (a sweep,
@@ -75,8 +77,27 @@ def grid_points(grid: dict[str, list[str]]) -> list[dict[str, str]]:
 
 
 def run_name(scheme: str, config: Config, settings: dict[str, str]) -> str:
-    """`<scheme>_L<L>`, then `_<last key part><value>` per grid key: rope_L256_steps100."""
-    return f"{scheme}_L{config.train.seq_len}" + "".join(f"_{k.split('.')[-1]}{v}" for k, v in settings.items())
+    """`<scheme>_L<L>`, then `_<last key part><value>` per grid key: rope_L256_steps100 (the seed is
+    `seed_name`'s)."""
+    return f"{scheme}_L{config.train.seq_len}" + "".join(f"_{k.split('.')[-1]}{v}" for k, v in settings.items()
+                                                          if k != "seed")
+
+
+def seed_name(name: str, seed: int, base_seed: int) -> str:
+    """The folder of run `name` trained with `seed`: `name` for the config's own seed (`base_seed`),
+    else `name_seed<seed>`."""
+    return name if int(seed) == int(base_seed) else f"{name}_seed{int(seed)}"
+
+
+def seed_settings(seeds: list[int] | None, base_seed: int) -> list[dict[str, str]]:
+    """The settings of each of `--seeds` ({"seed": "1"}), the config's own (`base_seed`) first; one
+    empty setting (the config's own seed) without them. A seed given twice is refused."""
+    twice = sorted({s for s in seeds or [] if list(seeds).count(s) > 1})
+    if twice:
+        raise ValueError(f"--seeds {','.join(map(str, seeds))}: seed {twice[0]} is given twice; give each once "
+                         f"(--seeds {','.join(map(str, sorted(set(seeds))))})")
+    ordered = sorted(seeds or [], key=lambda s: int(s) != int(base_seed))  # stable: the rest as given
+    return [{"seed": str(int(s))} for s in ordered] if seeds else [{}]
 
 
 def is_evaluated(workdir: pathlib.Path, config: Config) -> bool:
@@ -96,11 +117,12 @@ def resolve_runs(base: ml_collections.ConfigDict, root: pathlib.Path,
                  points: Iterable[tuple[str | None, str, int | None, dict[str, str]]]) -> dict[pathlib.Path, Config]:
     """{root/<name>: config} of every (name, scheme, training length, settings) point, each config
     resolved before any run starts: a typo fails before hours of training. A point without a name
-    is named by `run_name`."""
+    is named by `run_name`; a seed other than the base config's adds its suffix (`seed_name`)."""
     configs = {}
+    base_seed = int(base.seed)
     for name, scheme, length, settings in points:
         config = run_config(base, scheme, length, settings)
-        configs[root / (name or run_name(scheme, config, settings))] = config
+        configs[root / seed_name(name or run_name(scheme, config, settings), config.seed, base_seed)] = config
     return configs
 
 
@@ -129,9 +151,12 @@ def run_each(root: pathlib.Path, configs: dict[pathlib.Path, Config], work: Call
 
 
 def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: list[int],
-          root: str | pathlib.Path, grid: dict[str, list[str]] | None = None) -> dict:
-    """Train and evaluate every (scheme, L, grid point) in `root/<run_name>`; report in `root/report`.
-    `grid` ({"train.steps": ["25", "100"]}) adds any config keys to the product."""
+          root: str | pathlib.Path, grid: dict[str, list[str]] | None = None, seeds: list[int] | None = None) -> dict:
+    """Train and evaluate every (scheme, L, grid point, seed) in `root/<run_name>[_seed<N>]`; report in
+    `root/report` (runs that differ only in their seed drawn as one curve with its spread:
+    experiment/report/seeds.py). `grid` ({"train.steps": ["25", "100"]}) adds any config keys to the
+    product; `seeds` ([0, 1, 2]) trains each point once per seed (default: the config's seed), the
+    config's own seed first for every point, then the next seed for every point, and so on."""
     root = pathlib.Path(root)
     if root.exists() and not root.is_dir():
         raise ValueError(f"--workdir {root} is a file; give a folder (one sub-folder per run is created)")
@@ -141,8 +166,13 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
     empty = [key for key, values in (grid or {}).items() if not values]
     if empty:
         raise ValueError(f"--grid {empty[0]}= gives no values; give them as --grid {empty[0]}=v1,v2")
-    configs = resolve_runs(base, root, ((None, scheme, length, settings) for scheme in schemes
-                                        for length in train_lengths or [None] for settings in grid_points(grid or {})))
+    if "seed" in (grid or {}):
+        raise ValueError(f"--grid seed={','.join(grid['seed'])}: the seeds of a sweep are --seeds (e.g. --seeds "
+                         f"{','.join(grid['seed'])}): one folder per seed, the config's own seed keeping its name")
+    configs = resolve_runs(base, root, ((None, scheme, length, {**settings, **seed})
+                                        for seed in seed_settings(seeds, int(base.seed))
+                                        for scheme in schemes for length in train_lengths or [None]
+                                        for settings in grid_points(grid or {})))
     output.claim(root / "report", "report.py", "the sweep's report",  # before hours of training
                  instead="move it away (the sweep writes its report there), or use another --workdir")
 

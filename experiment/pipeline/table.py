@@ -36,7 +36,7 @@ from experiment.evals.common import apply_overrides, eval_spec
 from experiment.evals.passkey import PasskeySpec, evaluate_passkey
 from experiment.evals.perplexity import evaluate
 from experiment.model import abstract_model
-from experiment.pipeline.run import resolve_runs, run_each
+from experiment.pipeline.run import resolve_runs, run_each, seed_settings
 from experiment.report import schemes as report
 from experiment.store import output, records
 from experiment.store.files import write_atomically
@@ -227,10 +227,12 @@ def evaluate_row(row: Row, run: RunDir, config: Config, spec: PasskeySpec) -> di
 
 
 def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path, out: str | pathlib.Path | None = None,
-          only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(), where: str = "the study") -> dict:
+          only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(), where: str = "the study",
+          seeds: list[int] | None = None) -> dict:
     """Train and evaluate the run of every row of `study` (`rows`) under `root` (only the runs named in
-    `only`, if given), then write the report to `out` (default ROOT/report). Returns the report's
-    paths and the runs that failed ({run: error})."""
+    `only`, if given; once per seed of `seeds`, a seed other than the config's own in RUN_seed<N>,
+    which the report finds beside RUN), then write the report to `out` (default ROOT/report).
+    Returns the report's paths and the runs that failed ({run folder: error})."""
     root = pathlib.Path(root)
     out = pathlib.Path(out) if out else root / "report"
     output.claim(out, "report.py")  # before any training
@@ -245,6 +247,14 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
         raise ValueError(f"--schemes {', '.join(unknown)}: no such run in the table; valid: {', '.join(by_name)}")
     manifest = {"protocol": protocol(next(iter(configs.values())), spec),
                 "rows": [describe_row(row, by_name[row.run]) for row in table]}
+    run_of = {workdir: workdir.name for workdir in configs}  # each folder -> the run its rows name
+    if seeds:
+        configs, run_of = {}, {}
+        for seed in seed_settings(seeds, int(base.seed)):
+            resolved = resolve_runs(base, root, ((run, row.scheme, None, {**dict(row.settings), **seed})
+                                                 for run, row in firsts.items()))
+            for (workdir, config), run in zip(resolved.items(), firsts):
+                configs[workdir], run_of[workdir] = config, run
     cannot_by_row: dict[str, dict] = {}
     failed: dict[str, str] = {}
     paths: dict = {}
@@ -258,13 +268,13 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
             with _Clock(root, workdir.name, "train"), opened(workdir, "training") as opened_run:
                 train(config, opened_run)
         with _Clock(root, workdir.name, "eval"):
-            for row in (r for r in table if r.run == workdir.name):
+            for row in (r for r in table if r.run == run_of[workdir]):
                 cannot_by_row[row.name] = evaluate_row(row, RunDir(workdir), config, spec)
 
     def write() -> None:
         paths.update(_write(root, out, manifest, table, cannot_by_row, failed))
 
-    selected = {workdir: config for workdir, config in configs.items() if not only or workdir.name in only}
+    selected = {workdir: config for workdir, config in configs.items() if not only or run_of[workdir] in only}
     run_each(root, selected, work, failed=failed, after=write)
     if not selected:
         write()

@@ -1,10 +1,14 @@
 """A sweep's grid (experiment/pipeline/run.py): every point is the config it says, refused before any
-run starts where it would not be."""
+run starts where it would not be; seeds as one more axis, a folder per seed."""
+import pathlib
+
 import pytest
 
 from configs import extend
-from experiment.pipeline.run import run_config, sweep
-from tests.conftest import tiny_config
+from experiment.pipeline import run as pipeline
+from experiment.pipeline.run import resolve_runs, run_config, sweep
+from tests.conftest import run_entry, tiny_config
+from tests.experiment.test_cli import assert_clean_error
 
 
 def test_a_grid_of_an_option_some_schemes_do_not_use_is_refused_before_any_run(tmp_path):
@@ -39,3 +43,45 @@ def test_a_sweep_whose_report_folder_holds_other_files_is_refused_before_any_run
                                          r"report.py did not write \(notes.txt\); move it away"):
         sweep(tiny_config("alibi"), ["alibi"], [], tmp_path / "grid")
     assert sorted(p.name for p in (tmp_path / "grid").iterdir()) == ["report"]  # no run was started
+
+
+def test_seeds_are_a_sweep_axis_one_folder_each_the_configs_own_seed_keeping_its_name(tmp_path, monkeypatch):
+    """sweep.py --seeds 0,1,2: each point once per seed, the config's seed (0) in today's folder, the
+    others in <name>_seed<N>; every point's first seed before any second one; complete runs skipped."""
+    trained, reported = [], []
+
+    def fake_train(config, workdir):
+        trained.append((pathlib.Path(workdir).name, config.seed))
+    monkeypatch.setattr(pipeline, "train_and_evaluate", fake_train)
+    monkeypatch.setattr(pipeline, "write_report", lambda workdirs, out: reported.append(
+        [pathlib.Path(w).name for w in workdirs]) or {"png": "", "md": ""})
+    base = tiny_config("alibi")
+    sweep(base, ["alibi", "rope"], [], tmp_path, {"train.steps": ["3"]}, seeds=[2, 0, 1])
+    assert trained == [("alibi_L16_steps3", 0), ("rope_L16_steps3", 0), ("alibi_L16_steps3_seed2", 2),
+                       ("rope_L16_steps3_seed2", 2), ("alibi_L16_steps3_seed1", 1), ("rope_L16_steps3_seed1", 1)]
+    assert reported == [[name for name, _ in trained]]
+    configs = resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "7"}), ("named", "rope", None, {"seed": "3"})])
+    assert {path.name: config.seed for path, config in configs.items()} == {"alibi_L16_seed7": 7, "named_seed3": 3}
+    base.seed = 3  # a config whose own seed is 3: that seed keeps the plain name
+    assert [p.name for p in resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "3"})])] == ["alibi_L16"]
+
+    monkeypatch.setattr(pipeline, "is_trained", lambda workdir, config: True)
+    monkeypatch.setattr(pipeline, "is_evaluated", lambda workdir, config: True)
+    trained.clear()
+    sweep(tiny_config("alibi"), ["alibi"], [], tmp_path, seeds=[0, 1])  # resumed: complete runs are skipped
+    assert trained == []
+
+
+def test_seeds_given_twice_or_as_a_grid_are_refused_before_any_run(tmp_path):
+    with pytest.raises(ValueError, match=r"^--seeds 0,1,1: seed 1 is given twice; give each once \(--seeds 0,1\)$"):
+        sweep(tiny_config("alibi"), ["alibi"], [], tmp_path / "grid", seeds=[0, 1, 1])
+    with pytest.raises(ValueError, match=r"^--grid seed=0,1: the seeds of a sweep are --seeds \(e.g. --seeds 0,1\)"):
+        sweep(tiny_config("alibi"), ["alibi"], [], tmp_path / "grid", {"seed": ["0", "1"]})
+    assert not (tmp_path / "grid").exists()
+
+
+def test_sweep_py_takes_seeds_and_refuses_a_negative_one_in_one_line(tmp_path):
+    result = run_entry("sweep.py", "--config", "configs/demo.py", "--schemes", "alibi", "--seeds", "0,-1",
+                       "--workdir", str(tmp_path / "grid"))
+    assert_clean_error(result, "--seeds", "--seeds=0,1,2")
+    assert not (tmp_path / "grid").exists()

@@ -104,3 +104,20 @@ def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot
                                ["alibi", "learned", "rope"], spec)
     assert again["failed"] == {} and json.loads(open(again["json"]).read())["rows"] == list(
         json.loads(open(paths["json"]).read())["rows"])
+
+
+def test_the_table_trains_the_runs_it_is_asked_for_once_per_seed(tmp_path, monkeypatch):
+    """sweep.py --table --schemes rope,fox --seeds 0,1: each run of those rows in RUN and RUN_seed1, every
+    row of a run evaluated in each of its folders; the other runs untouched."""
+    trained, evaluated = [], []
+    monkeypatch.setattr(scheme_table, "is_trained", lambda workdir, config: False)
+    monkeypatch.setattr(scheme_table, "opened", lambda workdir, purpose: __import__("contextlib").nullcontext(workdir))
+    monkeypatch.setattr(scheme_table, "train", lambda config, run: trained.append((run.name, config.seed)))
+    monkeypatch.setattr(scheme_table, "evaluate_row", lambda row, run, config, spec: evaluated.append(
+        (row.name, run.path.name)) or {})
+    paths = scheme_table.build(tiny_config("alibi"), ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
+                               ["rope", "fox"], seeds=[0, 1])
+    assert paths["failed"] == {}
+    assert trained == [("fox", 0), ("rope", 0), ("fox_seed1", 1), ("rope_seed1", 1)]
+    assert ("rope + YaRN", "rope_seed1") in evaluated and ("fox", "fox_seed1") in evaluated
+    assert len(evaluated) == 2 * (1 + 1 + len(ALL_SCHEMES.EXTENSIONS))  # fox; rope and its extensions; twice
