@@ -10,6 +10,7 @@ from matplotlib.ticker import MaxNLocator
 
 from experiment.report import plots
 from experiment.report.runs import distinct_names, file_stems
+from experiment.report.seeds import members
 
 PANELS = (("mean_distance", "mean distance attended to", "tokens", "mean distance at the last positions"),
           ("entropy", "attention entropy", "nats", "entropy at the last positions"))
@@ -82,5 +83,6 @@ def write(runs: list[dict], out: str | pathlib.Path) -> list[str]:
 
 
 def report(runs: list[dict], out: str | pathlib.Path) -> dict:
-    """The attention part of a report (experiment/report/__init__.py): {"attention_pngs": paths}."""
-    return {"attention_pngs": write(runs, out)}
+    """The attention part of a report (experiment/report/__init__.py): {"attention_pngs": paths}, one
+    figure per run folder (each seed of a run of several its own)."""
+    return {"attention_pngs": write([member for run in runs for member in members(run)], out)}

@@ -2,7 +2,11 @@
 line per run), a length x depth heat map per run, and markdown tables.
 
 `runs` is a list of (label, records), records as experiment/evals/passkey.py writes them. A run whose
-records hold several series (other digits, eval-time overrides) gets one line per series.
+records hold several series (other digits, eval-time overrides) gets one line per series. The records
+of a run of several seeds (experiment/report/seeds.py) carry their seed as `train_seed`; a cell then
+pools every key of every seed, with its 95% Wilson interval: a band in the line plot, [low, high] in
+the tables, and in the heat map a mark on the cells whose interval holds the next shorter length's
+value (no difference shown there). A run of one seed is drawn and tabulated as before.
 """
 from __future__ import annotations
 
@@ -14,7 +18,10 @@ import numpy as np
 
 from experiment.report import plots
 from experiment.report.runs import describe, distinguish, file_stems, name_runs
+from experiment.report.seeds import members, wilson
 from experiment.store.records import curve_options
+
+SAME_AS_SHORTER = "≈"  # the heat maps' mark: this cell's interval holds the next shorter length's value
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
@@ -38,24 +45,45 @@ def _series_label(label: str, key: tuple, groups: dict) -> str:
     return f"{label}, {', '.join(extra)}" if extra else label
 
 
-def mean_by_length(records: list[dict]) -> dict[int, float]:
-    """{eval_length: accuracy over every depth (weighted by count)}."""
+def several_seeds(records: list[dict]) -> int:
+    """How many training seeds the records pool (0 or 1: a run of one seed)."""
+    return len({r["train_seed"] for r in records if "train_seed" in r})
+
+
+def _pooled(records: list[dict], key) -> dict:
+    """{key(record): (keys retrieved, keys asked)} over every record (every depth, every seed)."""
     hits, counts = defaultdict(float), defaultdict(int)
     for r in records:
-        hits[r["eval_length"]] += r["accuracy"] * r["count"]
-        counts[r["eval_length"]] += r["count"]
-    return {length: hits[length] / counts[length] for length in sorted(counts)}
+        hits[key(r)] += r["accuracy"] * r["count"]
+        counts[key(r)] += r["count"]
+    return {k: (hits[k], counts[k]) for k in counts}
+
+
+def mean_by_length(records: list[dict]) -> dict[int, float]:
+    """{eval_length: accuracy over every depth (weighted by count)}."""
+    pooled = _pooled(records, lambda r: r["eval_length"])
+    return {length: hits / count for length, (hits, count) in sorted(pooled.items())}
+
+
+def interval_by_length(records: list[dict]) -> dict[int, tuple[float, float]]:
+    """{eval_length: the 95% Wilson interval of its accuracy over every key of every depth and seed}."""
+    pooled = _pooled(records, lambda r: r["eval_length"])
+    return {length: wilson(hits, count) for length, (hits, count) in sorted(pooled.items())}
 
 
 def grid(records: list[dict]) -> tuple[list[int], list[float], dict[tuple[int, float], float]]:
     """(lengths, depths, {(length, depth): accuracy})."""
-    hits, counts = defaultdict(float), defaultdict(int)
-    for r in records:
-        key = (int(r["eval_length"]), float(r["depth"]))
-        hits[key] += r["accuracy"] * r["count"]
-        counts[key] += r["count"]
-    cells = {k: hits[k] / counts[k] for k in counts}
+    cells = {k: hits / count for k, (hits, count) in grid_counts(records).items()}
     return sorted({k[0] for k in cells}), sorted({k[1] for k in cells}), cells
+
+
+def grid_counts(records: list[dict]) -> dict[tuple[int, float], tuple[float, int]]:
+    """{(length, depth): (keys retrieved, keys asked)} over every seed."""
+    return _pooled(records, lambda r: (int(r["eval_length"]), float(r["depth"])))
+
+
+def _with_interval(value: float, interval: tuple[float, float]) -> str:
+    return f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]"
 
 
 def passkey_figure(runs: list[tuple[str, list[dict]]]):
@@ -68,8 +96,13 @@ def passkey_figure(runs: list[tuple[str, list[dict]]]):
         groups = _series(records)
         for key, recs in groups.items():
             points = mean_by_length(recs)
-            ax.plot(list(points), list(points.values()), ms=4, label=_series_label(label, key, groups),
-                    **plots.style(i, run))
+            pooled = several_seeds(recs) > 1
+            ax.plot(list(points), list(points.values()), ms=4, **plots.style(i, run),
+                    label=_series_label(label, key, groups) + (": band, 95% Wilson interval" if pooled else ""))
+            if pooled:
+                bands = interval_by_length(recs)
+                ax.fill_between(list(bands), [lo for lo, _ in bands.values()], [hi for _, hi in bands.values()],
+                                color=plots.style(i)["color"], alpha=0.15, lw=0)
             i += 1
             train_lengths |= {int(r["train_length"]) for r in recs if "train_length" in r}
             chances |= {10.0 ** -key[0]}
@@ -88,10 +121,30 @@ def passkey_figure(runs: list[tuple[str, list[dict]]]):
     return fig
 
 
+def same_as_shorter(records: list[dict]) -> set[tuple[int, float]]:
+    """The (length, depth) cells whose 95% Wilson interval (every key of every seed) holds the value of
+    the same depth at the next shorter length: no difference from it is shown."""
+    counts = grid_counts(records)
+    lengths = sorted({length for length, _ in counts})
+    marked = set()
+    for (length, depth), (hits, count) in counts.items():
+        i = lengths.index(length)
+        shorter = counts.get((lengths[i - 1], depth)) if i else None
+        if shorter:
+            low, high = wilson(hits, count)
+            if low <= shorter[0] / shorter[1] <= high:
+                marked.add((length, depth))
+    return marked
+
+
 def heatmap_figure(label: str, records: list[dict]):
     """Accuracy of each (depth, length) cell, values written in the cells (records of one series;
-    cells that several records share show their count-weighted mean)."""
+    cells that several records share show their count-weighted mean). Records of several seeds: a
+    cell whose interval holds the next shorter length's value is marked (`same_as_shorter`), and the
+    title says so."""
     lengths, depths, cells = grid(records)
+    seeds = several_seeds(records)
+    marked = same_as_shorter(records) if seeds > 1 else set()
     values = np.full((len(depths), len(lengths)), np.nan)
     for (length, depth), acc in cells.items():
         values[depths.index(depth), lengths.index(length)] = acc
@@ -102,15 +155,18 @@ def heatmap_figure(label: str, records: list[dict]):
     for y in range(len(depths)):
         for x in range(len(lengths)):
             if not np.isnan(values[y, x]):
-                ax.text(x, y, f"{values[y, x]:.2f}", ha="center", va="center", fontsize=8,
+                mark = SAME_AS_SHORTER if (lengths[x], depths[y]) in marked else ""
+                ax.text(x, y, f"{values[y, x]:.2f}{mark}", ha="center", va="center", fontsize=8,
                         color="black" if 0.25 < values[y, x] < 0.85 else "white")
     ax.set_xticks(range(len(lengths)), [str(l) for l in lengths])
     ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths])
     ax.set_xlabel("evaluation length (tokens)")
     ax.set_ylabel("key depth\n(0 = start, 1 = just before the question)", fontsize=9)
     train = sorted({int(r["train_length"]) for r in records if "train_length" in r})
+    note = (f"; {SAME_AS_SHORTER}: its 95% Wilson interval (every key of the {seeds} seeds) holds the value at the "
+            f"next shorter length" if seeds > 1 else "")
     ax.set_title(plots.wrap(f"Passkey accuracy: {label}" + (f" (trained at L={', '.join(map(str, train))})"
-                                                            if train else ""), int(width * 11)), fontsize=9)
+                                                            if train else "") + note, int(width * 11)), fontsize=9)
     fig.colorbar(image, ax=ax, fraction=0.05)
     return fig
 
@@ -124,32 +180,58 @@ def passkey_table(runs: list[tuple[str, list[dict]]]) -> str:
         for key, recs in groups.items():
             columns.append((_series_label(label, key, groups), recs))
     lengths = sorted({int(r["eval_length"]) for _, recs in columns for r in recs})
-    means = [mean_by_length(recs) for _, recs in columns]
+    cells = [_length_cells(recs) for _, recs in columns]
     lines = ["### Passkey accuracy (exact match, mean over depths)", "",
              "| length | " + " | ".join(label for label, _ in columns) + " |", "|" + "---:|" * (len(columns) + 1)]
     for length in lengths:
-        lines.append(f"| {length} | " + " | ".join(f"{m[length]:.2f}" if length in m else "" for m in means) + " |")
+        lines.append(f"| {length} | " + " | ".join(c.get(length, "") for c in cells) + " |")
     counts = sorted({int(r["count"]) for _, recs in columns for r in recs})
     digits = sorted({int(r.get("digits", 4)) for _, recs in columns for r in recs})
-    lines += ["", f"Examples per (length, depth) cell: {', '.join(map(str, counts))}; "
+    lines += ["", f"Examples per (length, depth) cell: {', '.join(map(str, counts))}"
+                  + (" per seed" if any(several_seeds(recs) > 1 for _, recs in columns) else "") + "; "
                   f"chance (guessing a {'/'.join(map(str, digits))}-digit number): "
-                  f"{', '.join(f'{10.0 ** -d:.0e}' for d in digits)}.", ""]
+                  f"{', '.join(f'{10.0 ** -d:.0e}' for d in digits)}."]
+    if any(several_seeds(recs) > 1 for _, recs in columns):
+        lines.append("A run of several seeds: accuracy over every key of every seed (the same keys for each seed), "
+                     "[low, high] its 95% Wilson interval over those keys.")
+    lines.append("")
     for label, recs in columns:
-        lens, depths, cells = grid(recs)
+        lens, depths, values = grid(recs)
+        counts_of = grid_counts(recs) if several_seeds(recs) > 1 else {}
         steps = sorted({int(r["step"]) for r in recs if "step" in r})
         lines += [f"### {label}: accuracy by length and depth" + (f" (step {', '.join(map(str, steps))})" if steps else ""),
                   "", "| depth | " + " | ".join(map(str, lens)) + " |", "|" + "---:|" * (len(lens) + 1)]
         for depth in depths:
             lines.append(f"| {depth:g} | " + " | ".join(
-                f"{cells[(l, depth)]:.2f}" if (l, depth) in cells else "" for l in lens) + " |")
+                "" if (l, depth) not in values else _with_interval(values[(l, depth)], wilson(*counts_of[(l, depth)]))
+                if counts_of else f"{values[(l, depth)]:.2f}" for l in lens) + " |")
         lines.append("")
     return "\n".join(lines)
 
 
+def _length_cells(records: list[dict]) -> dict[int, str]:
+    """{length: the accuracy over every depth as a table shows it}: with its interval for several seeds."""
+    means = mean_by_length(records)
+    if several_seeds(records) > 1:
+        intervals = interval_by_length(records)
+        return {length: _with_interval(value, intervals[length]) for length, value in means.items()}
+    return {length: f"{value:.2f}" for length, value in means.items()}
+
+
 def run_label(run: dict) -> str:
-    """'alibi (L=64, passkey 0.5)' from experiment/report/runs.py's description of a run."""
+    """'alibi (L=64, passkey 0.5)' from experiment/report/runs.py's description of a run; ', 3 seeds'
+    for a run of several (experiment/report/seeds.py), ', seed N' for one of them given alone."""
     fraction = run["passkey_fraction"]
-    return f"{run['scheme']} (L={run['train_length']}" + (f", passkey {fraction:g})" if fraction else ")")
+    seeds = f", {len(run['members'])} seeds" if "members" in run else \
+        f", seed {run['seed']}" if "group_label" in run else ""
+    return f"{run['scheme']} (L={run['train_length']}" + (f", passkey {fraction:g})" if fraction else ")") + seeds
+
+
+def seed_records(run: dict) -> list[dict]:
+    """The passkey records of a run; of a run of several seeds, every seed's, each with its `train_seed`."""
+    if "members" not in run:
+        return run["run"].records("passkey")
+    return [{**r, "train_seed": member["seed"]} for member in members(run) for r in member["run"].records("passkey")]
 
 
 def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) -> dict:
@@ -162,7 +244,7 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
         name_runs(described)
     runs, missing = [], []
     for run in described:
-        records = run["run"].records("passkey")
+        records = seed_records(run)
         if not records:
             missing.append(str(run["workdir"]))
         runs.append({"label": run_label(run), "name": run["name"], "file": run["file"], "records": records})
@@ -189,6 +271,7 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
 
 def report(runs: list[dict], out: str | pathlib.Path) -> dict:
     """The passkey part of a report (experiment/report/__init__.py), for the runs that have passkey
-    records: {"passkey": `write`'s paths}, or nothing when none has."""
-    with_passkey = [run for run in runs if run["run"].records_path("passkey").exists()]
+    records (a run of several seeds: where any seed has): {"passkey": `write`'s paths}, or nothing
+    when none has."""
+    with_passkey = [run for run in runs if any(m["run"].records_path("passkey").exists() for m in members(run))]
     return {"passkey": write(with_passkey, out)} if with_passkey else {}

@@ -1,6 +1,8 @@
 """Perplexity-vs-length plots and tables from one or more run directories: one plot panel and separate
 tables per unit of perplexity (byte, BPE token, word), and the published curves of Press et al. (2022)
-beside ours only where dataset, split, unit and training length match theirs."""
+beside ours only where dataset, split, unit and training length match theirs. A run of several seeds
+(experiment/report/seeds.py: its records the means, with `ppl_spread`) is drawn as its mean with a
+band from its lowest to its highest seed, and tabulated as mean ± std (n)."""
 from __future__ import annotations
 
 import json
@@ -90,8 +92,13 @@ def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
         run_index = {i: n for n, (i, _) in enumerate(panel_runs)}
         curves = 0
         for i, run, key, points, label in entries:
-            ax.plot([r["eval_length"] for r in points], [r["ppl"] for r in points], ms=4,
-                    label=label, **plots.style(curves, run_index[i]))
+            xs = [r["eval_length"] for r in points]
+            several = any(r.get("ppl_spread", {}).get("n", 1) > 1 for r in points)
+            ax.plot(xs, [r["ppl"] for r in points], ms=4, label=label + (": mean, band min-max" if several else ""),
+                    **plots.style(curves, run_index[i]))
+            if several:
+                ax.fill_between(xs, [r["ppl_spread"]["min"] for r in points], [r["ppl_spread"]["max"] for r in points],
+                                color=plots.style(curves)["color"], alpha=0.15, lw=0)
             curves += 1
             ref = paper_curve(run, unit, key, paper_mode)
             ref_key = (run["scheme"], run["train_length"], key[1] == "nonoverlapping")
@@ -164,7 +171,7 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
             repeated = repeated or any(r.get("same_as") for r in points)
             if run["wikitext"] and any("word_ppl" in r for r in points):
                 header.append(f"{run['label']} (word ppl)")
-                getters.append(lambda l, pts=pts: pts[l].get("word_ppl") if l in pts else None)
+                getters.append(_ppl_of(pts, "word_ppl"))
             ref = dict(paper_curve(run, unit, key, paper_mode))
             if ref and (run["scheme"], run["train_length"]) not in papers:  # once beside a run's checkpoints
                 papers.add((run["scheme"], run["train_length"]))
@@ -179,6 +186,9 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
             lines.append("| " + " | ".join(cells) + " |")
         tokens = sorted({r["tokens"] for _, points, _ in columns for r in points})
         lines += ["", f"{unit_names(unit)[1].capitalize()}s scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
+        if any("ppl_spread" in r for _, points, _ in columns for r in points):
+            lines.append("mean ± std (n): over the n seeds of a run's config (runs that differ only in `seed`), "
+                         "std the sample standard deviation; the plot's band spans the lowest to the highest seed.")
         if repeated:
             lines.append("*: the method sets nothing at this length (a factor of 1 within the window): the model as "
                          "evaluated without it, scored once and shown in its column too.")
@@ -189,12 +199,17 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
     return "\n".join(blocks)
 
 
-def _ppl_of(pts: dict[int, dict]):
-    """The table cell getter of one column: its perplexity at a length, marked * where the record
-    repeats another method's (`same_as`)."""
+def _ppl_of(pts: dict[int, dict], field: str = "ppl"):
+    """The table cell getter of one column: its perplexity (`field`) at a length, marked * where the
+    record repeats another method's (`same_as`); a run of several seeds: mean ± std (n)."""
     def get(length):
         r = pts.get(length)
-        return None if r is None else f"{r['ppl']:.2f}*" if r.get("same_as") else r["ppl"]
+        if r is None or field not in r:
+            return None
+        if f"{field}_spread" in r:
+            s = r[f"{field}_spread"]
+            return f"{s['mean']:.2f} ± {s['std']:.2f} ({s['n']})" + ("*" if r.get("same_as") else "")
+        return f"{r[field]:.2f}*" if r.get("same_as") else r[field]
     return get
 
 
@@ -208,7 +223,9 @@ def write(runs: list[dict], out: pathlib.Path, paper_mode: str = "auto") -> dict
     plots.save(positions_figure(runs), out / "loss_by_position.png")
     (out / "ppl_vs_length.md").write_text(
         "# Perplexity vs. evaluation length\n\n"
-        + "Runs: " + ", ".join(f"`{r['workdir']}` ({r['dataset']}, {r['tokenizer']})" for r in runs)
+        + "Runs: " + ", ".join(", ".join(f"`{w}`" for w in r.get("workdirs", [r["workdir"]]))
+                               + f" ({r['dataset']}, {r['tokenizer']}" + (f", {len(r['members'])} seeds)" if "members" in r
+                                                                         else ")") for r in runs)
         + "\n\n" + table(runs, paper_mode))
     return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
             "positions_png": str(out / "loss_by_position.png")}

@@ -8,6 +8,7 @@ import re
 import shlex
 
 import posenc
+from experiment.report import seeds
 from experiment.store import output
 from experiment.store.run import RunDir, RunError
 
@@ -46,7 +47,8 @@ def scheme_options_note(posenc_cfg) -> str:
 
 def describe(workdir: str | pathlib.Path | RunDir) -> dict:
     """{scheme, train_length, dataset, wikitext, wikitext103, tokenizer, workdir, options, origin,
-    passkey_fraction, run (its RunDir)}."""
+    passkey_fraction, seed, config_key (what runs of one config but other seeds share:
+    experiment/report/seeds.py), run (its RunDir)}."""
     run = workdir if isinstance(workdir, RunDir) else RunDir(workdir)
     workdir = run.path
     config = run.load_config()
@@ -56,7 +58,8 @@ def describe(workdir: str | pathlib.Path | RunDir) -> dict:
             "wikitext103": bool(re.search(r"(wikitext|wt)[-_ ]?103", text)),
             "tokenizer": config.data.tokenizer, "workdir": str(workdir), "run": run,
             "passkey_fraction": float(config.data.passkey_fraction),
-            "options": scheme_options_note(config.posenc), "origin": run.origin()}
+            "options": scheme_options_note(config.posenc), "origin": run.origin(),
+            "seed": int(config.seed), "config_key": seeds.config_key(config.to_dict())}
 
 
 def distinct_names(paths: list[str | pathlib.Path]) -> list[str]:
@@ -102,7 +105,8 @@ def name_runs(runs: list[dict]) -> list[dict]:
 
 def label_runs(runs: list[dict]) -> list[dict]:
     """Give each run its `name`, `file` (name_runs) and `label`: 'scheme (L=64, options, from
-    base@step, dataset)', the dataset only when the runs do not share one, and the run's name where
+    base@step, dataset)', the dataset only when the runs do not share one, ', seed N' where runs of
+    its config with other seeds are given too (experiment/report/seeds.py), and the run's name where
     two labels would be equal."""
     name_runs(runs)
     several = len({run["dataset"] for run in runs}) > 1
@@ -113,6 +117,7 @@ def label_runs(runs: list[dict]) -> list[dict]:
         if several:
             extra.append(run["dataset"])
         run["label"] = f"{run['scheme']} (L={run['train_length']}" + "".join(f", {e}" for e in extra) + ")"
+    seeds.mark_members(runs)
     return distinguish(runs)
 
 

@@ -8,16 +8,23 @@ protocol, and per row its run folder, family, citation, the eval-time overrides 
 length and why a length cannot be evaluated) and the runs' records (eval/extrapolation.json,
 eval/passkey.json). A row reads, at each length, only the records with exactly its overrides, so the
 rope run's extensions (each with its own factor per length) are rows of their own. Nothing here scores.
+
+A row's run trained with other seeds too (sweep.py --table --seeds: RUN_seed<N> beside RUN) reads
+every seed's records: perplexity the mean, shown as mean ± std (n); passkey accuracy over every key of
+every seed, with its 95% Wilson interval; and rows whose perplexity intervals (mean ± std) at the
+longest length overlap share a rank (shown 3=). A table of one seed per row is as it was.
 """
 from __future__ import annotations
 
 import json
 import pathlib
+import re
 
 import numpy as np
 from matplotlib.colors import LogNorm, Normalize
 
 from experiment.report import plots
+from experiment.report.seeds import overlap, spread, wilson
 from experiment.store import output, records
 from experiment.store.files import first_line
 from experiment.store.run import RunDir, RunError
@@ -79,8 +86,8 @@ def _perplexities(recs: list[dict], row: dict, protocol: dict) -> dict[int, dict
     return out
 
 
-def _passkey(recs: list[dict], row: dict, protocol: dict) -> dict[int, float]:
-    """{length: exact-match accuracy over every depth (count-weighted)}, where every depth is there."""
+def _passkey_counts(recs: list[dict], row: dict, protocol: dict) -> dict[int, tuple[float, int]]:
+    """{length: (keys retrieved, keys asked) over every depth}, where every depth is there."""
     out = {}
     depths = {float(d) for d in protocol["passkey"]["depths"]}
     for length in protocol["lengths"]:
@@ -88,7 +95,34 @@ def _passkey(recs: list[dict], row: dict, protocol: dict) -> dict[int, float]:
         cell = [r for r in recs if int(r["eval_length"]) == length and _overrides_json(r.get("overrides")) == wanted
                 and int(r.get("digits", 4)) == protocol["passkey"]["digits"]]
         if cell and {float(r["depth"]) for r in cell} >= depths:
-            out[length] = sum(r["accuracy"] * r["count"] for r in cell) / sum(r["count"] for r in cell)
+            out[length] = (sum(r["accuracy"] * r["count"] for r in cell), sum(r["count"] for r in cell))
+    return out
+
+
+def seed_runs(root: pathlib.Path, run: str) -> list[str]:
+    """The folders of a row's run: RUN, then RUN_seed<N> (experiment/pipeline/run.py: seed_name) by N."""
+    pattern = re.compile(rf"{re.escape(run)}_seed(\d+)")
+    found = [(int(m.group(1)), p.name) for p in (root.iterdir() if root.is_dir() else [])
+             if p.is_dir() and (m := pattern.fullmatch(p.name))]
+    return [run] + [name for _, name in sorted(found)]
+
+
+def _row_numbers(seeds: list[tuple[list[dict], list[dict]]], row: dict, protocol: dict) -> dict:
+    """A row's cells from the records of each of its seeds: ppl (the mean), ppl_spread where a length
+    has several seeds, passkey (pooled over every key of every seed), passkey_interval (its 95% Wilson
+    interval) where several seeds have it, and the checkpoint steps."""
+    found = [_perplexities(ppl_recs, row, protocol) for ppl_recs, _ in seeds]
+    values = {n: [f[n]["ppl"] for f in found if n in f] for n in protocol["lengths"]}
+    spreads = {n: spread(v) for n, v in values.items() if v}
+    counts = [_passkey_counts(passkey_recs, row, protocol) for _, passkey_recs in seeds]
+    pooled = {n: (sum(c[n][0] for c in counts if n in c), sum(c[n][1] for c in counts if n in c), sum(n in c for c in counts))
+              for n in protocol["lengths"] if any(n in c for c in counts)}
+    out = {"ppl": {n: s["mean"] for n, s in spreads.items()},
+           "passkey": {n: hits / asked for n, (hits, asked, _) in pooled.items()},
+           "step": sorted({int(r["step"]) for f in found for r in f.values() if "step" in r})}
+    if len(seeds) > 1:
+        out["ppl_spread"] = {n: s for n, s in spreads.items() if s["n"] > 1}
+        out["passkey_interval"] = {n: wilson(hits, asked) for n, (hits, asked, k) in pooled.items() if k > 1}
     return out
 
 
@@ -102,22 +136,39 @@ def collect(root: str | pathlib.Path) -> dict:
     cache: dict[str, tuple[list[dict], list[dict]]] = {}
     rows = []
     for row in manifest["rows"]:
-        if row["run"] not in cache:
-            run = RunDir(root / row["run"])
-            cache[row["run"]] = (run.records("perplexity"), run.records("passkey"))
-        ppl_recs, passkey_recs = cache[row["run"]]
-        found = _perplexities(ppl_recs, row, protocol)
-        ppl = {length: r["ppl"] for length, r in found.items()}
-        first = ppl.get(lengths[0])
+        folders = seed_runs(root, row["run"])
+        for folder in folders:
+            if folder not in cache:
+                run = RunDir(root / folder)
+                cache[folder] = (run.records("perplexity"), run.records("passkey"))
+        numbers = _row_numbers([cache[folder] for folder in folders], row, protocol)
+        first = numbers["ppl"].get(lengths[0])
         missing = {length: row.get("cannot", {}).get(str(length), NOT_YET) for length in lengths}
-        rows.append({**row, "ppl": ppl, "passkey": _passkey(passkey_recs, row, protocol),
-                     "ratio": {length: p / first for length, p in ppl.items()} if first else {},
-                     "missing": missing, "step": sorted({int(r["step"]) for r in found.values() if "step" in r})})
+        rows.append({**row, **numbers, "missing": missing, **({"seed_runs": folders} if len(folders) > 1 else {}),
+                     "ratio": {length: p / first for length, p in numbers["ppl"].items()} if first else {}})
     last = lengths[-1]
     rows.sort(key=lambda r: (last not in r["ppl"], r["ppl"].get(last, 0.0), r["name"]))
-    for rank, row in enumerate(rows, 1):
-        row["rank"] = rank
+    rank_with_ties(rows, last)
     return {"protocol": protocol, "rows": rows}
+
+
+def rank_with_ties(rows: list[dict], length: int) -> None:
+    """Each row's `rank` (rows sorted by mean perplexity at `length`, those without one last): one plus
+    the rows before it that it does not tie with. Two rows tie where one has several seeds and their
+    intervals, mean ± std, overlap (a row of one seed: its value); `tied` says whether it shares its rank."""
+    def interval(row):
+        s = row.get("ppl_spread", {}).get(length)
+        value = row["ppl"].get(length)
+        return (s["mean"] - s["std"], s["mean"] + s["std"]) if s else (value, value)
+
+    def ties(a, b):
+        return (length in a["ppl"] and length in b["ppl"] and (length in a.get("ppl_spread", {})
+                                                                or length in b.get("ppl_spread", {}))
+                and overlap(interval(a), interval(b)))
+    for i, row in enumerate(rows):
+        row["rank"] = 1 + sum(not ties(row, before) for before in rows[:i])
+    for row in rows:
+        row["tied"] = sum(other["rank"] == row["rank"] for other in rows) > 1
 
 
 # --- the table -----------------------------------------------------------------------------------
@@ -136,6 +187,8 @@ def table(collected: dict, timings: dict | None = None) -> str:
     notes: dict[str, tuple[int, str]] = {}  # row name -> (note number, why: its shortest length's reason)
 
     def cell(value, row, length, fmt):
+        if isinstance(value, str):  # a value with its spread, written already
+            return value
         if value is not None:
             return fmt.format(value)
         if row["missing"][length] == NOT_YET:
@@ -147,20 +200,30 @@ def table(collected: dict, timings: dict | None = None) -> str:
     header = (["#", "scheme", "family", "citation", f"ppl {lengths[0]}", f"ppl {lengths[-1]}"]
               + [f"ratio {_length_name(n, L)}" for n in lengths[1:]]
               + [f"passkey {_length_name(n, L)}" for n in lengths])
+    def ppl(row, length):
+        s = row.get("ppl_spread", {}).get(length)
+        return f"{s['mean']:.2f} ± {s['std']:.2f} ({s['n']})" if s else row["ppl"].get(length)
+
+    def passkey(row, length):
+        interval = row.get("passkey_interval", {}).get(length)
+        value = row["passkey"].get(length)
+        return f"{value:.2f} [{interval[0]:.2f}, {interval[1]:.2f}]" if interval else value
+
     lines = ["| " + " | ".join(header) + " |", "|---:|---|---|---|" + "---:|" * (len(header) - 4)]
     for row in rows:
-        cells = [str(row["rank"]), row["name"], row["family"], row["citation"],
-                 cell(row["ppl"].get(lengths[0]), row, lengths[0], "{:.2f}"),
-                 cell(row["ppl"].get(lengths[-1]), row, lengths[-1], "{:.2f}")]
+        cells = [f"{row['rank']}=" if row.get("tied") else str(row["rank"]), row["name"], row["family"], row["citation"],
+                 cell(ppl(row, lengths[0]), row, lengths[0], "{:.2f}"),
+                 cell(ppl(row, lengths[-1]), row, lengths[-1], "{:.2f}")]
         cells += [cell(row["ratio"].get(n), row, n, "{:.2f}") for n in lengths[1:]]
-        cells += [cell(row["passkey"].get(n), row, n, "{:.2f}") for n in lengths]
+        cells += [cell(passkey(row, n), row, n, "{:.2f}") for n in lengths]
         lines.append("| " + " | ".join(cells) + " |")
     out = [f"# Every scheme: perplexity and passkey retrieval from L to {lengths[-1] // L}L", "",
            protocol.get("description", ""), "",
            f"Sorted by perplexity at {lengths[-1]} ({lengths[-1] // L}L). `ratio`: perplexity at that length "
            f"over the row's own perplexity at L = {L}. `passkey`: exact-match accuracy, mean over depths "
            f"{', '.join(f'{d:g}' for d in protocol['passkey']['depths'])} ({protocol['passkey']['per_cell']} keys "
-           f"each; chance {10.0 ** -protocol['passkey']['digits']:.0e}). –: not evaluated (yet).", "", *lines, ""]
+           f"each; chance {10.0 ** -protocol['passkey']['digits']:.0e}). –: not evaluated (yet).", "",
+           *seeds_note(rows, lengths[-1]), *lines, ""]
     if notes:
         out += ["Cells that cannot exist:", ""] + [f"[{n}] {name}: {why}" for name, (n, why) in notes.items()] + [""]
     rules = [row for row in rows if row.get("rule")]
@@ -170,6 +233,18 @@ def table(collected: dict, timings: dict | None = None) -> str:
     if timings:
         out += timings_table(timings)
     return "\n".join(out)
+
+
+def seeds_note(rows: list[dict], last: int) -> list[str]:
+    """What the cells of rows with several seeds mean (nothing where every row has one seed)."""
+    several = [row for row in rows if len(row.get("seed_runs", [])) > 1]
+    if not several:
+        return []
+    return [f"Rows trained with several seeds ({', '.join(row['name'] for row in several)}; folders RUN_seed<N> beside "
+            f"RUN): perplexity as mean ± std (n seeds, std the sample standard deviation), the ratio of the means; "
+            f"passkey accuracy over every key of every seed with [low, high] its 95% Wilson interval. Rows share a "
+            f"rank (shown 3=) where one has several seeds and their intervals at {last}, mean ± std (a row of one "
+            f"seed: its value), overlap.", ""]
 
 
 def timings_table(timings: dict) -> list[str]:
@@ -242,7 +317,7 @@ def figure(collected: dict):
     _panel(axes[0], first, cmaps[0], ppl_norm, [[r[0]] for r in reasons], "{:.2f}", [names[0]])
     _panel(axes[1], ratio, cmaps[1], ratio_norm, [r[1:] for r in reasons], "{:.2f}", names[1:])
     _panel(axes[2], passkey, cmaps[2], Normalize(0.0, 1.0), reasons, "{:.2f}", names)
-    labels = [f"{r['rank']}. {r['name']}  [{r['family']}]" for r in rows] or [""]
+    labels = [f"{r['rank']}{'=' if r.get('tied') else ''}. {r['name']}  [{r['family']}]" for r in rows] or [""]
     axes[0].set_yticks(range(len(labels)), labels, fontsize=8)
     for ax in axes[1:]:
         ax.set_yticks(range(len(labels)), [""] * len(labels))
@@ -261,8 +336,12 @@ def figure(collected: dict):
 def as_json(collected: dict, timings: dict | None = None) -> dict:
     """The numbers the table comes from, lengths as strings (JSON object keys)."""
     keep = ("rank", "name", "run", "scheme", "family", "citation", "rule", "overrides", "step")
+    several = ("seed_runs", "ppl_spread", "passkey_interval")  # rows of several seeds only
     rows = [{**{k: row.get(k) for k in keep},
              **{field: {str(k): v for k, v in row[field].items()} for field in ("ppl", "ratio", "passkey")},
+             **({"seed_runs": row["seed_runs"], **{field: {str(k): v for k, v in row[field].items()}
+                                                   for field in several[1:]}} if "seed_runs" in row else {}),
+             **({"tied": True} if row.get("tied") else {}),
              "missing": {str(k): why for k, why in row["missing"].items()
                          if k not in row["ppl"] or k not in row["passkey"]}}
             for row in collected["rows"]]

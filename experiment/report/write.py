@@ -1,13 +1,15 @@
 """The whole report of a set of runs (`write_report`, what report.py and the pipeline call): the
 perplexity report, then each other record kind's part (experiment/store/records.py: KINDS) from
-`report(runs, out)` of its module in experiment/report/, for the runs that have its records. The
-folder holds exactly what one call wrote (experiment/store/output.py: written aside, swapped in)."""
+`report(runs, out)` of its module in experiment/report/, for the runs that have its records. Runs
+that differ only in their seed are one run of the report (experiment/report/seeds.py: its
+`members` the seeds). The folder holds exactly what one call wrote (experiment/store/output.py:
+written aside, swapped in)."""
 from __future__ import annotations
 
 import importlib
 import pathlib
 
-from experiment.report import perplexity
+from experiment.report import perplexity, seeds
 from experiment.report.perplexity import PAPER_MODES
 from experiment.store import output, records
 
@@ -20,7 +22,7 @@ def write_report(workdirs: list[str | pathlib.Path], out: str | pathlib.Path, pa
         raise ValueError(f"unknown paper mode {paper_mode!r}; valid: {', '.join(PAPER_MODES)}")
     out = pathlib.Path(out)
     output.claim(out, "report.py")  # before reading any run
-    runs = perplexity.load_runs(workdirs)
+    runs = seeds.grouped(perplexity.load_runs(workdirs))
     with output.replacing(out, "report.py") as staging:
         paths = perplexity.write(runs, staging, paper_mode)
         for kind in records.KINDS:

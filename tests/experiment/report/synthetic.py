@@ -14,10 +14,12 @@ from tests.conftest import tiny_config
 
 def fake_run(root: pathlib.Path, scheme: str, train_length: int, corpus_path: str, ppl_by_length: dict,
              tokenizer: str = "word", split: str = "valid", steps: list | None = None, name: str = "",
-             data: dict | None = None) -> pathlib.Path:
+             data: dict | None = None, seed: int = 0) -> pathlib.Path:
     """A run folder as train.py + eval_extrapolate.py leave it, with given results (report input only);
-    steps: the checkpoint step of each record (default 1000 for all), data: config.data overrides."""
+    steps: the checkpoint step of each record (default 1000 for all), data: config.data overrides,
+    seed: the config's seed."""
     config = tiny_config(scheme)
+    config.seed = seed
     config.train.seq_len = train_length
     config.data.update({"source": "local", "path": corpus_path, "tokenizer": tokenizer, **(data or {})})
     run = RunDir(root / (name or f"{scheme}_{train_length}"))

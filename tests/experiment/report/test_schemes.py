@@ -6,7 +6,7 @@ import pathlib
 
 import pytest
 
-from experiment.report import schemes
+from experiment.report import schemes, seeds
 from experiment.store.run import RunDir, RunError
 
 LENGTHS = [64, 128, 256]
@@ -95,3 +95,31 @@ def test_a_damaged_manifest_or_timings_file_is_named_with_what_to_do(tmp_path):
     with pytest.raises(RunError, match=rf"^{tmp_path / 'timings.json'} is damaged .*: delete it \(rm "):
         schemes.write(tmp_path, tmp_path / "out")
     assert not (tmp_path / "out").exists()
+
+
+def test_rows_of_several_seeds_show_mean_std_n_and_share_a_rank_where_their_intervals_overlap(tmp_path):
+    """sweep.py --table --seeds: a row's run in RUN and RUN_seed<N>; ranks tie where a row has several
+    seeds and the intervals (mean ± std) at the longest length overlap."""
+    def seeds_of(run, last_ppls, passkey_at_64):
+        for seed, (ppl, acc) in enumerate(zip(last_ppls, passkey_at_64)):
+            write_run(tmp_path, run + (f"_seed{seed}" if seed else ""),
+                      [ppl_record(64, 5.0), ppl_record(128, 5.0), ppl_record(256, ppl)], passkey_records(64, acc))
+    seeds_of("alibi", (5.0, 5.2, 5.4), ((1, 1), (1, 0.5), (0.5, 0.5)))   # 5.20 ± 0.20 at 256
+    seeds_of("fox", (5.5, 5.3, 5.4), ((1, 1), (1, 1), (1, 1)))          # 5.40 ± 0.10: overlaps alibi's
+    seeds_of("rope", (9.0,), ((1, 1),))                                  # one seed: as before, its own rank
+    seeds_of("kerple", (5.31,), ((1, 1),))                                 # one seed inside both intervals
+    write_run(tmp_path, "alibi_seedx", [ppl_record(256, 99.0)], [])      # not a seed folder: ignored
+    manifest = {"protocol": PROTOCOL, "rows": [row(n, n, "relative") for n in ("alibi", "fox", "rope", "kerple")]}
+    (tmp_path / schemes.MANIFEST).write_text(json.dumps(manifest))
+    paths = schemes.write(tmp_path, tmp_path / "out")
+    text = pathlib.Path(paths["md"]).read_text()
+    assert "| 1= | alibi | relative | alibi et al. | 5.00 ± 0.00 (3) | 5.20 ± 0.20 (3) | 1.00 | 1.04 |" in text
+    assert "| 1= | kerple | relative | kerple et al. | 5.00 | 5.31 | 1.00 | 1.06 | 1.00 |" in text
+    assert "| 1= | fox | relative | fox et al. | 5.00 ± 0.00 (3) | 5.40 ± 0.10 (3) |" in text
+    assert "| 4 | rope | relative | rope et al. | 5.00 | 9.00 | 1.00 | 1.80 | 1.00 |" in text  # single: as before
+    low, high = seeds.wilson(4 + 3 + 2, 12)  # alibi at 64: every key (2 depths x 2 keys) of every seed (3)
+    assert f"| 0.75 [{low:.2f}, {high:.2f}] |" in text and "Rows trained with several seeds (alibi, fox;" in text
+    data = {r["name"]: r for r in json.loads(pathlib.Path(paths["json"]).read_text())["rows"]}
+    assert data["alibi"]["seed_runs"] == ["alibi", "alibi_seed1", "alibi_seed2"] and data["alibi"]["tied"]
+    assert data["alibi"]["ppl_spread"]["256"]["std"] == pytest.approx(0.2) and "seed_runs" not in data["rope"]
+    assert "tied" not in data["rope"] and data["rope"]["rank"] == 4
