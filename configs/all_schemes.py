@@ -13,7 +13,8 @@ default base), then
 - the rope run with each training-free extension switched on at evaluation, its options set per
   evaluation length by a rule of experiment/pipeline/table.py (RULES): PI, NTK-aware, dynamic NTK,
   YaRN, Llama 3, ReRoPE, Self-Extend, Dual Chunk Attention and LM-Infinite's Lambda mask. LongRoPE is
-  left out: its factors are searched per model, not set by a rule.
+  left out: its factors are searched per model, not set by a rule;
+- `NOTES`: what an every-scheme row is, in words, where its form departs from its paper's (ssmax).
 The committed result (600 steps per run): results/all_schemes/ (its run.sh).
 """
 import ml_collections
@@ -38,9 +39,17 @@ EXTENSIONS = (
     ("DCA", "An et al. 2024", "dca_chunk_size = 3 L / 4, dca_local_window = L / 16 at every length (ChunkLlama's "
      "chunk of 3/4 of the pretraining window)",
      ("fraction_of_length", {"posenc.rope.dca_chunk_size": (3, 4), "posenc.rope.dca_local_window": (1, 16)})),
-    ("LM-Infinite", "Han et al. 2024", "model.attention_sinks = 10, attention_window = L (0) at every length",
+    ("LM-Infinite", "Han et al. 2024", "model.attention_sinks = 10, attention_window = L (0) at every length; the "
+     "sinks beyond the window seen from distance W = L, as the authors' convert_llama_model (limit_distance = the "
+     "window; before issue 34 this project used L for any window: the same here)",
      ("fixed", {"model.attention_sinks": "10"})),
 )
+
+# What an every-scheme row is, in words, where its form departs from its paper's (issue 34)
+NOTES = {"ssmax": "scales the query vector by s log n, as logn does, so a position-only bias (alibi, t5, kerple) "
+                  "stays unscaled where the paper scales the whole logit, bias included (attention outputs differ by "
+                  "up to 0.73 within 64 positions around alibi, 3.8 at 1,024; README's reference defaults); around "
+                  "rope, this row's base, no bias: the paper's form"}
 
 
 def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
@@ -50,7 +59,8 @@ def get_config(arg: str | None = None) -> ml_collections.ConfigDict:
 
 def get_table() -> dict:
     """The rows beyond every registered scheme: {name, run, scheme, settings (the training run's
-    config keys), overrides ((rule, arguments) at evaluation), rule (in words), cite}."""
+    config keys), overrides ((rule, arguments) at evaluation), rule (in words), cite}; and `notes`,
+    what an every-scheme row is in words where its form departs from its paper."""
     rows = [dict(name=f"{wrapper} [alibi]", run=f"{wrapper}_alibi", scheme=wrapper,
                  settings={f"posenc.{wrapper}.base": "alibi"}, rule=f"trained with posenc.{wrapper}.base = alibi")
             for wrapper in ("logn", "randomized")]
@@ -59,4 +69,4 @@ def get_table() -> dict:
                      cite="p-RoPE: Barbero et al. 2025"))
     rows += [dict(name=f"rope + {name}", run="rope", scheme="rope", overrides=overrides, rule=rule,
                   cite=f"{name}: {cite}") for name, cite, rule, overrides in EXTENSIONS]
-    return {"every_scheme": True, "rows": rows}
+    return {"every_scheme": True, "rows": rows, "notes": NOTES}

@@ -8,7 +8,7 @@ import dataclasses
 from typing import Any
 
 from posenc import domains
-from posenc.domains import at_least, one_of, positive, satisfies, unit_interval
+from posenc.domains import at_least, one_of, only_with, positive, satisfies, unit_interval
 
 # "gelu" is the tanh approximation (HF's gelu_new / gelu_pytorch_tanh), "gelu_exact" the erf form (HF's gelu)
 ACTIVATION_NAMES = ("relu", "gelu", "gelu_exact", "silu")  # models/decoder.py: ACTIVATIONS
@@ -34,8 +34,8 @@ class ModelConfig:
       models/adaptive.py) for large word vocabularies.
     - attention implementation: `attention` (a path of models/attention/paths.py, or `auto`),
       `attention_block`, the tile width of the long-sequence paths, `attention_check` (the fused
-      kernels' numerical check on the device); `attention_sinks` and
-      `attention_window`, LM-Infinite's Lambda mask (an evaluation option for any scheme); the
+      kernels' numerical check on the device); `attention_sinks`, `attention_window` and
+      `attention_sink_distance`, LM-Infinite's Lambda mask (an evaluation option for any scheme); the
       window alone is a sliding window (the last W keys, Mistral's `sliding_window`).
     - numerics: `dtype`, the compute dtype; parameters stay float32 (models/hf.py may load them
       in bfloat16).
@@ -74,11 +74,14 @@ class ModelConfig:
     attention_check: bool = True    # an explicit fused kernel (pallas, fused) must pass its numerical check
                                     # on the device first (models/attention/verify.py); off: benchmarking only
     attention_sinks: int = 0        # LM-Infinite's Lambda mask (models/attention/lambda_mask.py): the first
-                                    # tokens every query also sees beyond its window, as if from distance L
+                                    # tokens every query also sees beyond its window, as if from distance W
     attention_window: int = 0       # ... and each query's local window, the last W keys (0: the training
                                     # length L where sinks are set); sinks 0 and a window: a sliding window
                                     # (Mistral's sliding_window); both 0: plain causal attention. No
                                     # parameters: switchable with --set
+    attention_sink_distance: int = 0  # ... the distance the sinks beyond the window are seen at (the authors'
+                                    # limit_distance): 0, the window W (their convert_llama_model); set it to L
+                                    # for this project's form before issue 34 (the same wherever W = L)
     dtype: str = "float32"          # compute dtype; parameters stay float32
     norm: str = "layernorm"         # layernorm | layernorm_nobias | rmsnorm
     norm_eps: float = 1e-6          # epsilon of every norm
@@ -110,6 +113,8 @@ class ModelConfig:
                "head_dim": at_least(0, note="0 = d_model / num_heads"),
                "attention_sinks": at_least(0, note="0 = off"),
                "attention_window": at_least(0, note="0 = none, or the training length with sinks"),
+               "attention_sink_distance": only_with(lambda o: o["attention_sinks"], "model.attention_sinks",
+                                                    at_least(0, note="0 = the window"), 0),
                "global_every": at_least(0, note="0 = every layer as attention_window says"),
                "local_rope_base": at_least(0, note="0 = the scheme's base")}
 

@@ -5,8 +5,9 @@ then one table, one heat map and their numbers (experiment/report/schemes.py).
     python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes
 
 The study is a config's `get_table()` (configs/all_schemes.py; sweep.py --table reads it from the
---config file): {"every_scheme": true or false, "rows": [...]}. With every_scheme, every registered
-scheme with its defaults comes first (a scheme joins the table by registering); each further row
+--config file): {"every_scheme": true or false, "rows": [...], "notes": {scheme: text}}. With
+every_scheme, every registered scheme with its defaults comes first (a scheme joins the table by
+registering; `notes` says in words what such a row is, where its form departs from its paper); each further row
 names its training run (a folder under the root, trained with `scheme` and the config `settings`)
 and, for an option switched on at evaluation, its `overrides`: a rule of RULES with its arguments,
 which sets the option at each evaluation length (PI's factor L / L_valid, Self-Extend's group, ...).
@@ -103,9 +104,15 @@ ROW_KEYS = ("name", "run", "scheme", "settings", "overrides", "rule", "cite")
 def rows(study: dict, where: str = "the study") -> list[Row]:
     """The rows of a study (a config's get_table(), configs/all_schemes.py), checked: every key known,
     each row named once, each overrides rule one of RULES. `where` names the study in errors."""
-    if not isinstance(study, dict) or set(study) - {"every_scheme", "rows"}:
-        raise ValueError(f"{where} must be a dict of every_scheme (true or false) and rows (a list of dicts)")
-    out = [Row(name, name, name) for name in posenc.names()] if study.get("every_scheme") else []
+    if not isinstance(study, dict) or set(study) - {"every_scheme", "rows", "notes"}:
+        raise ValueError(f"{where} must be a dict of every_scheme (true or false), rows (a list of dicts) and notes "
+                         f"(scheme: what its every_scheme row is, in words)")
+    notes = dict(study.get("notes") or {})
+    unknown = sorted(set(notes) - set(posenc.names())) if study.get("every_scheme") else sorted(notes)
+    if unknown:
+        raise ValueError(f"{where}: notes of {', '.join(unknown)}: no such every_scheme row (notes describe the rows "
+                         f"every_scheme adds, one per registered scheme: {', '.join(posenc.names())})")
+    out = [Row(name, name, name, rule=notes.get(name, "")) for name in posenc.names()] if study.get("every_scheme") else []
     for i, given in enumerate(study.get("rows") or []):
         if not isinstance(given, dict) or set(given) - set(ROW_KEYS) or not {"name", "run", "scheme"} <= set(given):
             raise ValueError(f"{where}: row {i} ({given!r:.60}) is not a dict of {', '.join(ROW_KEYS)} with name, "

@@ -228,7 +228,8 @@ def table(collected: dict, timings: dict | None = None) -> str:
         out += ["Cells that cannot exist:", ""] + [f"[{n}] {name}: {why}" for name, (n, why) in notes.items()] + [""]
     rules = [row for row in rows if row.get("rule")]
     if rules:
-        out += ["Options of the rows (training runs' settings, or eval-time settings per length):", ""]
+        out += ["Options of the rows (training runs' settings, or eval-time settings per length), and where a row's "
+                "form departs from its paper:", ""]
         out += [f"- {row['name']}: {row['rule']}" for row in sorted(rules, key=lambda r: r["name"])] + [""]
     if timings:
         out += timings_table(timings)

@@ -5,10 +5,12 @@
 Query i sees
   - the keys of its local window, i - j < W (itself included), at their own positions, and
   - the first `sinks` tokens (j < n_global) where they lie beyond the window, seen as if from
-    distance L (the training length): the scheme's hooks get the sink keys at the row's first
-    position p0 and the query at p0 + L, so a rotation, a bias or a logit scale never meets a
-    distance it was not trained on (the authors' code: keys unrotated, queries rotated by
-    `limit_distance`, equal to the local branch L).
+    distance W, the window: the scheme's hooks get the sink keys at the row's first position p0 and
+    the query at p0 + W, so a rotation, a bias or a logit scale never meets a distance beyond the
+    window (the authors' code: keys unrotated, queries rotated by `limit_distance`, which their
+    `convert_llama_model` sets to the local branch W). `model.attention_sink_distance` sets another
+    distance (their `limit_distance` apart from the window): L gives this project's form before
+    issue 34, which saw the sinks from L whatever the window (the same where W = L, the default).
 Both branches share one softmax. W defaults to L; with `sinks` 0 it is a plain sliding window.
 Within W (every query at lengths <= W) the mask is the causal one. A scheme's `embed` is
 unchanged: absolute positions are baked into the input, the mask alone applies to them. A data
@@ -56,16 +58,18 @@ class LambdaMask:
 
 def lambda_mask(model_cfg: Any, train_length: int) -> LambdaMask | None:
     """The mask a model config asks for (None: plain causal attention): `attention_sinks` first
-    tokens and a window of `attention_window` (0: the training length), both options 0: off."""
+    tokens and a window of `attention_window` (0: the training length), both options 0: off; the
+    sinks seen from `attention_sink_distance` (0: the window, as the authors' convert_llama_model)."""
     sinks, window = int(model_cfg.attention_sinks), int(model_cfg.attention_window)
     if sinks == 0 and window == 0:
         return None
-    return LambdaMask(sinks=sinks, window=window or train_length, limit=train_length)
+    window = window or train_length
+    return LambdaMask(sinks=sinks, window=window, limit=int(getattr(model_cfg, "attention_sink_distance", 0)) or window)
 
 
 @dataclasses.dataclass(frozen=True)
 class SinkBranch:
-    """The first keys as the sink branch sees them: q rotated as if at p0 + L (B x T x H x K), the sink
+    """The first keys as the sink branch sees them: q rotated as if at p0 + limit (B x T x H x K), the sink
     keys as if at p0 (B x n x H x K), their values, those positions, the sink keys' token context."""
     q: jax.Array
     k: jax.Array

@@ -34,6 +34,9 @@ def test_rows_cover_every_registered_scheme_and_the_options_follow_their_rules()
     for n, g in zip(LENGTHS, groups):  # the largest grouped relative position stays within L
         assert 32 + (n - 32) / g <= 64 and (g == 1 or 32 + (n - 32) / (g - 1) > 64)
     assert all(o == {"model.attention_sinks": "10"} for o in at["rope + LM-Infinite"])
+    by_name = {r.name: r for r in rows}  # a departure from the paper named in its row (issue 34)
+    assert by_name["ssmax"].rule.startswith("scales the query vector") and "convert_llama_model" in by_name[
+        "rope + LM-Infinite"].rule
 
     base = tiny_config("alibi")
     base.train.seq_len = 64
@@ -56,6 +59,7 @@ def test_rows_cover_every_registered_scheme_and_the_options_follow_their_rules()
      "overrides rule 'ratoi' is not one of ratio, inverse_ratio"),
     ({"rows": [{"name": "a", "scheme": "rope"}]}, "row 0 .* with name, run and scheme given"),
     ({"rows": [], "colums": 3}, "must be a dict of every_scheme"),
+    ({"every_scheme": True, "notes": {"ssmaxx": "x"}}, "notes of ssmaxx: no such every_scheme row"),
 ])
 def test_a_study_that_cannot_be_a_table_is_refused_naming_where(study, expected):
     with pytest.raises(ValueError, match=f"^configs/x.py: get_table\\(\\).*{expected}"):

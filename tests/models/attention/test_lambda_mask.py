@@ -57,13 +57,16 @@ def _reference_lambda_attention(q, k, v, sinks, window, limit):
     return out
 
 
-@pytest.mark.parametrize("sinks,window", [(3, L), (2, 5)])
-def test_lambda_attention_is_the_references_dense_and_blockwise(sinks, window):
+@pytest.mark.parametrize("sinks,window,limit", [(3, L, L), (2, 5, 5), (2, 5, L)],
+                         ids=["window L", "window 5 (convert_llama_model: limit = window)", "window 5, limit L"])
+def test_lambda_attention_is_the_references_dense_and_blockwise(sinks, window, limit):
+    """The reference with the authors' convert_llama_model (limit_distance = local_branch, the window)
+    and with a limit_distance of its own (their LLAMA_Model's argument; model.attention_sink_distance)."""
     scheme = posenc.build(posenc.default_config("rope"), DIMS, rngs=nnx.Rngs(0))
     q, k, v = (jax.random.normal(key, (2, T, 2, D)) for key in jax.random.split(jax.random.key(0), 3))
     pos = jnp.broadcast_to(jnp.arange(T), (2, T))
-    mask = LambdaMask(sinks=sinks, window=window, limit=L)
-    expected = _reference_lambda_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), sinks, window, L)
+    mask = LambdaMask(sinks=sinks, window=window, limit=limit)
+    expected = _reference_lambda_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), sinks, window, limit)
     np.testing.assert_allclose(lambda_dense_attention(q, k, v, pos, pos, scheme, mask), expected, atol=2e-5)
     np.testing.assert_allclose(blockwise_attention(q, k, v, pos, pos, scheme, 4, mask=mask), expected, atol=2e-5)
 
@@ -125,13 +128,19 @@ def test_paths_that_cannot_apply_the_mask_refuse_it_and_auto_avoids_them():
 
 
 def test_the_mask_is_an_evaluation_override_of_any_run():
-    """`--set model.attention_sinks=4` (and `attention_window`) is taken at evaluation: no parameters."""
+    """`--set model.attention_sinks=4` (and `attention_window`, `attention_sink_distance`) is taken at
+    evaluation: no parameters. The sinks are seen from the window, as the authors' convert_llama_model
+    does (issue 34: they were seen from L whatever the window); attention_sink_distance=L keeps that."""
     config = config_lib.resolve(tiny_config("rope"))
     changed = apply_overrides(config, {"model.attention_sinks": "4", "model.attention_window": "8"})
     assert (changed.model.attention_sinks, changed.model.attention_window) == (4, 8)
-    assert lambda_mask(changed.model, 16) == LambdaMask(sinks=4, window=8, limit=16)
+    assert lambda_mask(changed.model, 16) == LambdaMask(sinks=4, window=8, limit=8)
+    former = apply_overrides(changed, {"model.attention_sink_distance": "16"})
+    assert lambda_mask(former.model, 16) == LambdaMask(sinks=4, window=8, limit=16)
     assert lambda_mask(config.model, 16) is None and lambda_mask(apply_overrides(
         config, {"model.attention_sinks": "2"}).model, 16) == LambdaMask(sinks=2, window=16, limit=16)
+    with pytest.raises(ValueError, match="attention_sink_distance must be 0 unless model.attention_sinks is set"):
+        apply_overrides(config, {"model.attention_sink_distance": "16"})
 
 
 @pytest.mark.slow  # ~15 s: a training run and four evaluations
