@@ -7,6 +7,11 @@ OUTDIR/loss_by_position.png (loss against position inside the window) and OUTDIR
 
 --table: DIR is the root of a table of every scheme (sweep.py --table); writes OUTDIR/all_schemes.md,
 .png and .json from its records again (experiment/report/schemes.py).
+
+--compare_with RESULT: after writing the report, compare its tables cell by cell with the committed
+ones in RESULT (results/NAME/: ppl_vs_length.md, passkey.md; experiment/report/compare.py), print the
+largest difference, and fail if a cell differs by more than --compare_tolerance (results/NAME/run.sh
+--check does this on a re-run of one scheme).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -15,15 +20,21 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
 
 from absl import app, flags
 
-from experiment.cli import parse_flags, run_cleanly
-from experiment.report import PAPER_MODES, schemes, write_report
+from experiment.cli import define_numbers, parse_flags, run_cleanly
+from experiment.report import PAPER_MODES, compare, schemes, write_report
 from experiment.report.runs import refuse_folders_of_runs
+from posenc.domains import at_least
 
 flags.DEFINE_string("out", "report", "output folder")
 flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
                   "overlay Press et al. (2022): auto = only where dataset (WikiText-103), split (valid), "
                   "unit (word), scheme and L match theirs; always = wherever scheme and L match")
 flags.DEFINE_boolean("table", False, "DIR is a table root (sweep.py --table): write the table of every scheme")
+flags.DEFINE_string("compare_with", None, "a committed result's folder (results/NAME): compare this report's tables "
+                    "with its tables cell by cell and print the largest difference")
+define_numbers("compare_tolerance", 0.0, "--compare_with: the largest difference allowed, relative for perplexities "
+               "and absolute for passkey accuracies (0: the same printed digits)", kind=float, domain=at_least(0),
+               example="--compare_tolerance=0.01", sequence=False)
 FLAGS = flags.FLAGS
 
 
@@ -34,6 +45,9 @@ def main(argv):
         if not workdirs:
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
         if FLAGS.table:
+            if FLAGS.compare_with:
+                raise ValueError("--compare_with compares a report of runs (ppl_vs_length.md, passkey.md); drop it "
+                                 "with --table")
             if len(workdirs) != 1:
                 raise ValueError(f"--table takes one table root (sweep.py --table's --workdir), got {len(workdirs)}")
             paths = schemes.write(workdirs[0], FLAGS.out)
@@ -49,6 +63,14 @@ def main(argv):
         for key, value in paths.items():  # the part of an evaluation kind added later
             if key not in ("png", "md", "positions_png", "attention_pngs", "passkey"):
                 print(f"wrote {key}: {value}")
+        if FLAGS.compare_with:
+            text, same = compare.summary(compare.compare(FLAGS.compare_with, FLAGS.out), FLAGS.compare_with,
+                                         FLAGS.compare_tolerance)
+            print(text)
+            if not same:
+                raise ValueError(f"--compare_with {FLAGS.compare_with}: the report differs by more than "
+                                 f"--compare_tolerance={FLAGS.compare_tolerance:g} (largest differences above; "
+                                 f"--compare_tolerance=0.05 allows 5% in perplexity and 0.05 in accuracy)")
     run_cleanly(go, at_once="interrupted; --out is as it was (a report is written aside and swapped in "
                                   "whole): the same command writes it")
 

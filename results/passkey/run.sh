@@ -6,6 +6,17 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 W=${W:-runs/passkey}
 SCHEMES=${SCHEMES:-alibi rope nope kerple_log}
+if [ "${1:-}" = "--check" ]; then
+  # Reproduction check (a few minutes): one scheme (CHECK_SCHEME) trained and evaluated as above in a
+  # fresh folder (CHECK_DIR), its report compared cell by cell with the committed tables here; prints
+  # the largest difference, fails beyond CHECK_TOLERANCE (relative for perplexity, absolute for
+  # accuracy; 0: the same printed digits). Nothing here is written.
+  s=${CHECK_SCHEME:-alibi}
+  C=${CHECK_DIR:-$(mktemp -d "${TMPDIR:-/tmp}/passkey_check.XXXXXX")}
+  $PY train.py --config "configs/passkey.py:$s" --workdir "$C/$s"
+  $PY eval_extrapolate.py --workdir "$C/$s" --passkey
+  exec $PY report.py "$C/$s" --out "$C/report" --compare_with results/passkey --compare_tolerance "${CHECK_TOLERANCE:-0}"
+fi
 for s in $SCHEMES; do
   $PY train.py --config "configs/passkey.py:$s" --workdir "$W/$s"
   $PY eval_extrapolate.py --workdir "$W/$s" --passkey

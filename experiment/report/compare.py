@@ -1,0 +1,104 @@
+"""A report against a committed one (report.py --compare_with DIR; results/NAME/run.sh --check): the
+numbers of their markdown tables cell by cell, where both have the cell (same table heading, row and
+column header, so the same run label and checkpoint step): a re-run of one scheme is compared on that
+scheme's columns. Perplexity cells (ppl_vs_length.md) differ relatively, passkey accuracies
+(passkey.md) absolutely; a cell whose printed text is the same differs by 0.
+"""
+from __future__ import annotations
+
+import dataclasses
+import pathlib
+import re
+
+FILES = {"ppl_vs_length.md": "relative", "passkey.md": "absolute"}  # the tables compared, and how
+NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|inf|nan")
+
+
+@dataclasses.dataclass(frozen=True)
+class Difference:
+    """One cell in both reports: where it is, its two printed texts and how far apart they are
+    (relative or absolute, as FILES says for its file)."""
+    file: str
+    table: str
+    row: str
+    column: str
+    committed: str
+    new: str
+    difference: float
+
+    @property
+    def kind(self) -> str:
+        return FILES[self.file]
+
+    def describe(self) -> str:
+        amount = f"{self.difference:.2%}" if self.kind == "relative" else f"{self.difference:.2f}"
+        return (f"{amount} ({self.file}, {self.table}, {self.column} at {self.row}: {self.committed} committed, "
+                f"{self.new} now)")
+
+
+def cells(markdown: str) -> dict[tuple[str, str, str], str]:
+    """{(table heading, row's first cell, column header): the cell's text} of every markdown table
+    under a '### ' heading (the report's tables)."""
+    out, heading, header = {}, "", None
+    for line in markdown.splitlines():
+        if line.startswith("### "):
+            heading, header = line[4:].strip(), None
+        elif line.startswith("|") and heading:
+            row = [c.strip() for c in line.strip().strip("|").split("|")]
+            if header is None:
+                header = row
+            elif not all(set(c) <= set("-:") for c in row):
+                out.update({(heading, row[0], column): cell for column, cell in zip(header[1:], row[1:]) if cell})
+        else:
+            header = None if not line.startswith("|") else header
+    return out
+
+
+def _number(text: str) -> float | None:
+    """The first number of a cell ('4.69', '4.69*', '4.69 ± 0.02 (3)', '0.85 [0.62, 0.95]')."""
+    found = NUMBER.search(text.replace(",", ""))
+    return float(found.group()) if found else None
+
+
+def _difference(committed: str, new: str, kind: str) -> float:
+    if committed == new:
+        return 0.0
+    a, b = _number(committed), _number(new)
+    if a is None or b is None:
+        return float("inf")
+    if kind == "absolute":
+        return abs(a - b)
+    return abs(a - b) / abs(a) if a else float("inf")
+
+
+def compare(committed_dir: str | pathlib.Path, new_dir: str | pathlib.Path) -> list[Difference]:
+    """Every cell of the tables of FILES that both folders have, largest difference first within each file."""
+    out = []
+    for name, kind in FILES.items():
+        old_path, new_path = pathlib.Path(committed_dir) / name, pathlib.Path(new_dir) / name
+        if not (old_path.exists() and new_path.exists()):
+            continue
+        old, new = cells(old_path.read_text()), cells(new_path.read_text())
+        out += sorted((Difference(name, *key, old[key], new[key], _difference(old[key], new[key], kind))
+                       for key in old if key in new), key=lambda d: -d.difference)
+    return out
+
+
+def summary(differences: list[Difference], committed_dir: str | pathlib.Path, tolerance: float = 0.0) -> tuple[str, bool]:
+    """(the lines report.py prints, whether every cell agrees within `tolerance`: relative for
+    perplexities, absolute for accuracies; 0: the same printed digits). No common cell is an error
+    naming what to give."""
+    if not differences:
+        raise ValueError(f"--compare_with {committed_dir}: no cell of its tables ({', '.join(FILES)}) is in this report; "
+                         f"give runs of that result (same scheme, training length and checkpoint step, so that the "
+                         f"column headers match), e.g. bash {pathlib.Path(committed_dir) / 'run.sh'} --check")
+    lines, ok = [], True
+    for name, kind in FILES.items():
+        found = [d for d in differences if d.file == name]
+        if found:
+            beyond = [d for d in found if d.difference > tolerance]
+            ok = ok and not beyond
+            what = "relative" if kind == "relative" else "absolute"
+            lines.append(f"{name}: {len(found)} cells compared with {committed_dir}, {len(beyond)} differ by more than "
+                         f"{tolerance:g} ({what}); largest difference {found[0].describe()}")
+    return "\n".join(lines), ok
