@@ -118,9 +118,8 @@ def combine(member_runs: list[dict]) -> dict:
     named by the common part of the folders' names, its `records` the means (`mean_records`), and
     its `members`."""
     first = member_runs[0]
-    name = SEED_SUFFIX.sub("", first["name"])
     return {**first, "label": f"{first.get('group_label', first['label'])}, {len(member_runs)} seeds",
-            "name": name, "file": re.sub(r"[^\w.-]+", "_", name).strip("_.") or "run",
+            "name": SEED_SUFFIX.sub("", first["name"]), "file": SEED_SUFFIX.sub("", first["file"]),
             "seeds": [run["seed"] for run in member_runs], "members": member_runs,
             "workdirs": [run["workdir"] for run in member_runs], "records": mean_records(member_runs)}
 
