@@ -143,8 +143,9 @@ class SSMax(Wrapper):
     the table of every scheme (configs/all_schemes.py: NOTES). Measured (issue 34; random q, k, v,
     4 heads of 32, s = 0.43): around alibi the attention outputs of the two forms differ by up to 0.73
     within 64 positions and 3.8 at 1,024 (kerple_log 0.54 / 2.4, t5 at initialisation 0.02 / 0.08);
-    around rope, the default base, which has no bias, they are the same. Since s is per layer, the wrapper is built once per layer, and with it the inner scheme (whose
-    parameters, if any, are then per layer too).
+    around rope, the default base, which has no bias, they are the same. Since s is per layer, the
+    wrapper is built once per layer, and with it the inner scheme (whose parameters, if any, are then
+    per layer too).
     """
     family = "wrapper"
     citation = "Nakanishi 2025"

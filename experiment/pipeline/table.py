@@ -112,7 +112,8 @@ def rows(study: dict, where: str = "the study") -> list[Row]:
     if unknown:
         raise ValueError(f"{where}: notes of {', '.join(unknown)}: no such every_scheme row (notes describe the rows "
                          f"every_scheme adds, one per registered scheme: {', '.join(posenc.names())})")
-    out = [Row(name, name, name, rule=notes.get(name, "")) for name in posenc.names()] if study.get("every_scheme") else []
+    out = [Row(name, name, name, rule=notes.get(name, "")) for name in posenc.names()] \
+        if study.get("every_scheme") else []
     for i, given in enumerate(study.get("rows") or []):
         if not isinstance(given, dict) or set(given) - set(ROW_KEYS) or not {"name", "run", "scheme"} <= set(given):
             raise ValueError(f"{where}: row {i} ({given!r:.60}) is not a dict of {', '.join(ROW_KEYS)} with name, "

@@ -84,14 +84,15 @@ def compare(committed_dir: str | pathlib.Path, new_dir: str | pathlib.Path) -> l
     return out
 
 
-def summary(differences: list[Difference], committed_dir: str | pathlib.Path, tolerance: float = 0.0) -> tuple[str, bool]:
+def summary(differences: list[Difference], committed_dir: str | pathlib.Path,
+            tolerance: float = 0.0) -> tuple[str, bool]:
     """(the lines report.py prints, whether every cell agrees within `tolerance`: relative for
     perplexities, absolute for accuracies; 0: the same printed digits). No common cell is an error
     naming what to give."""
     if not differences:
-        raise ValueError(f"--compare_with {committed_dir}: no cell of its tables ({', '.join(FILES)}) is in this report; "
-                         f"give runs of that result (same scheme, training length and checkpoint step, so that the "
-                         f"column headers match), e.g. bash {pathlib.Path(committed_dir) / 'run.sh'} --check")
+        raise ValueError(f"--compare_with {committed_dir}: no cell of its tables ({', '.join(FILES)}) is in this "
+                         f"report; give runs of that result (same scheme, training length and checkpoint step, so "
+                         f"that the column headers match), e.g. bash {pathlib.Path(committed_dir) / 'run.sh'} --check")
     lines, ok = [], True
     for name, kind in FILES.items():
         found = [d for d in differences if d.file == name]

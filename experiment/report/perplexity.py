@@ -213,6 +213,13 @@ def _ppl_of(pts: dict[int, dict], field: str = "ppl"):
     return get
 
 
+def _runs_note(run: dict) -> str:
+    """'`runs/a` (dataset, unit)'; a run of several seeds: each folder, then ', N seeds' in the brackets."""
+    folders = ", ".join(f"`{w}`" for w in run.get("workdirs", [run["workdir"]]))
+    seeds = f", {len(run['members'])} seeds" if "members" in run else ""
+    return f"{folders} ({run['dataset']}, {run['tokenizer']}{seeds})"
+
+
 def _cell(value) -> str:
     return "" if value is None else value if isinstance(value, str) else f"{value:.2f}"
 
@@ -223,9 +230,7 @@ def write(runs: list[dict], out: pathlib.Path, paper_mode: str = "auto") -> dict
     plots.save(positions_figure(runs), out / "loss_by_position.png")
     (out / "ppl_vs_length.md").write_text(
         "# Perplexity vs. evaluation length\n\n"
-        + "Runs: " + ", ".join(", ".join(f"`{w}`" for w in r.get("workdirs", [r["workdir"]]))
-                               + f" ({r['dataset']}, {r['tokenizer']}" + (f", {len(r['members'])} seeds)" if "members" in r
-                                                                         else ")") for r in runs)
+        + "Runs: " + ", ".join(_runs_note(r) for r in runs)
         + "\n\n" + table(runs, paper_mode))
     return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
             "positions_png": str(out / "loss_by_position.png")}

@@ -115,8 +115,8 @@ def _row_numbers(seeds: list[tuple[list[dict], list[dict]]], row: dict, protocol
     values = {n: [f[n]["ppl"] for f in found if n in f] for n in protocol["lengths"]}
     spreads = {n: spread(v) for n, v in values.items() if v}
     counts = [_passkey_counts(passkey_recs, row, protocol) for _, passkey_recs in seeds]
-    pooled = {n: (sum(c[n][0] for c in counts if n in c), sum(c[n][1] for c in counts if n in c), sum(n in c for c in counts))
-              for n in protocol["lengths"] if any(n in c for c in counts)}
+    pooled = {n: (sum(c[n][0] for c in counts if n in c), sum(c[n][1] for c in counts if n in c),
+                  sum(n in c for c in counts)) for n in protocol["lengths"] if any(n in c for c in counts)}
     out = {"ppl": {n: s["mean"] for n, s in spreads.items()},
            "passkey": {n: hits / asked for n, (hits, asked, _) in pooled.items()},
            "step": sorted({int(r["step"]) for f in found for r in f.values() if "step" in r})}
@@ -211,7 +211,8 @@ def table(collected: dict, timings: dict | None = None) -> str:
 
     lines = ["| " + " | ".join(header) + " |", "|---:|---|---|---|" + "---:|" * (len(header) - 4)]
     for row in rows:
-        cells = [f"{row['rank']}=" if row.get("tied") else str(row["rank"]), row["name"], row["family"], row["citation"],
+        rank = f"{row['rank']}=" if row.get("tied") else str(row["rank"])
+        cells = [rank, row["name"], row["family"], row["citation"],
                  cell(ppl(row, lengths[0]), row, lengths[0], "{:.2f}"),
                  cell(ppl(row, lengths[-1]), row, lengths[-1], "{:.2f}")]
         cells += [cell(row["ratio"].get(n), row, n, "{:.2f}") for n in lengths[1:]]

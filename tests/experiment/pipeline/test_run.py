@@ -60,7 +60,8 @@ def test_seeds_are_a_sweep_axis_one_folder_each_the_configs_own_seed_keeping_its
     assert trained == [("alibi_L16_steps3", 0), ("rope_L16_steps3", 0), ("alibi_L16_steps3_seed2", 2),
                        ("rope_L16_steps3_seed2", 2), ("alibi_L16_steps3_seed1", 1), ("rope_L16_steps3_seed1", 1)]
     assert reported == [[name for name, _ in trained]]
-    configs = resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "7"}), ("named", "rope", None, {"seed": "3"})])
+    configs = resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "7"}),
+                                            ("named", "rope", None, {"seed": "3"})])
     assert {path.name: config.seed for path, config in configs.items()} == {"alibi_L16_seed7": 7, "named_seed3": 3}
     base.seed = 3  # a config whose own seed is 3: that seed keeps the plain name
     assert [p.name for p in resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "3"})])] == ["alibi_L16"]
