@@ -38,7 +38,7 @@ ALL=direct,pi,ntk,dynamic_ntk,yarn,llama3,rerope,self_extend,dca,lm_infinite
 # passkey (the task of corpora/passkey.py as a plain continuation, no chat template): 3 depths x 2 keys
 KEYS=(--passkey --passkey_depths 0,0.5,1 --skip_done)
 "$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 2 \
-    --methods direct,yarn,self_extend,dca --lengths 4096,8192,16384
+    --methods direct,yarn,self_extend,dca,lm_infinite --lengths 4096,8192,16384
 "$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 2 \
-    --methods "${BEST:-self_extend}" --lengths 32768
+    --methods "${BEST:-self_extend,dca}" --lengths 32768
 "$PY" report.py "$W" --out "$OUT/report"
