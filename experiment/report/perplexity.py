@@ -68,15 +68,32 @@ def paper_curve(run: dict, unit: str, key: tuple, mode: str) -> list[tuple[int, 
     return paper.curve(run["scheme"], run["train_length"], sliding=kind != "nonoverlapping")
 
 
+def method_of(key: tuple) -> str | None:
+    """The training-free method of a series (experiment/evals/methods.py: 'yarn', 'yarn+logn'), or None."""
+    return json.loads(key[3]).get("method") if key[3].startswith('{"method"') else None
+
+
+def _method_order(run: dict) -> dict[str, int]:
+    """{method without +logn: its rank}: 'direct' (the model as trained) first, the others by name."""
+    names = {r["method"].removesuffix("+logn") for r in run["records"] if r.get("method")}
+    return {name: rank for rank, name in enumerate(sorted(names, key=lambda n: (n != "direct", n)))}
+
+
 def _by_unit(runs: list[dict]) -> dict[str, list[tuple[int, dict, tuple, list[dict], str]]]:
     """{unit: [(run index, run, series key, points, label)]}, units and series in a stable order
-    (unit, split, series label: nonoverlapping before strides, then the newest checkpoint first)."""
+    (unit, split, series label: nonoverlapping before strides, then the newest checkpoint first; a
+    run's training-free methods 'direct' first, then by name, each before its log-n form)."""
     out = defaultdict(list)
     for i, run in enumerate(runs):
-        curves = series(run)
+        curves, order = series(run), _method_order(run)
+
+        def rank(item):
+            (unit, key, step), _ = item
+            method = method_of(key) or ""
+            plain = records.series_label(key[:3] + ("{}",)) if method else records.series_label(key)
+            return (unit, key[0], plain, order.get(method.removesuffix("+logn"), -1), method, -(step or 0))
         steps = len({step for _, _, step in curves})
-        for (unit, key, step), points in sorted(curves.items(), key=lambda kv: (
-                kv[0][0], kv[0][1][0], records.series_label(kv[0][1]), -(kv[0][2] or 0))):
+        for (unit, key, step), points in sorted(curves.items(), key=rank):
             out[unit].append((i, run, key, points, series_label(run, key, step, steps)))
     return dict(sorted(out.items()))
 
@@ -90,16 +107,23 @@ def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
         ax, (name, token), drawn_paper = axes[unit], unit_names(unit), set()
         panel_runs = list({i: run for i, run, _, _, _ in entries}.items())
         run_index = {i: n for n, (i, _) in enumerate(panel_runs)}
-        curves = 0
+        curves, colours, shared = 0, {}, _one_run_of_methods(entries)
         for i, run, key, points, label in entries:
+            label = method_of(key) if shared else label
             xs = [r["eval_length"] for r in points]
             several = any(r.get("ppl_spread", {}).get("n", 1) > 1 for r in points)
+            method = method_of(key)
+            if method:  # a method and its log-n form: one colour, log-n dashed
+                colour = colours.setdefault((i, key[:3], method.removesuffix("+logn")), curves)
+                style = plots.style(colour, 2 * run_index[i] + method.endswith("+logn"))
+                curves += colour == curves
+            else:
+                style, curves = plots.style(curves, run_index[i]), curves + 1
             ax.plot(xs, [r["ppl"] for r in points], ms=4, label=label + (": mean, band min-max" if several else ""),
-                    **plots.style(curves, run_index[i]))
+                    **style)
             if several:
                 ax.fill_between(xs, [r["ppl_spread"]["min"] for r in points], [r["ppl_spread"]["max"] for r in points],
-                                color=plots.style(curves)["color"], alpha=0.15, lw=0)
-            curves += 1
+                                color=style["color"], alpha=0.15, lw=0)
             ref = paper_curve(run, unit, key, paper_mode)
             ref_key = (run["scheme"], run["train_length"], key[1] == "nonoverlapping")
             if ref and ref_key not in drawn_paper:
@@ -113,10 +137,20 @@ def perplexity_figure(runs: list[dict], paper_mode: str = "auto"):
         plots.format_ppl_axis(ax)
         ax.set_xlabel(f"evaluation length L_valid ({token}s)")
         ax.set_ylabel(f"perplexity per {token} (log scale)")
-        ax.set_title(title(f"{name}-level perplexity vs. evaluation length", [run for _, run in panel_runs]),
+        ax.set_title(title(f"{name}-level perplexity vs. evaluation length", [run for _, run in panel_runs], shared),
                      fontsize=10)
         plots.legend_beside(ax)
     return fig
+
+
+def _one_run_of_methods(entries: list) -> str:
+    """Where a panel's curves are one run's training-free methods over the same tokens, what they share
+    (the run's label, first N tokens, the split: the panel's title names it, the legend only the
+    method); else ''."""
+    if len({(i, key[:3]) for i, _, key, _, _ in entries}) != 1 or not all(method_of(e[2]) for e in entries):
+        return ""
+    _, run, key, _, _ = entries[0]
+    return series_label(run, key[:3] + ("{}",), None, 1)
 
 
 def positions_figure(runs: list[dict]):
@@ -151,10 +185,11 @@ def positions_figure(runs: list[dict]):
 
 
 def table(runs: list[dict], paper_mode: str = "auto") -> str:
-    """Markdown: one table per (unit, split, series), the training-free methods of a series in one
-    (a column per run and method); rows = L_valid, columns = runs (Table 2 style)
-    with their checkpoint step (a run evaluated at two checkpoints: a column each), word-level perplexity beside it for byte / BPE runs on WikiText, and
-    the paper's number where it has one."""
+    """Markdown: one table per (unit, split, series); rows = L_valid, columns = runs (Table 2 style)
+    with their checkpoint step (a run evaluated at two checkpoints: a column each), word-level
+    perplexity beside it for byte / BPE runs on WikiText, and the paper's number where it has one.
+    The training-free methods of a series share one table, a column per run and method (one run's:
+    headed by the method alone), their word-level perplexity in a second table below it."""
     tables = defaultdict(list)
     for unit, entries in _by_unit(runs).items():
         for _, run, key, points, _ in entries:
@@ -163,27 +198,38 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
     blocks = []
     for (unit, key), columns in tables.items():
         header, getters, papers, repeated = ["L_valid"], [], set(), False
+        words = []  # a methods table's word-level columns: a table of their own below it
+        one_run = len({id(run) for run, _, _ in columns}) == 1 and all(m for _, _, m in columns)
         for run, points, method in columns:
             pts = {r["eval_length"]: r for r in points}
             note = checkpoint_note(points)
-            header.append(f"{run['label']}{', ' + method if method else ''} ({unit} ppl{', ' + note if note else ''})")
+            name = method if one_run else f"{run['label']}{', ' + method if method else ''}"
+            header.append(name if one_run else f"{name} ({unit} ppl{', ' + note if note else ''})")
             getters.append(_ppl_of(pts))
             repeated = repeated or any(r.get("same_as") for r in points)
             if run["wikitext"] and any("word_ppl" in r for r in points):
-                header.append(f"{run['label']} (word ppl)")
-                getters.append(_ppl_of(pts, "word_ppl"))
+                if method:
+                    words.append((name, _ppl_of(pts, "word_ppl")))
+                else:
+                    header.append(f"{run['label']} (word ppl)")
+                    getters.append(_ppl_of(pts, "word_ppl"))
             ref = dict(paper_curve(run, unit, key, paper_mode))
             if ref and (run["scheme"], run["train_length"]) not in papers:  # once beside a run's checkpoints
                 papers.add((run["scheme"], run["train_length"]))
                 header.append(f"{paper.CITATION} (word ppl)")
                 getters.append(ref.get)
         series = records.series_label(key).replace(", *", ", training-free methods")
+        if one_run:
+            run, points, _ = columns[0]
+            note = checkpoint_note([r for _, pts, _ in columns for r in pts])
+            series += f", {run['label']}{', ' + note if note else ''}"
         heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _, _ in columns],
                         f"{key[0]}, {series}", labels_in="column headers")
-        lines = [f"### {heading}", "", "| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
-        for length in sorted({r["eval_length"] for _, points, _ in columns for r in points}):
-            cells = [str(length)] + [_cell(get(length)) for get in getters]
-            lines.append("| " + " | ".join(cells) + " |")
+        lengths = sorted({r["eval_length"] for _, points, _ in columns for r in points})
+        lines = [f"### {heading}", ""] + _grid(header, getters, lengths)
+        if words:
+            lines += ["", "Word-level perplexity of the same evaluations (WikiText's words):", ""]
+            lines += _grid(["L_valid"] + [name for name, _ in words], [get for _, get in words], lengths)
         tokens = sorted({r["tokens"] for _, points, _ in columns for r in points})
         lines += ["", f"{unit_names(unit)[1].capitalize()}s scored per cell: {', '.join(f'{t:,}' for t in tokens)}."]
         if any("ppl_spread" in r for _, points, _ in columns for r in points):
@@ -197,6 +243,14 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
                          + ("" if key[1] == "nonoverlapping" else ", stride 1") + ".")
         blocks.append("\n".join(lines) + "\n")
     return "\n".join(blocks)
+
+
+def _grid(header: list[str], getters: list, lengths: list[int]) -> list[str]:
+    """A markdown table: a row per length, a column per getter."""
+    lines = ["| " + " | ".join(header) + " |", "|" + "---:|" * len(header)]
+    for length in lengths:
+        lines.append("| " + " | ".join([str(length)] + [_cell(get(length)) for get in getters]) + " |")
+    return lines
 
 
 def _ppl_of(pts: dict[int, dict], field: str = "ppl"):

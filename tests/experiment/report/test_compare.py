@@ -90,8 +90,14 @@ def test_report_py_compares_with_a_committed_result_and_fails_beyond_the_toleran
     assert loose.returncode == 0, loose.stderr[-2000:]
 
 
+# results/passkey's committed tables predate a code change that moved its passkey numbers (issue 34:
+# re-created today alibi gives 0.77 / 0.39 / 0.17 at 4L / 8L / 16L against 0.89 / 0.58 / 0.33 committed);
+# strict: once the result is re-run and committed, this marker fails and must go.
+STALE = pytest.mark.xfail(strict=True, reason="results/passkey committed before the change that moved it (issue 34)")
+
+
 @pytest.mark.slow  # minutes of CPU: one scheme trained as the committed result was, then compared
-@pytest.mark.parametrize("result", ["passkey", "wikitext_small"])
+@pytest.mark.parametrize("result", [pytest.param("passkey", marks=STALE), "wikitext_small"])
 def test_a_committed_result_reproduces_with_its_run_sh_check(result, tmp_path):
     """bash results/NAME/run.sh --check: one scheme re-run in a fresh folder, its report compared with the
     committed tables; every compared cell must print the same digits."""

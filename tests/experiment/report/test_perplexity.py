@@ -157,3 +157,30 @@ def test_a_report_never_writes_into_a_run_or_a_folder_of_other_files(tmp_path):
         with pytest.raises(RunError, match=rf"^--out {out} {what}"):
             write_report([run], out)
     assert (tmp_path / "notes" / "todo.txt").read_text() == "mine" and not (run / "ppl_vs_length.png").exists()
+
+
+def test_one_run_s_methods_share_a_table_and_a_panel_each_named_by_its_method(tmp_path):
+    """eval_extrapolate.py --methods: one column and one curve per method, headed and labelled by the
+    method alone ('direct' first, then by name, each before its log-n form, which shares its colour
+    dashed), the run named once in the heading and the title; word-level perplexity in a table below."""
+    path = fake_run(tmp_path, "rope", 64, "/data/wikitext-103-raw", {64: 5.0, 128: 9.0}, tokenizer="byte")
+    records_path = path / "eval" / "extrapolation.json"
+    base = json.loads(records_path.read_text())
+    recs = []
+    for method, factor in (("yarn", 0.5), ("direct", 1.0), ("yarn+logn", 0.6), ("pi", 0.9)):
+        for r in base:
+            same = r["eval_length"] == 64 and method != "direct"
+            recs.append({**r, "method": method, "ppl": r["ppl"] * (1 if r["eval_length"] == 64 else factor),
+                         "word_ppl": 2 * r["ppl"], **({"same_as": "direct"} if same else {})})
+    records_path.write_text(json.dumps(recs))
+    runs = reporting.load_runs([path])
+    text = reporting.table(runs)
+    assert "| L_valid | direct | pi | yarn | yarn+logn |" in text
+    assert "| 64 | 5.00 | 5.00* | 5.00* | 5.00* |" in text and "| 128 | 9.00 | 8.10 | 4.50 | 5.40 |" in text
+    assert text.count("| L_valid | direct | pi | yarn | yarn+logn |") == 2  # and the word-level table
+    assert "Word-level perplexity of the same evaluations" in text and "(byte ppl" not in text
+    ax = reporting.perplexity_figure(runs).axes[0]
+    assert legend_texts(ax) == ["direct", "pi", "yarn", "yarn+logn"]
+    assert "rope (L=64)" in ax.get_title()
+    yarn, logn = ax.get_lines()[2:4]
+    assert yarn.get_color() == logn.get_color() and yarn.get_linestyle() != logn.get_linestyle()
