@@ -35,10 +35,10 @@ ALL=direct,pi,ntk,dynamic_ntk,yarn,llama3,rerope,self_extend,dca,lm_infinite
 "$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods "$ALL" --lengths 2048,4096,8192,16384
 "$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods "${ALL//,/+logn,}+logn" --lengths 16384
 "$PY" eval_extrapolate.py --workdir "$W" "${PPL[@]}" --methods direct,yarn,self_extend,dca --lengths 32768
-# passkey (the task of corpora/passkey.py as a plain continuation, no chat template): 3 depths x 2 keys (32k: x 1)
+# passkey (the task of corpora/passkey.py as a plain continuation, no chat template): 3 depths x 2 keys (32k: 1 at 0.5)
 KEYS=(--passkey --passkey_depths 0,0.5,1 --skip_done)
 "$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 2 \
     --methods direct,yarn,self_extend,dca,lm_infinite --lengths 4096,8192,16384
-"$PY" eval_extrapolate.py --workdir "$W" "${KEYS[@]}" --passkey_per_cell 1 \
-    --methods "${BEST:-self_extend,dca}" --lengths 32768   # 32k: one key a depth (~6 min a prompt here)
+"$PY" eval_extrapolate.py --workdir "$W" --passkey --passkey_depths 0.5 --passkey_per_cell 1 --skip_done \
+    --methods "${BEST:-self_extend,dca}" --lengths 32768   # 32k: one key, mid-way (~6-8 min a prompt here)
 "$PY" report.py "$W" --out "$OUT/report"
