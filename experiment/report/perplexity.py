@@ -220,7 +220,7 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
                 getters.append(ref.get)
         series = records.series_label(key).replace(", *", ", training-free methods")
         if one_run:
-            run, points, _ = columns[0]
+            run = columns[0][0]
             note = checkpoint_note([r for _, pts, _ in columns for r in pts])
             series += f", {run['label']}{', ' + note if note else ''}"
         heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _, _ in columns],
