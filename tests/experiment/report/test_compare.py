@@ -90,10 +90,10 @@ def test_report_py_compares_with_a_committed_result_and_fails_beyond_the_toleran
     assert loose.returncode == 0, loose.stderr[-2000:]
 
 
-# results/passkey's committed tables predate a code change that moved its passkey numbers (issue 34:
-# re-created today alibi gives 0.77 / 0.39 / 0.17 at 4L / 8L / 16L against 0.89 / 0.58 / 0.33 committed);
+# results/passkey's committed tables (re-created 2026-11-25: alibi 0.77 / 0.39 / 0.17 at 4L / 8L / 16L) are
+# not what today's code gives (0.89 / 0.58 / 0.33, the numbers first committed on 2026-11-23; issue 34);
 # strict: once the result is re-run and committed, this marker fails and must go.
-STALE = pytest.mark.xfail(strict=True, reason="results/passkey committed before the change that moved it (issue 34)")
+STALE = pytest.mark.xfail(strict=True, reason="results/passkey's committed tables are stale (issue 34)")
 
 
 @pytest.mark.slow  # minutes of CPU: one scheme trained as the committed result was, then compared
