@@ -5,17 +5,15 @@ test tokens within 2e-4 of transformers', every token within 5e-3, the same argm
 1e-3 where stored, the tokenizer's ids equal (BOS first). Slow; skipped where the package is not installed."""
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
 import numpy as np
 import pytest
 
 from models import packaged
+from tests.models import transformers_reference
+from tests.models.transformers_reference import check_tokenizer
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "gemma3"
 pytestmark = pytest.mark.slow
 
 
@@ -29,28 +27,13 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="module")
 def reference():
-    stored = np.load(FIXTURE / "reference.npz")
-    return {**{k: stored[k] for k in stored.files}, **json.loads((FIXTURE / "reference.json").read_text()),
-            "text": (FIXTURE / "wiki_test_6000.txt").read_text(encoding="utf-8")}
+    return transformers_reference.load("gemma3", "wiki_test_6000.txt")
 
 
 def check_scores(model, reference: dict) -> None:
-    ids = reference["ids"]
-    logits = jax.jit(lambda x: model(x))(jnp.asarray(ids)[None])[0]
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids[1:])[:, None], axis=-1)[:, 0], np.float64)
-    diff = nll - reference["nll"]
-    print(f"mean NLL {nll.mean():.6f} vs transformers {reference['nll'].mean():.6f} (difference {diff.mean():.2e}); "
-          f"largest per-token difference {np.abs(diff).max():.2e}")
-    assert abs(nll.mean() - reference["nll"].mean()) < 2e-4 and np.abs(diff).max() < 5e-3
-    np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, axis=-1)), reference["argmax"])
-    rows = np.asarray(logits)[reference["positions"]]
+    """The shared checks, and the logits within 1e-3 where the reference stores them."""
+    rows = transformers_reference.check_scores(model, reference)[reference["positions"]]
     np.testing.assert_allclose(np.take_along_axis(rows, reference["logit_index"], 1), reference["logits"], atol=1e-3)
-
-
-def check_tokenizer(tokenizer, reference: dict) -> None:
-    assert tokenizer.encode(reference["probe"]).ids == reference["probe_ids"].tolist()
-    assert tokenizer.encode(reference["text"]).ids[:1024] == reference["ids"].tolist()
 
 
 def test_models_hf_load_gives_transformers_scores(model_path, reference):

@@ -7,15 +7,13 @@ token forward pass of 135M parameters each); skipped where the package is not in
 from __future__ import annotations
 
 import importlib.util
-import json
 from pathlib import Path
 
-import jax
-import jax.numpy as jnp
-import numpy as np
 import pytest
 
-FIXTURE = Path(__file__).resolve().parents[1] / "fixtures" / "smollm2"
+from tests.models import transformers_reference
+from tests.models.transformers_reference import check_scores, check_tokenizer
+
 MODEL_FILE = "SmolLM2-135M-Instruct.Q4_1.gguf"
 pytestmark = pytest.mark.slow
 
@@ -33,27 +31,7 @@ def model_path() -> Path:
 
 @pytest.fixture(scope="module")
 def reference():
-    stored = np.load(FIXTURE / "reference.npz")
-    return {**{k: stored[k] for k in stored.files}, **json.loads((FIXTURE / "reference.json").read_text()),
-            "text": (FIXTURE / "wiki_test_20000.txt").read_text(encoding="utf-8")}
-
-
-def check_scores(model, ids: np.ndarray, reference: dict) -> None:
-    """Per-token NLL (float32 log-softmax, as the reference) and argmax against transformers'."""
-    logits = jax.jit(lambda x: model(x))(jnp.asarray(ids)[None])[0]
-    logp = jax.nn.log_softmax(logits.astype(jnp.float32), axis=-1)
-    nll = -np.asarray(jnp.take_along_axis(logp[:-1], jnp.asarray(ids[1:])[:, None], axis=-1)[:, 0], np.float64)
-    diff = nll - reference["nll"]
-    print(f"mean NLL {nll.mean():.6f} vs transformers {reference['nll'].mean():.6f} (difference {diff.mean():.2e}); "
-          f"largest per-token difference {np.abs(diff).max():.2e}")
-    assert abs(nll.mean() - reference["nll"].mean()) < 2e-4
-    assert np.abs(diff).max() < 5e-3
-    np.testing.assert_array_equal(np.asarray(jnp.argmax(logits, axis=-1)), reference["argmax"])
-
-
-def check_tokenizer(tokenizer, reference: dict) -> None:
-    assert tokenizer.encode(reference["probe"]).ids == reference["probe_ids"].tolist()
-    assert tokenizer.encode(reference["text"]).ids[:2048] == reference["ids"].tolist()
+    return transformers_reference.load("smollm2", "wiki_test_20000.txt")
 
 
 def test_models_hf_load_gives_transformers_scores(model_path, reference):
@@ -63,7 +41,7 @@ def test_models_hf_load_gives_transformers_scores(model_path, reference):
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)
     assert cfg.tie_embeddings and model.scheme.options.base == reference["rope_parameters"]["rope_theta"]
     check_tokenizer(tokenizer, reference)
-    check_scores(model, reference["ids"], reference)
+    check_scores(model, reference)
 
 
 def test_imported_run_gives_transformers_scores(model_path, reference, tmp_path):
@@ -75,4 +53,4 @@ def test_imported_run_gives_transformers_scores(model_path, reference, tmp_path)
     scoring = load_checkpoint(run, config, [2048], {})
     assert scoring.step == 0 and scoring.tokenizer.eos_id == 2  # <|im_end|>, the file's eos_token_id
     check_tokenizer(scoring.tokenizer.hf_tokenizer(), reference)
-    check_scores(scoring.model(), reference["ids"], reference)
+    check_scores(scoring.model(), reference)
