@@ -43,6 +43,16 @@ def checkpoint(tmp_path: Path, arch: str, change=None) -> Path:
     return folder
 
 
+def local_corpus(root: Path, lines: int = 300) -> Path:
+    """ROOT/corpus: train, valid and test files of `lines` short English lines (a local data source)."""
+    corpus = root / "corpus"
+    corpus.mkdir()
+    text = "\n".join(f"line {i} of a small corpus about tokens, windows and positions." for i in range(lines))
+    for split in ("train", "valid", "test"):
+        (corpus / f"{split}.txt").write_text(text + "\n")
+    return corpus
+
+
 def stored(arch: str, case: str):
     data = np.load(FIXTURES / arch / "logits.npz")
     return data[f"{case}_ids"], data[f"{case}_logits"]
@@ -119,11 +129,7 @@ def test_pretrained_tokenizer_encodes_text_as_a_file_holds_it_and_round_trips(tm
 
 
 def test_evaluate_an_imported_run_on_a_local_corpus(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    text = "\n".join(f"line {i} of a small corpus about tokens, windows and positions." for i in range(300))
-    for split in ("train", "valid", "test"):
-        (corpus / f"{split}.txt").write_text(text + "\n")
+    corpus = local_corpus(tmp_path)
     import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", data={"source": "local", "path": str(corpus)})
     records = evaluate(tmp_path / "run", [64, 128], max_tokens=2048)
     assert [r["eval_length"] for r in records] == [64, 128]

@@ -26,6 +26,7 @@ from experiment.train import init_from, train
 from models import hf
 from models.hf_mapping import HFError
 from tests.conftest import REPO, tiny_config
+from tests.experiment.convert.test_hf import local_corpus
 from tests.experiment.convert.test_hf import FIXTURES, ROPE_PARAMETERS, stored
 
 
@@ -33,11 +34,7 @@ from tests.experiment.convert.test_hf import FIXTURES, ROPE_PARAMETERS, stored
 def imported(tmp_path_factory):
     """The tiny llama checkpoint (window 64) as a run, evaluating a small local corpus."""
     root = tmp_path_factory.mktemp("imported")
-    corpus = root / "corpus"
-    corpus.mkdir()
-    text = "\n".join(f"line {i} of a small corpus about tokens, windows and positions." for i in range(200))
-    for split in ("train", "valid", "test"):
-        (corpus / f"{split}.txt").write_text(text + "\n")
+    corpus = local_corpus(root, lines=200)
     import_hf(FIXTURES / "llama", root / "run", data={"source": "local", "path": str(corpus)})
     return root / "run"
 

@@ -13,7 +13,7 @@ from experiment.evals import Request, evaluate_kinds, methods
 from experiment.store import records
 from experiment.store.run import RunDir
 from tests.conftest import run_entry
-from tests.experiment.convert.test_hf import checkpoint
+from tests.experiment.convert.test_hf import checkpoint, local_corpus
 
 
 def test_options_follow_the_length_and_a_method_sets_nothing_where_it_changes_nothing():
@@ -69,11 +69,7 @@ def test_unknown_methods_are_refused_naming_the_valid_ones():
 
 @pytest.fixture
 def imported(tmp_path):
-    corpus = tmp_path / "corpus"
-    corpus.mkdir()
-    text = "\n".join(f"line {i} of a small corpus about tokens, windows and positions." for i in range(300))
-    for split in ("train", "valid", "test"):
-        (corpus / f"{split}.txt").write_text(text + "\n")
+    corpus = local_corpus(tmp_path)
     return import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", data={"source": "local", "path": str(corpus)})
 
 
