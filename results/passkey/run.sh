@@ -1,11 +1,14 @@
 #!/usr/bin/env bash
 # Passkey retrieval at demo scale (configs/passkey.py): four schemes trained at L = 64 with half the
-# rows passkey examples, then exact-match retrieval at 64 ... 1024 and 5 depths (20 keys per cell).
+# rows passkey examples, then exact-match retrieval at 64 ... 1024 and 5 depths (20 keys per cell), each
+# scheme trained with seeds 0, 1, 2 (SEEDS): seed 0 in W/<scheme>, seed N in W/<scheme>_seed<N> (the
+# names sweep.py --seeds gives); the report pools each scheme's seeds (mean +- std, Wilson intervals).
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 W=${W:-runs/passkey}
 SCHEMES=${SCHEMES:-alibi rope nope kerple_log}
+SEEDS=${SEEDS:-0 1 2}
 if [ "${1:-}" = "--check" ]; then
   # Reproduction check (a few minutes): one scheme (CHECK_SCHEME) trained and evaluated as above in a
   # fresh folder (CHECK_DIR), its report compared cell by cell with the committed tables here; prints
@@ -17,9 +20,12 @@ if [ "${1:-}" = "--check" ]; then
   $PY eval_extrapolate.py --workdir "$C/$s" --passkey
   exec $PY report.py "$C/$s" --out "$C/report" --compare_with results/passkey --compare_tolerance "${CHECK_TOLERANCE:-0}"
 fi
-for s in $SCHEMES; do
-  $PY train.py --config "configs/passkey.py:$s" --workdir "$W/$s"
-  $PY eval_extrapolate.py --workdir "$W/$s" --passkey
+folder() { if [ "$2" = 0 ]; then echo "$W/$1"; else echo "$W/$1_seed$2"; fi; }
+for n in $SEEDS; do
+  for s in $SCHEMES; do
+    $PY train.py --config "configs/passkey.py:$s" --config.seed="$n" --workdir "$(folder "$s" "$n")"
+    $PY eval_extrapolate.py --workdir "$(folder "$s" "$n")" --passkey --skip_done
+  done
 done
-$PY report.py $(for s in $SCHEMES; do echo "$W/$s"; done) --out "$W/report"
+$PY report.py $(for s in $SCHEMES; do for n in $SEEDS; do folder "$s" "$n"; done; done) --out "$W/report"
 cp "$W"/report/* results/passkey/  # the report folder is the command's own; its files copied here beside this script
