@@ -2,8 +2,9 @@
 
 Every attention path against a float32 reference, per scheme and length (16k tokens in the full
 mode), with training and evaluation throughput, planned memory and `auto`'s choice; prints the rows
-as they come and writes selfcheck_<device>.json and .md to --out. Exit status 1 if a path the
-framework would use is wrong here (experiment/selfcheck/check.py says how each number is taken).
+as they come and writes selfcheck_<device>.json and .md to --out as it goes. Exit status 1 if a path
+the framework would use is wrong here, 3 if a kernel was refused here (named in the summary, with
+why), else 0 (experiment/selfcheck/check.py says how each number is taken).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)

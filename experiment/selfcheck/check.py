@@ -17,9 +17,11 @@ is compiled (GPU), its device check (models/attention/verify.py) runs first and 
 it is marked refused, as the framework refuses it. An error above its bound is WRONG (`judge`: the
 device check's rule, relative to XLA's own paths at that length), and any WRONG row makes the exit
 status 1: a path the framework would use (explicitly or as `auto`'s pick) computes something else on
-this machine.
+this machine; else a refused kernel makes it 3 (the summary names each, with why: the framework
+runs XLA's paths instead); else 0.
 
-Writes selfcheck_<device>.json (every number) and .md (the table) in the output folder.
+Writes selfcheck_<device>.json (every number) and .md (the table) in the output folder, after every
+(scheme, length) as it goes (`complete` false until the end), so that a crash keeps what was measured.
 """
 from __future__ import annotations
 
@@ -329,27 +331,55 @@ def device_guard(plan: Plan, path: str, scheme, length: int):
 
 # ---- the whole run ------------------------------------------------------------------------------------
 
+def write(result: dict, stem: pathlib.Path) -> None:
+    """The JSON and markdown files of `result` (as far as it goes), each written aside and renamed."""
+    for suffix, text in ((".json", json.dumps(result, indent=1)), (".md", markdown(result))):
+        aside = stem.with_name(stem.name + suffix + ".tmp")
+        aside.write_text(text)
+        aside.replace(stem.with_suffix(suffix))
+
+
+def summary(rows: list[dict]) -> tuple[str, int]:
+    """(the closing lines, the exit status): 1 where a path the framework would use is WRONG, else 3
+    where a kernel was refused on this device (named, with why: the run uses XLA's paths instead),
+    else 0."""
+    wrong = [r for r in rows if r["status"] == "WRONG"]
+    refused = [r for r in rows if r["status"] == "refused"]
+    lines = ["every path the framework would use is within tolerance" if not wrong else
+             f"{len(wrong)} WRONG row(s): " + "; ".join(f"{r['scheme']} L={r['length']} {r['path']}" for r in wrong)]
+    reasons: dict[str, list[str]] = {}
+    for r in refused:
+        reasons.setdefault(r["note"].removeprefix("refused: "), []).append(f"{r['scheme']} L={r['length']} {r['path']}")
+    lines += [f"refused here (XLA's paths used instead): {', '.join(where)}: {why}" for why, where in reasons.items()]
+    return "\n".join(lines), 1 if wrong else 3 if refused else 0
+
+
 def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
-    """Measure every row, write the JSON and markdown files, return (the result, the exit status)."""
+    """Measure every row, writing the JSON and markdown files after each (scheme, length) (a crash
+    keeps what was measured; `complete` says whether the run ended), and return (the result, the exit
+    status: `summary`'s)."""
     started, rows = time.time(), []
+    device = jax.devices()[0]
+    out = pathlib.Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    stem = out / f"selfcheck_{slug(device.device_kind)}{'_short' if plan.mode == 'short' else ''}"
+
+    def result(complete: bool) -> dict:
+        wrong = [r for r in rows if r["status"] == "WRONG"]
+        return {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
+                "jax": jax.__version__, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
+                "plan": dataclasses.asdict(plan), "floor": verify.FLOOR[plan.dtype], "cap": verify.CAP[plan.dtype],
+                "xla_factor": verify.XLA_FACTOR, "complete": complete,
+                "rows": rows, "wrong": len(wrong), "refused": sum(r["status"] == "refused" for r in rows),
+                "passed": not wrong}
     for scheme_name in plan.schemes:
         for length in plan.lengths:
             for row in rows_for(plan, scheme_name, length):
                 rows.append(row)
                 say(one_line(row))
-    wrong = [r for r in rows if r["status"] == "WRONG"]
-    device = jax.devices()[0]
-    result = {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
-              "jax": jax.__version__, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
-              "plan": dataclasses.asdict(plan), "floor": verify.FLOOR[plan.dtype], "cap": verify.CAP[plan.dtype],
-              "xla_factor": verify.XLA_FACTOR,
-              "rows": rows, "wrong": len(wrong), "passed": not wrong}
-    out = pathlib.Path(out_dir)
-    out.mkdir(parents=True, exist_ok=True)
-    stem = out / f"selfcheck_{slug(device.device_kind)}{'_short' if plan.mode == 'short' else ''}"
-    stem.with_suffix(".json").write_text(json.dumps(result, indent=1))
-    stem.with_suffix(".md").write_text(markdown(result))
-    say(f"wrote {stem}.json and {stem}.md: "
-        + ("every path the framework would use is within tolerance" if not wrong else
-           f"{len(wrong)} WRONG row(s): " + "; ".join(f"{r['scheme']} L={r['length']} {r['path']}" for r in wrong)))
-    return result, 1 if wrong else 0
+            write(result(False), stem)
+    final = result(True)
+    write(final, stem)
+    lines, status = summary(rows)
+    say(f"wrote {stem}.json and {stem}.md: {lines}")
+    return final, status

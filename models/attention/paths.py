@@ -4,7 +4,7 @@
               Lambda mask; stickbreaking.py for a stick-breaking scheme, chosen in dense.py)
   triangular  triangular.py: the row tiles on and below the diagonal, a hand-written backward pass
   blockwise   blockwise.py: tile by tile with an online softmax, O(T * block) memory, no dropout
-  fused       fused.py: `jax.nn.dot_product_attention` (cuDNN on GPU), no dropout
+  fused       fused.py: `jax.nn.dot_product_attention`, cuDNN on GPU (XLA's composite elsewhere), no dropout
   pallas      pallas.py: a flash-attention kernel (compiled on GPU, interpreted elsewhere)
 
 Each row's `accepts(traits, shape)` decides from the scheme's traits (posenc/traits.py) and the

@@ -174,11 +174,16 @@ def tuned(scheme: Scheme, dtype) -> Tuned:
 def kernel_verdict(scheme: Scheme, dtype, dropout: bool = False) -> Verdict:
     """Whether the compiled kernel may run `scheme` here: refused for a shape it cannot take, else
     the check's verdict on the launch the search chose (with `dropout`, the check of its attention
-    dropout too)."""
+    dropout too); a search that fails is an "error" verdict (XLA's paths are used), not an exception."""
     why = refusal(scheme.dims.head_dim, dtype, shared_memory_limit())
     if why:
         return Verdict.refused(why)
-    result = tuned(scheme, dtype)
+    try:
+        result = tuned(scheme, dtype)
+    except Exception as e:  # noqa: BLE001 - a search that fails is no kernel, never the end of the run
+        subject = verify.describe("pallas", scheme, dtype, None)
+        return Verdict(False, "error", f"the launch search for {subject} failed: {verify.first_line(e)}",
+                       subject=subject)
     if dropout and result.verdict.ok:
         return verify.verified("pallas+dropout", scheme, dtype, result.launch)
     return result.verdict

@@ -66,16 +66,51 @@ def test_a_wrong_path_fails_the_run(tmp_path, monkeypatch):
     assert "**FAIL**" in (tmp_path / "selfcheck_cpu_short.md").read_text()
 
 
+def test_a_refused_kernel_is_named_with_why_and_makes_the_status_3(tmp_path, monkeypatch):
+    """A kernel the device check refuses (here: the interpreter standing in for a GPU whose check
+    failed) is a row marked refused, named in the closing line with the reason, exit status 3."""
+    from models.attention import choice, pallas, verify
+    monkeypatch.setattr(pallas, "interpreted", lambda: False)
+    monkeypatch.setattr(choice, "device_verdict", lambda *args: verify.Verdict(False, "mismatch", "dq wrong (planted)"))
+    monkeypatch.setattr(choice, "launch", lambda *args: pallas.Launch(block=16, interpret=True))
+    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
+    monkeypatch.setattr(selfcheck, "PATHS", ("dense", "pallas"))
+    lines = []
+    result, status = selfcheck.run(selfcheck.make_plan(short=True, schemes="alibi", lengths="24"), tmp_path,
+                                   say=lines.append)
+    assert status == 3 and result["refused"] == 1 and result["complete"]
+    assert [r["status"] for r in result["rows"]] == ["ok", "refused"]
+    assert "refused here (XLA's paths used instead): alibi L=24 pallas: dq wrong (planted)" in lines[-1]
+
+
+def test_rows_are_written_as_they_finish_so_a_crash_keeps_them(tmp_path, monkeypatch):
+    real, calls = selfcheck.rows_for, []
+
+    def crash_on_the_second(plan, scheme, length):
+        calls.append(length)
+        if len(calls) == 2:
+            raise MemoryError("killed")
+        return real(plan, scheme, length)
+    monkeypatch.setattr(selfcheck, "rows_for", crash_on_the_second)
+    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
+    monkeypatch.setattr(selfcheck, "PATHS", ("dense",))
+    with pytest.raises(MemoryError):
+        selfcheck.run(selfcheck.make_plan(short=True, schemes="alibi", lengths="24,40"), tmp_path, say=lambda x: None)
+    saved = json.loads((tmp_path / "selfcheck_cpu_short.json").read_text())
+    assert not saved["complete"] and [(r["length"], r["status"]) for r in saved["rows"]] == [(24, "ok")]
+    assert "| `alibi` | 24 |" in (tmp_path / "selfcheck_cpu_short.md").read_text()
+
+
 def test_rows_are_judged_against_xla_paths_within_floor_and_cap():
     rows = [dict(path="dense", status="ok", forward_error=0.004, gradient_error=0.005),
             dict(path="blockwise", status="ok", forward_error=0.006, gradient_error=0.009),
-            dict(path="pallas", status="ok", forward_error=0.011, gradient_error=0.0269),
+            dict(path="pallas", status="ok", forward_error=0.011, gradient_error=0.0899),
             dict(path="fused", status="n/a"),
             dict(path="pallas", status="refused", forward_error=0.5, gradient_error=0.5)]
-    selfcheck.judge(rows, "bfloat16")  # bounds: 3 x the largest of XLA's, 0.006 and 0.009
+    selfcheck.judge(rows, "bfloat16")  # bounds: 10 x the largest of XLA's, 0.006 and 0.009
     assert [r["status"] for r in rows] == ["ok", "ok", "ok", "n/a", "refused"]
-    assert rows[0]["forward_bound"] == pytest.approx(0.018) and rows[0]["gradient_bound"] == pytest.approx(0.027)
-    rows[2]["gradient_error"] = 0.0271
+    assert rows[0]["forward_bound"] == pytest.approx(0.06) and rows[0]["gradient_bound"] == pytest.approx(0.09)
+    rows[2]["gradient_error"] = 0.0901
     selfcheck.judge(rows, "bfloat16")
     assert rows[2]["status"] == "WRONG"
     far_off = [dict(path="dense", status="ok", forward_error=0.2, gradient_error=0.001)]

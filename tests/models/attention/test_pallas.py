@@ -186,20 +186,23 @@ def test_training_step_with_pallas_attention_equals_dense():
 @pytest.mark.parametrize("name", BIAS_SCHEMES + ["rope", "logn", "nope", "pope"])
 def test_kernel_lowers_to_triton_for_a_gpu(name):
     """Pallas' Triton lowering runs without a GPU: the forward and backward kernels of every scheme
-    (the paper model's head size, bfloat16, dropout, a vmap over rows as training's per-row keys
-    make it) are lowered for CUDA. What it cannot check here is Triton's own compilation to PTX."""
-    b, t, h, d = 2, 320, 8, 64  # 5 blocks: the whole-sequence blocks need not be a power of 2
-    dims = posenc.ModelDims(d_model=h * d, num_heads=h, head_dim=d, num_layers=1, train_length=512)
-    graphdef, state = nnx.split(posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0)))
-    pos = jnp.arange(t, dtype=jnp.int32)[None]
+    (bfloat16, dropout, a vmap over rows as training's per-row keys make it) are lowered for CUDA at
+    head sizes 64 and 128 and at L = 512 (training), 16,384 and 65,536 (evaluation). What it cannot
+    check here is Triton's own compilation to PTX."""
+    b, h = 2, 8
+    for d in (64, 128):
+        dims = posenc.ModelDims(d_model=h * d, num_heads=h, head_dim=d, num_layers=1, train_length=512)
+        graphdef, state = nnx.split(posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0)))
+        for t in (512, 16384, 65536):
+            pos = jnp.arange(t, dtype=jnp.int32)[None]
 
-    def row(state, q, k, v, key):
-        return pallas_attention(q[None], k[None], v[None], pos, pos, nnx.merge(graphdef, state), Dropout(0.1, key),
-                                Launch(interpret=False))[0].astype(jnp.float32).sum()
+            def row(state, q, k, v, key):
+                return pallas_attention(q[None], k[None], v[None], pos, pos, nnx.merge(graphdef, state),
+                                        Dropout(0.1, key), Launch(interpret=False))[0].astype(jnp.float32).sum()
 
-    def loss(state, q, k, v, keys):
-        return jax.vmap(row, in_axes=(None, 0, 0, 0, 0))(state, q, k, v, keys).sum()
-    x = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)
-    lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
-        state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
-    assert lowered.as_text().count("xla.gpu.triton") == 3  # forward, dQ, dK / dV
+            def loss(state, q, k, v, keys):
+                return jax.vmap(row, in_axes=(None, 0, 0, 0, 0))(state, q, k, v, keys).sum()
+            x = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)
+            lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
+                state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
+            assert lowered.as_text().count("xla.gpu.triton") == 3, (d, t)  # forward, dQ, dK / dV
