@@ -1,4 +1,4 @@
-"""Run this first on a new machine (CPU, GPU or TPU): python selfcheck.py [--short] [--out DIR]
+"""Run this first on a new machine (CPU, GPU or TPU): python selfcheck.py [--short] [--shape paper] [--out DIR]
 
 Every attention path against a float32 reference, per scheme and length (16k tokens in the full
 mode), with training and evaluation throughput, planned memory and `auto`'s choice; prints the rows
@@ -19,6 +19,8 @@ from experiment.cli import define_numbers, parse_flags, run_cleanly
 from experiment.selfcheck.check import LENGTHS, MEMORY_GB, make_plan, run
 
 flags.DEFINE_bool("short", False, "the short plan (tiny model, 2 schemes, 2 lengths): CI's machine, a minute")
+flags.DEFINE_enum("shape", "small", ["small", "paper"], "the timed decoder's attention shape: small (4 heads of "
+                  "64) or paper (the ALiBi paper's 8 heads of 128, L = 512, 4,096 and 16,384)")
 flags.DEFINE_string("schemes", "", "comma-separated schemes (default: the plan's)")
 define_numbers("lengths", [], "comma-separated lengths (default: the plan's)", domain=LENGTHS,
                example="--lengths=512,4096")
@@ -35,7 +37,7 @@ def main(argv):
     del argv
     status = []
     run_cleanly(lambda: status.append(run(make_plan(FLAGS.short, FLAGS.schemes, FLAGS.lengths, FLAGS.dtype,
-                                                    FLAGS.memory_gb), FLAGS.out)[1]))
+                                                    FLAGS.memory_gb, FLAGS.shape), FLAGS.out)[1]))
     sys.exit(status[0] if status else 2)
 
 

@@ -118,10 +118,15 @@ def usable_attention_kinds(kinds: list[str], model: dict) -> tuple[list[str], li
 def measure(setting: Setting, builders: dict, tokens_per_step: int, flops_per_step: float,
             base: dict) -> list[dict]:
     """Build every runner (name -> zero-argument builder), time them in turns, one row each."""
-    runners, errors = {}, {}
+    from models.attention import choice
+    runners, errors, used = {}, {}, {}
     for name, build in builders.items():
         try:
+            choice.PICKED.clear()
             runners[name] = build()
+            if name.startswith("ours"):
+                runners[name]()  # compiled now: the attention path it runs is known (auto's pick)
+                used[name] = choice.picked()
         except Exception as e:  # noqa: BLE001 - recorded in the row
             errors[name] = common.error_text(e)
     args = setting.args
@@ -132,7 +137,7 @@ def measure(setting: Setting, builders: dict, tokens_per_step: int, flops_per_st
     for name in builders:
         row = {**base, "runner": name, "tokens_per_s": tps.get(name), "step_ms": None, "mfu": None,
                "mfu_datasheet": None, "over_theirs_eager": None, "over_theirs_compiled": None,
-               "error": errors.get(name)}
+               "attention_used": used.get(name), "error": errors.get(name)}
         if name in tps:
             step_s = tokens_per_step / tps[name]
             row.update(step_ms=1e3 * step_s, mfu=flops_per_step / step_s / setting.peak,
@@ -147,8 +152,8 @@ def measure(setting: Setting, builders: dict, tokens_per_step: int, flops_per_st
     return rows
 
 
-COLUMNS = ["model", "scheme", "seq_len", "batch", "dropout", "runner", "tokens_per_s", "step_ms", "mfu",
-           "over_theirs_eager", "over_theirs_compiled", "error"]
+COLUMNS = ["model", "scheme", "seq_len", "batch", "dropout", "runner", "attention_used", "tokens_per_s", "step_ms",
+           "mfu", "over_theirs_eager", "over_theirs_compiled", "error"]
 
 
 def print_rows(rows: list[dict], header: bool = True) -> None:

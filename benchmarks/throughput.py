@@ -16,13 +16,17 @@ from experiment.runtime.host_memory import keep_freed_host_memory
 
 
 def bench_scheme(scheme: str, seq_len: int, batch: int, dtype: str, repeats: int) -> dict:
+    from models.attention import choice
+    choice.PICKED.clear()
     run_train, step, state, tokens, graphdef = common.train_runner(scheme, seq_len, batch, dtype)
     train_stats = common.compiled_stats(step, state["params"], state["opt"], tokens, tokens, 0)
+    attention = choice.picked()  # the path the training step runs (auto's pick), traced just now
     train_s = common.median_seconds(run_train, repeats)
     score = common.scorer(graphdef)
     eval_s = common.median_seconds(lambda: score(state["params"], tokens), repeats)
     n = batch * seq_len
-    return {"scheme": scheme, "train_tokens_per_s": n / train_s, "eval_tokens_per_s": n / eval_s,
+    return {"scheme": scheme, "attention": attention, "train_tokens_per_s": n / train_s,
+            "eval_tokens_per_s": n / eval_s,
             "train_gflop_per_step": train_stats["flops"] / 1e9,
             "train_gflop_per_s": train_stats["flops"] / train_s / 1e9}
 
@@ -44,8 +48,8 @@ def main():
         row["share_of_matmul_peak"] = row["train_gflop_per_s"] * 1e9 / peak
         rows.append(row)
         common.print_table([row], list(row))
-    cols = ["scheme", "train_tokens_per_s", "eval_tokens_per_s", "train_gflop_per_step", "train_gflop_per_s",
-            "share_of_matmul_peak"]
+    cols = ["scheme", "attention", "train_tokens_per_s", "eval_tokens_per_s", "train_gflop_per_step",
+            "train_gflop_per_s", "share_of_matmul_peak"]
     print()
     common.print_table(rows, cols)
     path = common.write("throughput", {"model": common.BENCH_MODEL, "seq_len": args.seq_len, "batch": args.batch,

@@ -94,8 +94,15 @@ def _lengths(lengths: str | Sequence[int]) -> tuple[int, ...]:
     return tuple(out)
 
 
+SHAPES = {  # selfcheck.py --shape: the attention heads of the timed decoder, and the lengths measured
+    "small": {},  # the full plan's own: 4 heads of 64
+    "paper": dict(model=dict(num_layers=2, d_model=1024, num_heads=8, mlp_dim=4096, vocab_size=256),
+                  lengths=(512, 4096, 16384)),  # the ALiBi paper's 8 heads of 128, L = 512 and evaluation
+}
+
+
 def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[int] = "", dtype: str = "",
-              memory_gb: float = 0.0) -> Plan:
+              memory_gb: float = 0.0, shape: str = "small") -> Plan:
     """The full plan (up to 16k tokens; 16,384 tokens per timed step on an accelerator; on a CPU
     4,096, fewer repeats, and no timing beyond 4,096 tokens, where one training step takes minutes)
     or the short one (tiny, for CI's machine), with any of its lists or settings replaced. A length
@@ -115,6 +122,10 @@ def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[in
                     step_tokens=16384 if accelerator else 4096, interpreter_max_length=1024,
                     timed_max_length=0 if accelerator else 4096,
                     model=dict(num_layers=2, d_model=256, num_heads=4, mlp_dim=1024, vocab_size=256))
+    if shape not in SHAPES:
+        raise ValueError(f"flag --shape={shape}: one of {', '.join(SHAPES)}")
+    if not short:
+        base.update(SHAPES[shape])
     return Plan(schemes=tuple(schemes.split(",")) if schemes else base["schemes"],
                 lengths=lengths or base["lengths"],
                 dtype=dtype or ("bfloat16" if accelerator else "float32"),
@@ -372,12 +383,19 @@ def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
                 "xla_factor": verify.XLA_FACTOR, "complete": complete,
                 "rows": rows, "wrong": len(wrong), "refused": sum(r["status"] == "refused" for r in rows),
                 "passed": not wrong}
-    for scheme_name in plan.schemes:
-        for length in plan.lengths:
-            for row in rows_for(plan, scheme_name, length):
-                rows.append(row)
-                say(one_line(row))
-            write(result(False), stem)
+    cells = [(scheme_name, length) for scheme_name in plan.schemes for length in plan.lengths]
+    say(f"{len(cells)} (scheme, length) cells x {len(measured_paths())} paths; the time left is printed after "
+        f"each cell, from the cells done")
+    for done, (scheme_name, length) in enumerate(cells, 1):
+        for row in rows_for(plan, scheme_name, length):
+            rows.append(row)
+            say(one_line(row))
+        write(result(False), stem)
+        if done < len(cells):
+            spent = time.time() - started
+            left = spent / done * (len(cells) - done)
+            say(f"{done}/{len(cells)} cells in {spent / 60:.1f} min; about {left / 60:.0f} min left (longer lengths "
+                f"take longer)")
     final = result(True)
     write(final, stem)
     lines, status = summary(rows)

@@ -11,6 +11,7 @@ A run is resumed from its newest readable checkpoint and sees the same batches i
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import pathlib
 from typing import Callable, NamedTuple
@@ -30,6 +31,7 @@ from experiment.train import init_from
 from experiment.train.metrics import MetricsLog, Throughput, TrainingDiverged
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import is_stochastic, make_train_step, micro_batching
+from models.attention import choice
 from models.attention.choice import runs_per_device
 
 log = logging.getLogger(__name__)
@@ -213,8 +215,11 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
     batch = _batches(config, setup.tokenizer, setup.stream, mesh)
 
     if start < end:  # compile first, and refuse a step that cannot fit before running it
+        choice.PICKED.clear()
         with _out_of_memory_explained(advice_args):
             compiled = step_fn.lower(params, opt_state, *batch(start), _scalar(start, mesh)).compile()
+        throughput = dataclasses.replace(throughput, attention=choice.picked())
+        log.info("attention (model.attention=%s): %s", config.model.attention, throughput.attention)
         interrupts.check(lambda: _kept(run, "interrupted while compiling the training step"))
         advice = accelerator.memory_advice(accelerator.program_bytes(compiled),
                                            accelerator.device_memory_limit(), **advice_args)

@@ -34,6 +34,7 @@ class Throughput:
     flops_per_token: float
     peak_tflops: float | None  # per device; None where unknown (CPU): no mfu
     devices: int
+    attention: str = ""  # the attention path the compiled step runs (models/attention/choice.picked)
 
 
 class MetricsLog:
@@ -79,11 +80,12 @@ class MetricsLog:
                   "tokens_per_s": tokens_per_s,
                   **({"mfu": tp.flops_per_token * tokens_per_s / (tp.peak_tflops * 1e12 * tp.devices)}
                      if tp.peak_tflops else {}),
-                  memory_key: round(memory_gb, 3)}
+                  memory_key: round(memory_gb, 3),
+                  **({"attention": tp.attention} if tp.attention else {})}
         if self.run.writer:
             self.file.write(json.dumps(record) + "\n")
             self.file.flush()
-            self.board.scalars({f"train/{k}": v for k, v in record.items() if k != "step"}, step)
+            self.board.scalars({f"train/{k}": v for k, v in record.items() if k not in ("step", "attention")}, step)
         mfu = record.get("mfu")
         self.bar.set_postfix(loss=f"{record['loss']:.3f}", tok_s=f"{tokens_per_s:.0f}",
                              **({"mfu": f"{mfu:.1%}"} if mfu else {}), mem=f"{memory_gb:.1f}GB")

@@ -4,7 +4,9 @@ decides.
 `model.attention` names a path of `paths.PATHS` or leaves the choice to `auto`, which takes, in
 `AUTO_ORDER`, the first path whose row accepts the call and that it wants there: the Pallas kernel
 on GPU, once the kernel has passed its numerical check on the device (verify.py, with the launch
-configuration tuning.py chose; a failure is printed in one line and XLA's paths are kept); else
+configuration tuning.py chose; a failure is printed in one line and XLA's paths are kept) and where
+its forward and backward pass beats the XLA path auto would take instead at the call's shape
+(`kernel_wins`: tuning.race, timed once per device and shape, cached; a loss said in one line); else
 blockwise for long sequences (`is_long`); else triangular unless the scheme's bias does work per key
 (`bias_work_per_key`, which row tiles would repeat); else dense. An explicit path is asked the same
 (its row's refusal is raised), and one whose row says it is `checked` here (`pallas` compiled on GPU,
@@ -59,6 +61,15 @@ def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], length:
     raise ValueError(PATHS[AUTO_ORDER[-1]].accepts(traits, shape))
 
 
+PICKED: dict[int, str] = {}  # sequence length -> the path `choose` last gave calls of that length
+
+
+def picked() -> str:
+    """The paths chosen so far in this process, by length ('triangular at 512 tokens'; '' for none),
+    for the records of what ran (training's metrics.jsonl)."""
+    return ", ".join(f"{kind} at {length} tokens" for length, kind in sorted(PICKED.items()))
+
+
 def lambda_masked(model_cfg: Any) -> bool:
     """Whether LM-Infinite's Lambda mask is on (`model.attention_sinks` or `attention_window` set;
     models/attention/lambda_mask.py)."""
@@ -72,8 +83,15 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     raises its refusal, and so does one checked on this device whose kernel fails the check here
     (`model.attention_check`)."""
     shape = Shape(scheme.name, positions_BxT.shape[1], dropping, lambda_masked(cfg))
+
+    def kernel() -> bool:  # usable here (checked), and faster than what auto runs otherwise at this shape
+        rival = attention_path(cfg.attention, cfg.attention_block, scheme, shape.length, dropping=dropping,
+                               masked=shape.masked)
+        return (kernel_usable(scheme, dtype, dropping)
+                and kernel_wins(scheme, dtype, positions_BxT.shape[0], shape.length, rival, cfg.attention_block))
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, shape.length, dropping=dropping,
-                          masked=shape.masked, kernel=lambda: kernel_usable(scheme, dtype, dropping))
+                          masked=shape.masked, kernel=kernel)
+    PICKED[shape.length] = kind
     if cfg.attention != "auto":
         PATHS[kind].refuse(scheme.traits, shape)
         if checked_here(kind) and _setting(cfg, "attention_check"):
@@ -106,6 +124,28 @@ def launch(kind: str, scheme: Scheme, dtype) -> pallas.Launch | None:
 
 
 _SAID: set = set()
+
+
+def kernel_wins(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int) -> bool:
+    """Whether the (checked) kernel's forward and backward pass is faster than XLA's path `rival`
+    (what `auto` takes without it) for calls of `rows` x `length` on this device (tuning.race: timed
+    once per device, scheme, dtype and shape, cached). Where it is not, or the race fails, said once,
+    in one line, with both times."""
+    try:
+        result = tuning.race(scheme, dtype, rows, length, rival, block)
+    except Exception as e:  # noqa: BLE001 - a race that cannot run: XLA's path, said once
+        line = (f"model.attention=auto: the Pallas kernel for {scheme.name!r} could not be timed "
+                f"({verify.first_line(e)})")
+        result = None
+    else:
+        line = (f"model.attention=auto: the Pallas kernel for {scheme.name!r} takes {result['kernel_ms']:.3g} ms "
+                f"against {rival}'s {result['rival_ms']:.3g} ms (forward and backward, {result['shape'][0]} x "
+                f"{result['shape'][1]} tokens)")
+    wins = result is not None and result["kernel_ms"] < result["rival_ms"]
+    if not wins and line not in _SAID:
+        _SAID.add(line)
+        print(f"{line}; using {rival}")
+    return wins
 
 
 def kernel_usable(scheme: Scheme, dtype, dropping: bool = False) -> bool:

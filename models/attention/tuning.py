@@ -8,7 +8,8 @@ tiles of 32, 64 or 128 rows (queries and keys alike; 16 where none of those fits
 for tiles of 64 rows or more), 2 or 3 stages (1 where 2 does not fit), kept where the kernels'
 shared memory (`shared_memory_need`, an estimate) fits the device's (`shared_memory_limit`). Each is compiled and timed on a forward and
 backward pass (`SEARCH_SHAPE`); one that fails to compile is dropped with its error; from the
-fastest down, the first that passes the numerical check (verify.py) is chosen. Head dimensions the
+fastest down, the first that passes the numerical check (verify.py) is chosen (each timed as
+repeats inside one compiled loop, `loop_seconds`, so that dispatch does not decide). Head dimensions the
 kernel cannot take, or for which no candidate fits, are refused with the reason (`refusal`).
 
 The result is cached like the check's verdicts (in memory and in JAX's compilation cache folder,
@@ -18,7 +19,6 @@ from __future__ import annotations
 
 import dataclasses
 import os
-import statistics
 import time
 
 import jax
@@ -27,7 +27,8 @@ import numpy as np
 from flax import nnx
 
 from models.attention import pallas, verify
-from models.attention.pallas import Launch, pallas_attention
+from models.attention.pallas import Launch
+from models.attention.paths import PATHS, Call
 from models.attention.verify import Verdict
 from posenc import Scheme
 
@@ -38,6 +39,7 @@ SHARED_MEMORY_KB = {(7, 0): 96, (7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 7): 163
                     (10, 0): 227, (10, 3): 227, (12, 0): 99}
 DEFAULT_SHARED_MEMORY_KB = 99  # a device not in the table: the smallest of current GPUs
 SEARCH_SHAPE = (2, 1024)  # sequences and tokens of the timed forward and backward pass
+LOOP_SECONDS = 0.05  # each timing repeats the pass inside one compiled loop for at least this long
 
 
 @dataclasses.dataclass(frozen=True)
@@ -100,28 +102,53 @@ def refusal(head_dim: int, dtype, limit: int) -> str | None:
     return why
 
 
-def measure(scheme: Scheme, dtype, launch: Launch, repeats: int = 5) -> float:
-    """Median seconds of one forward and backward pass of the kernel with `launch` on SEARCH_SHAPE,
-    compiled ahead of time (raises if it does not compile)."""
-    b, t = SEARCH_SHAPE
+def loop_seconds(step, args, min_seconds: float = LOOP_SECONDS, max_repeats: int = 1000) -> float:
+    """Seconds per call of `step(*args)` (a pytree of arrays out), timed as repeats inside one compiled
+    loop (no dispatch between them), enough of them to last `min_seconds`. Each repeat's inputs are
+    moved by the loop's carry (by ~1e-30: the same values) and every output is summed into it, so
+    that XLA can neither hoist the call out of the loop nor drop any of its work."""
+    def many(n, args):
+        def body(i, carry):
+            moved = jax.tree.map(lambda x: x + (carry * 1e-30).astype(x.dtype)
+                                 if jnp.issubdtype(x.dtype, jnp.floating) else x, args)
+            return carry + sum(jnp.sum(leaf.astype(jnp.float32)) for leaf in jax.tree.leaves(step(*moved)))
+        return jax.lax.fori_loop(0, n, body, jnp.float32(0))
+    compiled = jax.jit(many).lower(np.int32(1), args).compile()
+    jax.block_until_ready(compiled(np.int32(1), args))
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(np.int32(1), args))
+    once = max(time.perf_counter() - start, 1e-7)
+    repeats = int(min(max_repeats, max(1, -(-min_seconds // once))))
+    start = time.perf_counter()
+    jax.block_until_ready(compiled(np.int32(repeats), args))
+    return (time.perf_counter() - start) / repeats
+
+
+def pass_seconds(path: str, scheme: Scheme, dtype, shape: tuple[int, int], launch: Launch | None = None,
+                 block: int | None = None) -> float:
+    """Seconds of one forward and backward pass (gradients of q, k, v and the scheme's parameters) of
+    attention path `path` of PATHS for `scheme` on `shape` (rows, tokens) in `dtype`, `loop_seconds`
+    (raises if it does not compile)."""
+    rows, length = shape
     with jax.ensure_compile_time_eval():
         scheme = verify.concrete(scheme)
         x = jnp.asarray(np.random.default_rng(0).standard_normal(
-            (b, t, scheme.dims.num_heads, scheme.dims.head_dim)), dtype)
-    pos = np.broadcast_to(np.arange(t, dtype=np.int32), (b, t))
+            (rows, length, scheme.dims.num_heads, scheme.dims.head_dim)), dtype)
+    pos = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))  # concrete, even inside a trace
     graphdef, params, rest = nnx.split(scheme, nnx.Param, ...)
+    row = PATHS[path]
+    call = dict(launch=launch, **({"block": block} if block else {}))
 
     def loss(params, q, k, v):
-        out = pallas_attention(q, k, v, pos, pos, nnx.merge(graphdef, params, rest), launch=launch)
+        out = row.run(q, k, v, Call(pos, pos, nnx.merge(graphdef, params, rest), **call))
         return out.astype(jnp.float32).sum()
-    step = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).lower(params, x, x, x).compile()
-    jax.block_until_ready(step(params, x, x, x))
-    times = []
-    for _ in range(repeats):
-        start = time.perf_counter()
-        jax.block_until_ready(step(params, x, x, x))
-        times.append(time.perf_counter() - start)
-    return statistics.median(times)
+    return loop_seconds(jax.grad(loss, argnums=(0, 1, 2, 3)), (params, x, x, x))
+
+
+def measure(scheme: Scheme, dtype, launch: Launch) -> float:
+    """Seconds of one forward and backward pass of the kernel with `launch` on SEARCH_SHAPE
+    (`pass_seconds`: repeats in one compiled loop; raises if it does not compile)."""
+    return pass_seconds("pallas", scheme, dtype, SEARCH_SHAPE, launch)
 
 
 def search(scheme: Scheme, dtype, launches: list[Launch], timer=None) -> Tuned:
@@ -198,3 +225,43 @@ def device_launch(scheme: Scheme, dtype) -> Launch:
     if refusal(scheme.dims.head_dim, dtype, shared_memory_limit()):
         return Launch(interpret=False)
     return tuned(scheme, dtype).launch or Launch(interpret=False)
+
+
+# ---- the kernel against XLA's paths, at the shape that runs ------------------------------------------
+
+_RACES: dict[str, dict] = {}
+
+
+def race_shape(rows: int, length: int, tokens: int = 65536) -> tuple[int, int]:
+    """The (rows, tokens) a race times for calls of `rows` x `length`: the length as it is, the rows
+    cut so that at most `tokens` tokens run (both paths scale alike with rows), at least one."""
+    return max(1, min(rows, tokens // max(length, 1))), length
+
+
+def race(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int | None = None) -> dict:
+    """{"kernel_ms", "rival_ms", "shape"}: one forward and backward pass of the kernel (with the
+    launch the device search chose) and of XLA's path `rival` (what `auto` runs without the kernel)
+    at `race_shape(rows, length)`, once per key (device, scheme, dtype, sources, shape, rival) in this
+    process and on this machine, like the check's verdicts. A rival that does not run: the kernel wins."""
+    shape = race_shape(rows, length)
+    launch = device_launch(scheme, dtype)
+    key = f"{verify.cache_key('race', scheme, dtype, launch)}-{rival}-r{shape[0]}-L{shape[1]}"
+    if key not in _RACES:
+        saved = verify.read_cached(key)
+        if saved is None:
+            kernel = pass_seconds("pallas", scheme, dtype, shape, launch)
+            try:
+                other = pass_seconds(rival, scheme, dtype, shape, block=block)
+            except Exception:  # noqa: BLE001 - e.g. out of memory at this length: the kernel runs
+                other = float("inf")
+            saved = {"kernel_ms": kernel * 1e3, "rival_ms": other * 1e3, "shape": list(shape), "rival": rival}
+            verify.write_cached(key, saved)
+        _RACES[key] = saved
+    return _RACES[key]
+
+
+def kernel_faster(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int | None = None) -> bool:
+    """Whether the kernel's forward and backward pass beats XLA's path `rival` at this shape (`race`);
+    a race that cannot run: False (XLA's path is kept), said by the caller."""
+    result = race(scheme, dtype, rows, length, rival, block)
+    return result["kernel_ms"] < result["rival_ms"]

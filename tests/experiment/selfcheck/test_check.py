@@ -31,7 +31,9 @@ def test_the_short_table_on_cpu(tmp_path, monkeypatch):
     assert saved["rows"] == result["rows"] and saved["plan"]["lengths"] == [40]
     table = (tmp_path / "selfcheck_cpu_short.md").read_text()
     assert "**PASS**" in table and table.count("\n| `alibi` | 40 |") == 2
-    assert len(lines) == 3 and lines[-1].startswith("wrote ")
+    assert len(lines) == 4 and lines[0].startswith("1 (scheme, length) cells x 2 paths") and lines[-1].startswith("wrote ")
+    paper = selfcheck.make_plan(shape="paper")  # the ALiBi paper's heads: 8 of 128
+    assert paper.model["num_heads"] == 8 and paper.head_dim == 128 and paper.lengths == (512, 4096, 16384)
 
 
 @pytest.mark.slow  # ~1-5 minutes on 2 cores: every path of the short plan, and the entry point

@@ -127,6 +127,8 @@ def test_nag_optimizer_and_warmup_from_init_lr(tmp_path):
     assert records[0]["lr"] < 1e-6  # warm-up starts at 1e-7 (float32 schedule arithmetic)
     assert records[4]["lr"] == pytest.approx(0.3)
     assert records[-1]["loss"] < records[0]["loss"] - 0.3
+    seq_len = config.train.seq_len  # the attention path the compiled step runs, in every record
+    assert {r["attention"] for r in records} == {f"triangular at {seq_len} tokens"}
 
 
 def test_resume_refuses_a_different_config(tmp_path):

@@ -33,6 +33,8 @@ def gpu(monkeypatch, tmp_path):
     monkeypatch.setattr(pallas, "interpreted", lambda: False)
     monkeypatch.setattr(tuning, "candidates", lambda *args: [LAUNCH])
     monkeypatch.setattr(tuning, "measure", lambda *args: 1e-3)
+    monkeypatch.setattr(tuning, "pass_seconds", lambda path, *args, **kwargs: 1e-3 if path == "pallas" else 2e-3)
+    monkeypatch.setattr(tuning, "_RACES", {})
     monkeypatch.setattr(verify, "cache_folder", lambda: tmp_path / "kernel_checks")
     monkeypatch.setattr(verify, "_VERDICTS", {})
     monkeypatch.setattr(tuning, "_TUNED", {})
@@ -75,7 +77,9 @@ def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatc
     assert _choose_inside_a_trace(AUTO, scheme) == "pallas"
     assert _choose_inside_a_trace(AUTO, scheme, dropping=True) == "pallas"  # its dropout checked too
     files = {"-".join(p.name.split("-")[:2]): p for p in gpu.iterdir()}
-    assert sorted(files) == ["check-pallas", "check-pallas+dropout", "search-pallas"]
+    assert sorted(files) == ["check-pallas", "check-pallas+dropout", "race-pallas", "search-pallas"]
+    raced = json.loads(files["race-pallas"].read_text())  # kernel against triangular at the call's 1 x 16
+    assert raced == {"kernel_ms": 1.0, "rival_ms": 2.0, "shape": [1, 16], "rival": "triangular"}
     dropped = json.loads(files["check-pallas+dropout"].read_text())
     assert dropped["status"] == "passed" and dropped["errors"]["dv"] < 1e-5
     saved = json.loads(files["check-pallas"].read_text())
@@ -112,3 +116,39 @@ def test_head_dimensions_the_compiled_kernel_cannot_take_are_refused_without_run
     q = jnp.zeros((1, 16, 2, 24), jnp.bfloat16)
     with pytest.raises(ValueError, match="not 24"):  # the kernel itself, compiled, refuses too
         pallas.pallas_attention(q, q, q, POS, POS, scheme, launch=Launch(interpret=False))
+
+
+def test_auto_keeps_xlas_path_where_the_kernel_is_slower_there_and_says_so_once(gpu, monkeypatch, capsys):
+    """A kernel that passes its check but loses the race against the path auto would take otherwise
+    at the call's shape (FIRE's in-kernel MLP, say) is not taken; one line says both times."""
+    monkeypatch.setattr(tuning, "pass_seconds", lambda path, *args, **kwargs: 3e-3 if path == "pallas" else 2e-3)
+    scheme = _scheme("kerple_log")
+    assert _choose_inside_a_trace(AUTO, scheme) == "triangular"
+    assert _choose_inside_a_trace(AUTO, scheme) == "triangular"
+    out = capsys.readouterr().out
+    assert out.count("\n") == 1 and "takes 3 ms against triangular's 2 ms" in out and out.endswith("using triangular\n")
+    assert choice.choose(dataclasses.replace(AUTO, attention="pallas"), scheme, POS, jnp.float32,
+                         dropping=False) == "pallas"  # asked for explicitly: the kernel, however fast
+
+
+def test_the_race_times_repeats_inside_one_compiled_loop():
+    calls = []
+
+    def step(x):
+        calls.append(1)  # traced once, whatever the repeats
+        return {"y": jnp.tanh(x) * 2.0}
+    seconds = tuning.loop_seconds(step, (jnp.ones((64, 64)),), min_seconds=0.01)
+    assert 0 < seconds < 0.01 and len(calls) == 1
+    assert tuning.race_shape(32, 512) == (32, 512) and tuning.race_shape(32, 16384) == (4, 16384)
+    assert tuning.race_shape(1, 131072) == (1, 131072)
+
+
+def test_a_race_runs_from_inside_a_models_trace():
+    """`choose` races the kernel at trace time: the race's inputs are concrete there (interpreter,
+    tiny shape; the time itself means nothing here)."""
+    scheme = _scheme("alibi")
+    graphdef, state = nnx.split(scheme)
+    seconds = []
+    jax.jit(lambda state: seconds.append(tuning.pass_seconds("triangular", nnx.merge(graphdef, state), jnp.float32,
+                                                             (1, 16))) or 0.0).trace(state)
+    assert seconds[0] > 0
