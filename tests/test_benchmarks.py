@@ -89,3 +89,18 @@ def test_hf_load_memory_writes_a_checkpoint_that_loads(tmp_path):
     model, _ = hf.load(tmp_path, dtype="bfloat16")
     leaves = jax.tree.leaves(nnx.state(model, nnx.Param))
     assert sum(x.size for x in leaves) == total // 2 and all(x.dtype == jnp.bfloat16 for x in leaves)
+
+
+def test_first_contact_tiny_compares_our_kernel_and_jaxs_with_the_reference(monkeypatch):
+    """benchmarks.first_contact --tiny on CPU: our kernel and jax's own Pallas flash attention (both
+    interpreted) within bfloat16 rounding of the float32 reference and of each other; cuDNN named
+    as not here; jax's kernel says it takes no bias for alibi."""
+    from benchmarks import first_contact
+    monkeypatch.setitem(first_contact.TINY, "shapes", ((2, 64),))
+    rows = {(r["scheme"], r["path"]): r for r in first_contact.main(["--tiny", "--schemes", "nope,alibi"])}
+    errors = {key: r["error"] for key, r in rows.items() if r["error"] is not None}
+    assert set(errors) == {("nope", "ours (pallas)"), ("nope", "jax pallas mha"), ("alibi", "ours (pallas)")}
+    assert all(0 < e < 1e-2 for e in errors.values())
+    assert errors[("nope", "ours (pallas)")] == errors[("nope", "jax pallas mha")]  # the same rounding
+    assert rows[("alibi", "cudnn")]["note"] == rows[("nope", "cudnn")]["note"] == "cuDNN is on NVIDIA GPUs only"
+    assert rows[("alibi", "jax pallas mha")]["note"] == "takes no bias"
