@@ -104,3 +104,18 @@ def test_first_contact_tiny_compares_our_kernel_and_jaxs_with_the_reference(monk
     assert errors[("nope", "ours (pallas)")] == errors[("nope", "jax pallas mha")]  # the same rounding
     assert rows[("alibi", "cudnn")]["note"] == rows[("nope", "cudnn")]["note"] == "cuDNN is on NVIDIA GPUs only"
     assert rows[("alibi", "jax pallas mha")]["note"] == "takes no bias"
+
+
+def test_kernel_cost_counts_the_per_logit_operations_of_the_lowered_kernels():
+    """benchmarks.kernel_cost on nope's kernel (lowered for CUDA here): three kernels with the two or
+    more products each, one exp per logit, and the dropout hash's integer work on top."""
+    from benchmarks import kernel_cost
+    asm = ('%1 = arith.mulf %a, %b : tensor<64x64xf32>\n%2 = tt.splat %c : f32 -> tensor<64x64xf32>\n'
+           '%3 = tt.extern_elementwise %1 {symbol = "__nv_expf"} : (tensor<64x64xf32>) -> tensor<64x64xf32>\n'
+           '%4 = arith.xori %x, %y : tensor<64x64xi32>\n%5 = arith.addf %s, %t : tensor<64xf32>')
+    assert kernel_cost.tile_ops(asm, 64) == {"float": 1, "transcendental": 1, "int": 1}
+    plain = [kernel_cost.tile_ops(m, 64) for m in kernel_cost.lowered_kernels("nope", 64, 64, dropout=False)]
+    dropped = [kernel_cost.tile_ops(m, 64) for m in kernel_cost.lowered_kernels("nope", 64, 64, dropout=True)]
+    assert len(plain) == len(dropped) == 3
+    assert [c["dot"] for c in plain] == [2, 3, 4] and all(c["transcendental"] == 1 for c in plain)
+    assert all(d["int"] >= p["int"] + 8 for p, d in zip(plain, dropped))  # the hash: ~10 integer ops per logit
