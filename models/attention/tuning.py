@@ -259,9 +259,3 @@ def race(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int |
         _RACES[key] = saved
     return _RACES[key]
 
-
-def kernel_faster(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int | None = None) -> bool:
-    """Whether the kernel's forward and backward pass beats XLA's path `rival` at this shape (`race`);
-    a race that cannot run: False (XLA's path is kept), said by the caller."""
-    result = race(scheme, dtype, rows, length, rival, block)
-    return result["kernel_ms"] < result["rival_ms"]
