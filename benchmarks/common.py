@@ -284,8 +284,21 @@ def traced_ms(run, steps: int, categories: dict[str, str], skip=lambda name: Fal
 
 # ---- results
 
+def cpu_model() -> dict:
+    """The CPU's model name, core count and widest vector extension (/proc/cpuinfo; {} elsewhere):
+    ratios against a PyTorch peer depend on the CPU (benchmarks/README.md, the fair table)."""
+    try:
+        text = pathlib.Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return {}
+    name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
+    flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
+    vector = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "")
+    return {"cpu": name, "cores": os.cpu_count(), "vector": vector}
+
+
 def machine() -> dict:
-    return {"platform": platform.platform(), "processor": platform.processor(), "jax": jax.__version__,
+    return {"platform": platform.platform(), "processor": platform.processor(), **cpu_model(), "jax": jax.__version__,
             "devices": [str(d) for d in jax.devices()]}
 
 

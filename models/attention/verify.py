@@ -54,6 +54,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import hashlib
+import importlib
 import inspect
 import json
 import os
@@ -368,7 +369,7 @@ def source_digest(scheme: Scheme) -> str:
     """A hash of the source of the kernels and their check (CHECKED_SOURCES) and of the module of
     every scheme in `scheme`'s chain (a wrapper's inner schemes too): an edit to any of them keys
     its verdicts anew."""
-    modules = [sys.modules[name] for name in CHECKED_SOURCES if name in sys.modules]
+    modules = [importlib.import_module(name) for name in CHECKED_SOURCES]  # the same set in every process
     current = scheme
     while current is not None:
         modules.append(sys.modules[type(current).__module__])
