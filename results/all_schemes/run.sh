@@ -13,7 +13,7 @@ STEPS=${STEPS:-600}
 if [ "${1:-}" = "--seeds" ]; then
   # The leading rows at 16L (SEEDED, default the three the README ranks first) trained with seeds 0, 1,
   # 2 (SEEDS) beside the table's own runs (seed 0: the same run), one table of them in seeds/ (the
-  # other rows read "–" there); about 45 min on 2 CPU cores.
+  # other rows read "–" there); 19 min on 2 CPU cores (2026-11-26).
   $PY sweep.py --config configs/all_schemes.py --table --workdir "$W" --schemes "${SEEDED:-stickbreaking,fox,transformer_xl}" \
     --seeds "${SEEDS:-0,1,2}" --out "$W/report_seeds" --config.train.steps="$STEPS" --config.train.checkpoint_every=200
   mkdir -p results/all_schemes/seeds && cp "$W"/report_seeds/all_schemes.* results/all_schemes/seeds/
