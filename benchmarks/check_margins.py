@@ -36,6 +36,8 @@ def kernel_schemes(length: int) -> list[str]:
 
 
 def margins(verdict) -> dict[str, float]:
+    # verify.margins, restated so that this script also runs against a check from before it (the
+    # "before" table of benchmarks/README.md was taken on a worktree of cc15824)
     return {n: (verdict.tolerances[n] / e if e else math.inf)
             for n, e in verdict.errors.items() if n in verdict.tolerances}
 

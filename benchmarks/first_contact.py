@@ -26,6 +26,7 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
+from experiment.selfcheck.table import slug
 from models.attention import pallas, tuning
 from models.attention.pallas import Launch
 
@@ -34,29 +35,34 @@ SHAPES = ((8, 512), (1, 4096), (1, 16384))  # (rows, tokens)
 TINY = dict(heads=2, head_dim=16, shapes=((2, 64), (1, 128)))
 
 
+def positions(q) -> jax.Array:
+    """0, 1, ... for every row of q (B x T x H x K): B x T."""
+    return jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+
+
 def reference(q, k, v, scheme):
     """Causal dense attention in float32 at the highest precision, in query chunks (experiment's
     self-check reference): the numbers every path is compared with."""
     from experiment.selfcheck.check import reference_attention
-    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+    pos = positions(q)
     with jax.default_matmul_precision("highest"):
         return reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), pos, pos, scheme)
 
 
 def ours(q, k, v, scheme, launch):
-    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+    pos = positions(q)
     return pallas.pallas_attention(q, k, v, pos, pos, scheme, launch=launch)
 
 
 def jax_mha(q, k, v, scheme, interpret):
     from jax.experimental.pallas.ops.gpu.attention import mha
-    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+    pos = positions(q)
     q, k = scheme.rotate(q, k, pos, pos)
     return mha(q, k, v, None, sm_scale=1 / math.sqrt(q.shape[-1]), causal=True, interpret=interpret)
 
 
 def cudnn(q, k, v, scheme):
-    pos = jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
+    pos = positions(q)
     q, k = scheme.rotate(q, k, pos, pos)
     bias = scheme.bias(q, k, pos, pos)
     if bias is not None:
@@ -126,8 +132,7 @@ def main(argv=None) -> list[dict]:
                 common.print_table([row], list(row))
     device = jax.devices()[0].device_kind
     if not args.tiny:
-        slug = "".join(c if c.isalnum() else "_" for c in device.lower())
-        print(f"wrote {common.write(f'first_contact_{slug}', {'device': device, 'rows': rows})}")
+        print(f"wrote {common.write(f'first_contact_{slug(device)}', {'device': device, 'rows': rows})}")
     print()
     common.print_table(rows, ["scheme", "path", "rows", "tokens", "error", "tflop_per_s", "note"])
     return rows

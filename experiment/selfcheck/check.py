@@ -41,6 +41,7 @@ import posenc
 from experiment.config import TrainConfig
 from experiment.runtime.accelerator import device_memory_limit, program_bytes
 from experiment.selfcheck.table import markdown, one_line, slug
+from experiment.store.files import write_atomically
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import make_train_step
 from models import DecoderLM
@@ -344,10 +345,8 @@ def device_guard(plan: Plan, path: str, scheme, length: int):
 
 def write(result: dict, stem: pathlib.Path) -> None:
     """The JSON and markdown files of `result` (as far as it goes), each written aside and renamed."""
-    for suffix, text in ((".json", json.dumps(result, indent=1)), (".md", markdown(result))):
-        aside = stem.with_name(stem.name + suffix + ".tmp")
-        aside.write_text(text)
-        aside.replace(stem.with_suffix(suffix))
+    write_atomically(stem.with_suffix(".json"), json.dumps(result, indent=1))
+    write_atomically(stem.with_suffix(".md"), markdown(result))
 
 
 def summary(rows: list[dict]) -> tuple[str, int]:

@@ -32,7 +32,6 @@ from experiment.train.metrics import MetricsLog, Throughput, TrainingDiverged
 from experiment.train.optimizer import make_optimizer
 from experiment.train.step import is_stochastic, make_train_step, micro_batching
 from models.attention import choice
-from models.attention.choice import runs_per_device
 
 log = logging.getLogger(__name__)
 
@@ -196,7 +195,7 @@ def _train_loop(config: Config, run: RunDir, setup: _Setup, state: TrainState, m
         log.info("resuming %s from step %d", run.path, start)
     if run.writer:
         run.truncate_metrics(start)
-    per_device = runs_per_device(config.model, state.scheme, mesh.size)
+    per_device = choice.runs_per_device(config.model, state.scheme, mesh.size)
     step_fn = make_train_step(state.graphdef, setup.tx, config.seed + 1, micro_steps=micro_steps,
                               per_example_keys=is_stochastic(config.model, state.scheme),
                               grad_shardings=state.param_shardings, rng_impl=tc.dropout_rng,

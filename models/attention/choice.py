@@ -85,10 +85,11 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     shape = Shape(scheme.name, positions_BxT.shape[1], dropping, lambda_masked(cfg))
 
     def kernel() -> bool:  # usable here (checked), and faster than what auto runs otherwise at this shape
+        if not kernel_usable(scheme, dtype, dropping):
+            return False
         rival = attention_path(cfg.attention, cfg.attention_block, scheme, shape.length, dropping=dropping,
                                masked=shape.masked)
-        return (kernel_usable(scheme, dtype, dropping)
-                and kernel_wins(scheme, dtype, positions_BxT.shape[0], shape.length, rival, cfg.attention_block))
+        return kernel_wins(scheme, dtype, positions_BxT.shape[0], shape.length, rival, cfg.attention_block)
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, shape.length, dropping=dropping,
                           masked=shape.masked, kernel=kernel)
     PICKED[shape.length] = kind
