@@ -14,6 +14,9 @@ WORKDIR/report); --schemes then names the runs to train and evaluate this time (
 
     python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes
     python sweep.py --config configs/all_schemes.py --table --workdir runs/all_schemes --schemes fox --seeds 0,1,2
+
+--keep FILE (with --table): rows whose runs are not under WORKDIR take their numbers from an earlier
+table's all_schemes.json measured under the same protocol, so that a few rows can be re-run alone.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -41,6 +44,8 @@ flags.DEFINE_multi_string("grid", [], "KEY=v1,v2: also sweep this config key (re
 flags.DEFINE_boolean("table", False, "train and evaluate the rows of the --config file's get_table() "
                      "(configs/all_schemes.py: every scheme and the notable options) and write one table of them")
 flags.DEFINE_string("out", None, "--table: the report's folder (default: WORKDIR/report)")
+flags.DEFINE_string("keep", None, "--table: an earlier table's all_schemes.json, measured under the same protocol: "
+                    "rows whose runs are not under WORKDIR keep its numbers (re-run only --schemes)")
 flags.mark_flags_as_required(["config", "workdir"])
 FLAGS = flags.FLAGS
 
@@ -50,6 +55,8 @@ def main(argv):
 
     def go():
         if FLAGS.table:
+            if FLAGS.keep and not FLAGS.schemes:
+                raise ValueError("--keep keeps the rows not re-run: name those to re-run with --schemes")
             if FLAGS.train_lengths or FLAGS.grid:
                 raise ValueError("--table trains every scheme at the config's train.seq_len; drop --train_lengths "
                                  "and --grid")
@@ -59,12 +66,14 @@ def main(argv):
                 raise ValueError(f"--table: {config_path} has no get_table() (the table's rows); give a config that "
                                  f"has one: --config configs/all_schemes.py")
             paths = build_table(FLAGS.config, get_table(), FLAGS.workdir, FLAGS.out, FLAGS.schemes,
-                                where=f"{config_path}: get_table()", seeds=FLAGS.seeds)
+                                where=f"{config_path}: get_table()", seeds=FLAGS.seeds, keep=FLAGS.keep)
             print(f"table: {paths['md']}, {paths['png']}, {paths['json']}")
             if paths["failed"]:
                 raise ValueError(f"{len(paths['failed'])} run(s) failed (their cells say so; see the log above): "
                                  + "; ".join(f"{k}: {v}" for k, v in paths["failed"].items()))
             return
+        if FLAGS.keep:
+            raise ValueError("--keep belongs to --table (an earlier table's rows); drop it")
         schemes = FLAGS.schemes or [FLAGS.config.posenc.name]
         check_scheme_options(sys.argv, [run_config(FLAGS.config, s, None).posenc for s in schemes])
         bad = [g for g in FLAGS.grid if "=" not in g]

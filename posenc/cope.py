@@ -26,8 +26,10 @@ def interpolate_logits(z_BxHxTxP: jax.Array, p_BxHxTxS: jax.Array) -> jax.Array:
     w = p_BxHxTxS - lo
     lo_i = lo.astype(jnp.int32)
     hi_i = jnp.minimum(lo_i + 1, num - 1)
-    z_lo = jnp.take_along_axis(z_BxHxTxP, lo_i, axis=-1)
-    z_hi = jnp.take_along_axis(z_BxHxTxP, hi_i, axis=-1)
+    # indices in range by construction: "clip" spares the gradient's scatter the masking of "fill"
+    # (measured: forward + backward of both lookups 115 -> 80 ms at 8 x 8 heads x 256 x 256, 2 CPU cores)
+    z_lo = jnp.take_along_axis(z_BxHxTxP, lo_i, axis=-1, mode="clip")
+    z_hi = jnp.take_along_axis(z_BxHxTxP, hi_i, axis=-1, mode="clip")
     return (1.0 - w) * z_lo + w * z_hi
 
 

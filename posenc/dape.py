@@ -8,6 +8,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from posenc import pair_mlp
 from posenc.base import ModelDims
 from posenc.fire import _torch_linear_init
 from posenc.options.wrappers import DapeOptions
@@ -37,7 +38,7 @@ class Dape(Wrapper):
     MLP, ours (`fire`) the FIRE authors' ReLU.
 
     Hook: `transform_logits`, elementwise per pair, so blockwise evaluation applies it tile by tile
-    (the MLP's hidden units H at a time: no B x hidden x tile array). The triangular, fused
+    (its hidden layer within pair_mlp's budget: no unbounded B x tile x hidden array). The triangular, fused
     and Pallas paths, which add a bias and nothing else, refuse it.
     """
     family = "wrapper"
@@ -70,24 +71,17 @@ class Dape(Wrapper):
         return None  # a kernel that adds the base bias alone would miss the refinement
 
     def transform_logits(self, scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS):
-        bias = (jnp.zeros_like(scores_BxHxTxS) if bias_BxHxTxS is None
-                else jnp.broadcast_to(bias_BxHxTxS, scores_BxHxTxS.shape).astype(jnp.float32))
+        bias = (jnp.zeros((1, scores_BxHxTxS.shape[1], 1, 1), jnp.float32) if bias_BxHxTxS is None
+                else bias_BxHxTxS.astype(jnp.float32))
         return scores_BxHxTxS + bias + self.refinement(scores_BxHxTxS, bias)
 
 
 @jax.jit
 def refine(scores_BxHxTxS, bias_BxHxTxS, w1_2HxW, b1_W, w2_WxH, b2_H):
-    """W2 LeakyReLU(W1 [S, B] + b1) + b2 for every pair, B x H x T x S, one hidden unit after the
-    other (`fori_loop`, elementwise sums over the heads that XLA fuses), so that no intermediate is
-    larger than the scores themselves (B x hidden x tile would be hidden / H times that). Jitted, so
-    that an eager call compiles it once per shape."""
+    """W2 LeakyReLU(W1 [S, B] + b1) + b2 for every pair, B x H x T x S, as matrix products over the
+    heads and the hidden units (posenc/pair_mlp.py: activations recomputed for the backward pass, and
+    no hidden-layer array above its budget). The bias enters at its own shape (one row where it is
+    shared), so its product is computed once. Jitted, so that an eager call compiles it once per shape."""
     h = scores_BxHxTxS.shape[1]
-    heads = (slice(None), None, None)
-
-    def add_unit(u, out):
-        pre = ((scores_BxHxTxS * w1_2HxW[:h, u][heads]).sum(1) + (bias_BxHxTxS * w1_2HxW[h:, u][heads]).sum(1)
-               + b1_W[u])
-        return out + w2_WxH[u][heads] * jax.nn.leaky_relu(pre, LEAKY_SLOPE)[:, None]
-
-    start = jnp.broadcast_to(b2_H[heads], scores_BxHxTxS.shape).astype(jnp.float32)
-    return jax.lax.fori_loop(0, w1_2HxW.shape[1], add_unit, start)
+    return pair_mlp.apply((scores_BxHxTxS, bias_BxHxTxS), (w1_2HxW[:h], w1_2HxW[h:]), b1_W, w2_WxH,
+                          lambda x: jax.nn.leaky_relu(x, LEAKY_SLOPE)) + b2_H[:, None, None]

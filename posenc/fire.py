@@ -6,6 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from posenc import pair_mlp
 from posenc.base import ModelDims, Scheme
 from posenc.kernel_bias import BiasFunction
 from posenc.options.bias import FireOptions
@@ -66,21 +67,25 @@ class Fire(Scheme):
         return normalized_distance(self.c[...], self.threshold(), q_pos_BxT[:, :, None], k_pos_BxS[:, None, :])
 
     def mlp(self, x: jax.Array) -> jax.Array:
-        """f_theta on every element of x (any shape ...), ... -> H x ... (heads first).
-
-        Summed over hidden units one at a time so that no (..., hidden) array is materialised."""
-        w1, b1, w2 = self.w1[...], self.b1[...], self.w2[...]
-        extra = (slice(None),) + (None,) * x.ndim
-
-        def add_unit(u, total):
-            return total + w2[u][extra] * jax.nn.relu(w1[u] * x + b1[u])[None]
-
-        start = jnp.broadcast_to(self.b2[...][extra], (w2.shape[1], *x.shape))
-        return jax.lax.fori_loop(0, w1.shape[0], add_unit, start)
+        """f_theta on every element of x (B x T x S), B x H x T x S, as matrix products over chunks of
+        query rows (posenc/pair_mlp.py)."""
+        return pair_mlp.apply((x[:, None],), (self.w1[...][None],), self.b1[...], self.w2[...],
+                              jax.nn.relu) + self.b2[...][:, None, None]
 
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
-        x_BxTxS = self.normalized_distance(q_pos_BxT, k_pos_BxS)
-        return jnp.moveaxis(self.mlp(x_BxTxS), 0, 1)
+        """B x H x T x S. The bias is a function of positions alone, so where every row has the same
+        positions (training without position sampling, any evaluation) it is computed for one row and
+        broadcast: a B-fold saving of the MLP's work, chosen at run time (`lax.cond`)."""
+        def of(q_pos, k_pos):
+            return self.mlp(self.normalized_distance(q_pos, k_pos))
+
+        b = max(q_pos_BxT.shape[0], k_pos_BxS.shape[0])
+        if b == 1:
+            return of(q_pos_BxT, k_pos_BxS)
+        shape = (b, self.w2.shape[1], q_pos_BxT.shape[1], k_pos_BxS.shape[1])
+        alike = jnp.all(q_pos_BxT == q_pos_BxT[:1]) & jnp.all(k_pos_BxS == k_pos_BxS[:1])
+        return jax.lax.cond(alike, lambda: jnp.broadcast_to(of(q_pos_BxT[:1], k_pos_BxS[:1]), shape),
+                            lambda: jnp.broadcast_to(of(q_pos_BxT, k_pos_BxS), shape))
 
     def bias_fn(self):
         def tile(shared, head, q_pos_Qx1, k_pos_1xS):
@@ -88,7 +93,7 @@ class Fire(Scheme):
             w2, b2 = head
             x = normalized_distance(c, threshold, q_pos_Qx1, k_pos_1xS)
             out = jnp.broadcast_to(b2, x.shape)
-            for w1_u, b1_u, w2_u in zip(w1, b1, w2):  # the same order of summation as `mlp`
+            for w1_u, b1_u, w2_u in zip(w1, b1, w2):  # unrolled: the kernel gets scalars
                 out = out + w2_u * jax.nn.relu(w1_u * x + b1_u)
             return out
         # one leaf per hidden unit: the kernel gets scalars, never slices a vector

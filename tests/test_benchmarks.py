@@ -119,3 +119,11 @@ def test_kernel_cost_counts_the_per_logit_operations_of_the_lowered_kernels():
     assert len(plain) == len(dropped) == 3
     assert [c["dot"] for c in plain] == [2, 3, 4] and all(c["transcendental"] == 1 for c in plain)
     assert all(d["int"] >= p["int"] + 8 for p, d in zip(plain, dropped))  # the hash: ~10 integer ops per logit
+
+
+def test_throughput_times_each_schemes_logits_forward_and_backward():
+    """benchmarks.throughput's `logits_ms_per_layer`: one layer's logits with every hook of the scheme
+    (DAPE's transform: its MLP) differentiated, at a tiny shape."""
+    from benchmarks.throughput import logits_seconds
+    for scheme in ("nope", "dape"):
+        assert 0 < logits_seconds(scheme, 16, 2, 1) < 5

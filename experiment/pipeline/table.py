@@ -236,10 +236,11 @@ def evaluate_row(row: Row, run: RunDir, config: Config, spec: PasskeySpec) -> di
 
 def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path, out: str | pathlib.Path | None = None,
           only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(), where: str = "the study",
-          seeds: list[int] | None = None) -> dict:
+          seeds: list[int] | None = None, keep: str | pathlib.Path | None = None) -> dict:
     """Train and evaluate the run of every row of `study` (`rows`) under `root` (only the runs named in
     `only`, if given; once per seed of `seeds`, a seed other than the config's own in RUN_seed<N>,
-    which the report finds beside RUN), then write the report to `out` (default ROOT/report).
+    which the report finds beside RUN), then write the report to `out` (default ROOT/report); with `keep`
+    (an earlier table's all_schemes.json), rows whose runs are not under ROOT keep its numbers.
     Returns the report's paths and the runs that failed ({run folder: error})."""
     root = pathlib.Path(root)
     out = pathlib.Path(out) if out else root / "report"
@@ -280,7 +281,7 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
                 cannot_by_row[row.name] = evaluate_row(row, RunDir(workdir), config, spec)
 
     def write() -> None:
-        paths.update(_write(root, out, manifest, table, cannot_by_row, failed))
+        paths.update(_write(root, out, manifest, table, cannot_by_row, failed, keep))
 
     selected = {workdir: config for workdir, config in configs.items() if not only or run_of[workdir] in only}
     run_each(root, selected, work, failed=failed, after=write)
@@ -290,7 +291,7 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
 
 
 def _write(root: pathlib.Path, out: pathlib.Path, manifest: dict, table: list[Row], cannot_by_row: dict,
-           failed: dict) -> dict:
+           failed: dict, keep: str | pathlib.Path | None = None) -> dict:
     """The manifest with each row's impossible lengths (or its run's failure), then the report."""
     previous = _readable(report.read_manifest, root) if (root / report.MANIFEST).exists() else {"rows": []}
     kept = {r["name"]: r.get("cannot", {}) for r in previous["rows"]}  # rows not run this time keep theirs
@@ -301,7 +302,7 @@ def _write(root: pathlib.Path, out: pathlib.Path, manifest: dict, table: list[Ro
             entry["cannot"] = cannot_by_row.get(row.name, kept.get(entry["name"], {}))
     root.mkdir(parents=True, exist_ok=True)
     write_atomically(root / report.MANIFEST, json.dumps(manifest, indent=1))
-    return report.write(root, out)
+    return report.write(root, out, keep)
 
 
 def protocol(config: Config, spec: PasskeySpec) -> dict:

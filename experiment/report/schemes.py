@@ -126,16 +126,46 @@ def _row_numbers(seeds: list[tuple[list[dict], list[dict]]], row: dict, protocol
     return out
 
 
-def collect(root: str | pathlib.Path) -> dict:
+def read_kept(path: str | pathlib.Path, protocol: dict) -> dict:
+    """An earlier table's numbers (its all_schemes.json) for `keep`: {row name: row}, checked to have
+    been measured under `protocol` (the same training and evaluation); otherwise a one-line error."""
+    try:
+        earlier = json.loads(pathlib.Path(path).read_text())
+        rows, theirs = earlier["rows"], earlier["protocol"]
+    except (OSError, ValueError, KeyError, TypeError) as e:
+        raise ValueError(f"--keep {path}: not a table's all_schemes.json ({first_line(e)})") from None
+    differ = sorted(k for k in set(protocol) | set(theirs) if protocol.get(k) != theirs.get(k))
+    if differ:
+        raise ValueError(f"--keep {path} was measured under another protocol ({', '.join(differ)} differ): its rows "
+                         f"cannot stand beside these; re-run them instead (drop --keep)")
+    return {"rows": {r["name"]: r for r in rows}, "timings": earlier.get("timings", {}), "path": str(path)}
+
+
+def _kept_row(row: dict, kept: dict, lengths: list[int]) -> dict:
+    """A manifest row with the numbers of its row in an earlier table (JSON keys back to lengths)."""
+    by_length = {field: {int(k): v for k, v in kept.get(field, {}).items()}
+                 for field in ("ppl", "ratio", "passkey", "ppl_spread", "passkey_interval")}
+    missing = {int(k): why for k, why in kept.get("missing", {}).items()}
+    return {**row, **{k: v for k, v in by_length.items() if v or k in ("ppl", "ratio", "passkey")},
+            "step": kept.get("step", []), "kept": True,
+            **({"seed_runs": kept["seed_runs"]} if "seed_runs" in kept else {}),
+            "missing": {n: missing.get(n, row.get("cannot", {}).get(str(n), NOT_YET)) for n in lengths}}
+
+
+def collect(root: str | pathlib.Path, keep: dict | None = None) -> dict:
     """{protocol, rows}: each manifest row with `ppl`, `ratio` (to its own perplexity at L), `passkey`
     ({length: value}), `missing` ({length: why}) and `step`, sorted by perplexity at the longest
-    length (rows without one last, by name), then ranked."""
+    length (rows without one last, by name), then ranked. `keep` (read_kept: an earlier table's rows):
+    a row whose run has no folder under ROOT takes its numbers from there (marked `kept`)."""
     root = pathlib.Path(root)
     manifest = read_manifest(root)
     protocol, lengths = manifest["protocol"], manifest["protocol"]["lengths"]
     cache: dict[str, tuple[list[dict], list[dict]]] = {}
     rows = []
     for row in manifest["rows"]:
+        if keep and row["name"] in keep["rows"] and not (root / row["run"]).is_dir():
+            rows.append(_kept_row(row, keep["rows"][row["name"]], lengths))
+            continue
         folders = seed_runs(root, row["run"])
         for folder in folders:
             if folder not in cache:
@@ -149,7 +179,7 @@ def collect(root: str | pathlib.Path) -> dict:
     last = lengths[-1]
     rows.sort(key=lambda r: (last not in r["ppl"], r["ppl"].get(last, 0.0), r["name"]))
     rank_with_ties(rows, last)
-    return {"protocol": protocol, "rows": rows}
+    return {"protocol": protocol, "rows": rows, **({"kept_from": keep["path"]} if keep else {})}
 
 
 def rank_with_ties(rows: list[dict], length: int) -> None:
@@ -224,7 +254,7 @@ def table(collected: dict, timings: dict | None = None) -> str:
            f"over the row's own perplexity at L = {L}. `passkey`: exact-match accuracy, mean over depths "
            f"{', '.join(f'{d:g}' for d in protocol['passkey']['depths'])} ({protocol['passkey']['per_cell']} keys "
            f"each; chance {10.0 ** -protocol['passkey']['digits']:.0e}). –: not evaluated (yet).", "",
-           *seeds_note(rows, lengths[-1]), *lines, ""]
+           *seeds_note(rows, lengths[-1]), *kept_note(collected), *lines, ""]
     if notes:
         out += ["Cells that cannot exist:", ""] + [f"[{n}] {name}: {why}" for name, (n, why) in notes.items()] + [""]
     rules = [row for row in rows if row.get("rule")]
@@ -235,6 +265,16 @@ def table(collected: dict, timings: dict | None = None) -> str:
     if timings:
         out += timings_table(timings)
     return "\n".join(out)
+
+
+def kept_note(collected: dict) -> list[str]:
+    """A line naming the rows taken from an earlier table (`keep`) and the rows measured this time."""
+    kept = [row["name"] for row in collected["rows"] if row.get("kept")]
+    if not kept:
+        return []
+    fresh = [row["name"] for row in collected["rows"] if not row.get("kept")]
+    return [f"{len(kept)} rows are those of an earlier table measured under the same protocol "
+            f"({collected['kept_from']}); measured again this time: {', '.join(fresh) or 'none'}.", ""]
 
 
 def seeds_note(rows: list[dict], last: int) -> list[str]:
@@ -343,19 +383,26 @@ def as_json(collected: dict, timings: dict | None = None) -> dict:
              **{field: {str(k): v for k, v in row[field].items()} for field in ("ppl", "ratio", "passkey")},
              **({"seed_runs": row["seed_runs"], **{field: {str(k): v for k, v in row[field].items()}
                                                    for field in several[1:]}} if "seed_runs" in row else {}),
-             **({"tied": True} if row.get("tied") else {}),
+             **({"tied": True} if row.get("tied") else {}), **({"kept": True} if row.get("kept") else {}),
              "missing": {str(k): why for k, why in row["missing"].items()
                          if k not in row["ppl"] or k not in row["passkey"]}}
             for row in collected["rows"]]
-    return {"protocol": collected["protocol"], "rows": rows, "timings": timings or {}}
+    return {"protocol": collected["protocol"], "rows": rows, "timings": timings or {},
+            **({"kept_from": collected["kept_from"]} if "kept_from" in collected else {})}
 
 
-def write(root: str | pathlib.Path, out: str | pathlib.Path) -> dict:
-    """OUT/all_schemes.md, OUT/all_schemes.png and OUT/all_schemes.json from the table root ROOT."""
+def write(root: str | pathlib.Path, out: str | pathlib.Path, keep: str | pathlib.Path | None = None) -> dict:
+    """OUT/all_schemes.md, OUT/all_schemes.png and OUT/all_schemes.json from the table root ROOT; with
+    `keep` (an earlier table's all_schemes.json), rows whose runs are not under ROOT keep its numbers
+    and times."""
     root, out = pathlib.Path(root), pathlib.Path(out)
     output.claim(out, "report.py")
-    collected = collect(root)
+    kept = read_kept(keep, read_manifest(root)["protocol"]) if keep else None
+    collected = collect(root, kept)
     timings = read_timings(root)
+    if kept:
+        timings = {**{row["run"]: kept["timings"][row["run"]] for row in collected["rows"]
+                      if row.get("kept") and row["run"] in kept["timings"]}, **timings}
     with output.replacing(out, "report.py") as staging:
         (staging / "all_schemes.md").write_text(table(collected, timings))
         fig = figure(collected)

@@ -69,6 +69,7 @@ class Plan:
     interpreter_max_length: int
     timed_max_length: int  # longer sequences: errors only (0: time every length)
     memory_limit: int
+    minutes: float = 10.0  # no cell is started that would end past this (0: every cell)
 
     @property
     def head_dim(self) -> int:
@@ -77,6 +78,7 @@ class Plan:
 
 LENGTHS = at_least(1)  # selfcheck.py --lengths, each
 MEMORY_GB = at_least(0, note="0 = the default: 90% of the device, a quarter of the available memory on CPU")
+MINUTES = at_least(0, note="0 = no limit: every cell")
 
 
 def _lengths(lengths: str | Sequence[int]) -> tuple[int, ...]:
@@ -103,7 +105,7 @@ SHAPES = {  # selfcheck.py --shape: the attention heads of the timed decoder, an
 
 
 def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[int] = "", dtype: str = "",
-              memory_gb: float = 0.0, shape: str = "small") -> Plan:
+              memory_gb: float = 0.0, shape: str = "small", minutes: float = 10.0) -> Plan:
     """The full plan (up to 16k tokens; 16,384 tokens per timed step on an accelerator; on a CPU
     4,096, fewer repeats, and no timing beyond 4,096 tokens, where one training step takes minutes)
     or the short one (tiny, for CI's machine), with any of its lists or settings replaced. A length
@@ -111,6 +113,8 @@ def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[in
     limit would skip every row and report a pass)."""
     if not MEMORY_GB.test(memory_gb, {}):
         raise ValueError(f"flag --memory_gb={memory_gb:g}: must be {MEMORY_GB.describe({})} (e.g. --memory_gb=8)")
+    if not MINUTES.test(minutes, {}):
+        raise ValueError(f"flag --minutes={minutes:g}: must be {MINUTES.describe({})} (e.g. --minutes=30)")
     lengths = _lengths(lengths)
     accelerator = jax.default_backend() in ("gpu", "tpu")
     if short:
@@ -130,7 +134,7 @@ def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[in
     return Plan(schemes=tuple(schemes.split(",")) if schemes else base["schemes"],
                 lengths=lengths or base["lengths"],
                 dtype=dtype or ("bfloat16" if accelerator else "float32"),
-                memory_limit=int(memory_gb * 2**30) if memory_gb else default_memory_limit(),
+                memory_limit=int(memory_gb * 2**30) if memory_gb else default_memory_limit(), minutes=float(minutes),
                 **{k: v for k, v in base.items() if k not in ("schemes", "lengths")})
 
 
@@ -361,14 +365,68 @@ def summary(rows: list[dict]) -> tuple[str, int]:
     for r in refused:
         reasons.setdefault(r["note"].removeprefix("refused: "), []).append(f"{r['scheme']} L={r['length']} {r['path']}")
     lines += [f"refused here (XLA's paths used instead): {', '.join(where)}: {why}" for why, where in reasons.items()]
+    left = sorted({(r["scheme"], r["length"]) for r in rows if r["status"] == "not run"}, key=lambda c: (c[1], c[0]))
+    if left:
+        lines.append("not run within --minutes (--minutes=0 runs every cell): "
+                     + ", ".join(f"{scheme} L={length}" for scheme, length in left))
     return "\n".join(lines), 1 if wrong else 3 if refused else 0
+
+
+def earlier_seconds(stem: pathlib.Path, plan: Plan) -> dict:
+    """{(scheme, length): seconds} of an earlier run on this device with the same model, dtype and
+    step (its JSON in the output folder), for the estimate before the first cell; {} if there is none."""
+    try:
+        earlier = json.loads(stem.with_suffix(".json").read_text())
+        same = all(earlier["plan"][k] == v for k, v in dataclasses.asdict(plan).items()
+                   if k in ("model", "dtype", "step_tokens", "repeats", "timed_max_length", "mode"))
+        return {(c["scheme"], c["length"]): c["seconds"] for c in earlier.get("cell_seconds", [])} if same else {}
+    except (OSError, ValueError, KeyError, TypeError):
+        return {}
+
+
+def cell_seconds(cell: tuple[str, int], timings: list[dict], earlier: dict) -> float:
+    """The expected seconds of a cell: an earlier run's time for it; else the mean of the cells done at
+    its length; else the longest length done scaled by (length / that length)^2 (the reference and
+    the dense paths grow so); else 0 (nothing to go by)."""
+    if cell in earlier:
+        return earlier[cell]
+    same = [t["seconds"] for t in timings if t["length"] == cell[1]]
+    if same:
+        return sum(same) / len(same)
+    if not timings:
+        return 0.0
+    longest = max(t["length"] for t in timings)
+    at_longest = [t["seconds"] for t in timings if t["length"] == longest]
+    return sum(at_longest) / len(at_longest) * (cell[1] / longest) ** 2
+
+
+def estimate_text(cells: list, earlier: dict, minutes: float) -> str:
+    """The line before the first cell: the estimate from an earlier run here, or why there is none,
+    and the budget."""
+    budget = (f"no cell is started that would end past --minutes={minutes:g} (those left are named; "
+              f"--minutes=0 runs every cell)" if minutes else "every cell is run (--minutes=0)")
+    known = [earlier[c] for c in cells if c in earlier]
+    if len(known) == len(cells):
+        guess = f"about {sum(known) / 60:.0f} min by an earlier run on this device"
+    elif known:
+        guess = f"{len(known)} of them took {sum(known) / 60:.0f} min in an earlier run here, the others unknown"
+    else:
+        guess = "no earlier run here to estimate from: the time left is printed after each cell"
+    return f"{guess}; {budget}"
+
+
+def not_run(scheme_name: str, length: int, minutes: float) -> list[dict]:
+    """The rows of a cell the time budget leaves out, one per path."""
+    return [{"scheme": scheme_name, "length": length, "path": path, "auto": "", "status": "not run",
+             "note": f"past the time budget (--minutes={minutes:g}; --minutes=0 runs every cell)"}
+            for path in measured_paths()]
 
 
 def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
     """Measure every row, writing the JSON and markdown files after each (scheme, length) (a crash
     keeps what was measured; `complete` says whether the run ended), and return (the result, the exit
     status: `summary`'s)."""
-    started, rows = time.time(), []
+    started, rows, timings = time.time(), [], []
     device = jax.devices()[0]
     out = pathlib.Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -379,22 +437,34 @@ def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
         return {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
                 "jax": jax.__version__, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
                 "plan": dataclasses.asdict(plan), "floor": verify.FLOOR[plan.dtype], "cap": verify.CAP[plan.dtype],
-                "xla_factor": verify.XLA_FACTOR, "complete": complete,
+                "xla_factor": verify.XLA_FACTOR, "complete": complete, "cell_seconds": timings,
                 "rows": rows, "wrong": len(wrong), "refused": sum(r["status"] == "refused" for r in rows),
                 "passed": not wrong}
-    cells = [(scheme_name, length) for scheme_name in plan.schemes for length in plan.lengths]
-    say(f"{len(cells)} (scheme, length) cells x {len(measured_paths())} paths; the time left is printed after "
-        f"each cell, from the cells done")
+    # shortest lengths first, so that what the budget leaves out is the longest cells
+    cells = [(scheme_name, length) for length in sorted(plan.lengths) for scheme_name in plan.schemes]
+    earlier = earlier_seconds(stem, plan)
+    say(f"{len(cells)} (scheme, length) cells x {len(measured_paths())} paths, shortest first; "
+        + estimate_text(cells, earlier, plan.minutes))
     for done, (scheme_name, length) in enumerate(cells, 1):
+        begun = time.time()
         for row in rows_for(plan, scheme_name, length):
             rows.append(row)
             say(one_line(row))
+        timings.append({"scheme": scheme_name, "length": length, "seconds": time.time() - begun})
         write(result(False), stem)
-        if done < len(cells):
-            spent = time.time() - started
-            left = spent / done * (len(cells) - done)
-            say(f"{done}/{len(cells)} cells in {spent / 60:.1f} min; about {left / 60:.0f} min left (longer lengths "
-                f"take longer)")
+        if done == len(cells):
+            break
+        spent, rest = time.time() - started, cells[done:]
+        upcoming = cell_seconds(rest[0], timings, earlier)
+        if plan.minutes and spent + upcoming > plan.minutes * 60:
+            for scheme_name, length in rest:
+                rows.extend(not_run(scheme_name, length, plan.minutes))
+            say(f"{done}/{len(cells)} cells in {spent / 60:.1f} min; the next ({rest[0][0]} at {rest[0][1]:,}) "
+                f"would take about {upcoming / 60:.1f} min more, past --minutes={plan.minutes:g}: {len(rest)} "
+                f"cell(s) not run (--minutes=0 runs every cell)")
+            break
+        left = sum(cell_seconds(cell, timings, earlier) for cell in rest)
+        say(f"{done}/{len(cells)} cells in {spent / 60:.1f} min; about {left / 60:.0f} min left")
     final = result(True)
     write(final, stem)
     lines, status = summary(rows)

@@ -116,9 +116,9 @@ def _released_deberta_p2c(key_c, query_rel, kmax):
     return gathered.T
 
 
+@pytest.mark.parametrize("kmax", [3, 8])  # 3: distances clipped (a gather); 8: none (the diagonal read)
 @pytest.mark.parametrize("p2c_index", ["code", "paper"])
-def test_deberta_c2p_p2c_and_scaling_by_loops(p2c_index):
-    kmax = 3
+def test_deberta_c2p_p2c_and_scaling_by_loops(p2c_index, kmax):
     scheme = build("deberta", max_relative_positions=kmax, p2c_index=p2c_index)
     q, k = qk(7)
     pos = jnp.arange(7)[None]
@@ -146,6 +146,49 @@ def test_deberta_c2p_p2c_and_scaling_by_loops(p2c_index):
                     assert p2c == pytest.approx(released_p2c[i, j], abs=1e-5)
     # content: attention's q.k/sqrt(d) times logit_scale is q.k/sqrt(3d)
     assert float(scheme.logit_scale(pos, pos)) / math.sqrt(K) == pytest.approx(1 / math.sqrt(3 * K))
+
+
+def _gathered_products(x, rel, pos_a, pos_c, sign, low, high):
+    """_relative_products' definition, as a gather: x[b, a, h] . rel[clip(sign (pos_a - pos_c), low, high) - low, h]."""
+    index = np.clip(sign * (np.asarray(pos_a)[:, :, None] - np.asarray(pos_c)[:, None, :]), low, high) - low
+    rows = np.asarray(rel)[index]  # B x A x C x H x K
+    return np.einsum("bahk,bachk->bhac", np.asarray(x), rows)
+
+
+@pytest.mark.parametrize("sign", [1, -1])
+@pytest.mark.parametrize("case", ["contiguous", "offset", "clipped", "rows differ", "not contiguous", "wider"])
+def test_relative_products_read_along_diagonals_equal_the_gather_with_gradients(sign, case):
+    """Issue 35: DeBERTa's relative terms read along diagonals (slices, no gather, whose gradient is a
+    slow scatter on a CPU) where positions are shared and contiguous and nothing is clipped; otherwise
+    the gather. Values and gradients equal the gather's in every case."""
+    from posenc.relative_content import _relative_products
+    a, c, low, high = 5, 7, -8, 7
+    pos_a = np.broadcast_to(np.arange(a), (2, a)).copy()
+    pos_c = np.broadcast_to(np.arange(c), (2, c)).copy()
+    if case == "offset":
+        pos_a += 3
+    elif case == "clipped":
+        pos_a += 9
+    elif case == "rows differ":
+        pos_a[1] += 1
+    elif case == "not contiguous":
+        pos_c[:, -1] += 2
+    elif case == "wider":
+        low, high = -4, 3  # the A + C - 1 diagonals exceed the table's 8 rows
+    x = jax.random.normal(jax.random.key(0), (2, a, H, K))
+    rel = jax.random.normal(jax.random.key(1), (high - low + 1, H, K))
+    got = _relative_products(x, rel, jnp.asarray(pos_a), jnp.asarray(pos_c), sign, low, high)
+    np.testing.assert_allclose(got, _gathered_products(x, rel, pos_a, pos_c, sign, low, high), rtol=1e-5, atol=1e-5)
+    weights = jax.random.normal(jax.random.key(2), got.shape)
+
+    def loss(x, rel):
+        return (_relative_products(x, rel, jnp.asarray(pos_a), jnp.asarray(pos_c), sign, low, high) * weights).sum()
+
+    def loss_gathered(x, rel):
+        index = jnp.clip(sign * (jnp.asarray(pos_a)[:, :, None] - jnp.asarray(pos_c)[:, None, :]), low, high) - low
+        return (jnp.einsum("bahk,bachk->bhac", x, rel[index]) * weights).sum()
+    for ours, theirs in zip(jax.grad(loss, (0, 1))(x, rel), jax.grad(loss_gathered, (0, 1))(x, rel)):
+        np.testing.assert_allclose(ours, theirs, rtol=1e-4, atol=1e-4)
 
 
 def test_tupe_untied_absolute_plus_t5_by_loops():

@@ -123,3 +123,42 @@ def test_rows_of_several_seeds_show_mean_std_n_and_share_a_rank_where_their_inte
     assert data["alibi"]["seed_runs"] == ["alibi", "alibi_seed1", "alibi_seed2"] and data["alibi"]["tied"]
     assert data["alibi"]["ppl_spread"]["256"]["std"] == pytest.approx(0.2) and "seed_runs" not in data["rope"]
     assert "tied" not in data["rope"] and data["rope"]["rank"] == 4
+
+
+def test_keep_takes_the_rows_not_rerun_from_an_earlier_table_under_the_same_protocol_only(tmp_path):
+    """Issue 35: a few rows re-run alone (results/all_schemes/run.sh with ONLY) beside the committed
+    table's others: rows with a run folder are read from it, the others keep the earlier numbers and
+    times, the table says which are which, and an earlier table of another protocol is refused."""
+    first = tmp_path / "first"
+    write_run(first, "alibi", [ppl_record(n, p) for n, p in zip(LENGTHS, (5.0, 5.0, 5.1))],
+              passkey_records(64, (1, 1)))
+    write_run(first, "rope", [ppl_record(n, p) for n, p in zip(LENGTHS, (4.0, 6.0, 9.0))],
+              passkey_records(64, (1, 0)))
+    manifest = {"protocol": PROTOCOL, "rows": [row("alibi", "alibi", "relative"), row("rope", "rope", "relative")]}
+    (first / schemes.MANIFEST).write_text(json.dumps(manifest))
+    (first / schemes.TIMINGS).write_text(json.dumps({"alibi": {"train_wall_s": 60.0}, "rope": {"train_wall_s": 120.0}}))
+    earlier = schemes.write(first, tmp_path / "earlier")["json"]
+
+    again = tmp_path / "again"  # rope re-run alone, faster and with other numbers
+    write_run(again, "rope", [ppl_record(n, p) for n, p in zip(LENGTHS, (4.0, 5.0, 6.0))], passkey_records(64, (1, 1)))
+    (again / schemes.MANIFEST).write_text(json.dumps(manifest))
+    (again / schemes.TIMINGS).write_text(json.dumps({"rope": {"train_wall_s": 30.0}}))
+    paths = schemes.write(again, tmp_path / "out", keep=earlier)
+    data = json.loads(pathlib.Path(paths["json"]).read_text())
+    by_name = {r["name"]: r for r in data["rows"]}
+    assert by_name["alibi"]["ppl"] == {"64": 5.0, "128": 5.0, "256": 5.1} and by_name["alibi"]["kept"]
+    assert by_name["rope"]["ppl"] == {"64": 4.0, "128": 5.0, "256": 6.0} and "kept" not in by_name["rope"]
+    assert by_name["rope"]["passkey"] == {"64": 1.0} and by_name["alibi"]["passkey"] == {"64": 1.0}
+    assert data["timings"] == {"alibi": {"train_wall_s": 60.0}, "rope": {"train_wall_s": 30.0}}
+    assert [r["name"] for r in data["rows"]] == ["alibi", "rope"]  # ranked together: 5.1 < 6.0
+    text = pathlib.Path(paths["md"]).read_text()
+    assert f"1 rows are those of an earlier table measured under the same protocol ({earlier}); measured again " \
+           f"this time: rope." in text
+    assert schemes.write(again, tmp_path / "plain")["md"]  # without keep: alibi is "not evaluated yet"
+    plain = json.loads(pathlib.Path(tmp_path / "plain" / "all_schemes.json").read_text())
+    assert {r["name"]: r["ppl"] for r in plain["rows"]}["alibi"] == {}
+
+    other = {**manifest, "protocol": {**PROTOCOL, "steps": 20}}
+    (again / schemes.MANIFEST).write_text(json.dumps(other))
+    with pytest.raises(ValueError, match=r"was measured under another protocol \(steps differ\)"):
+        schemes.write(again, tmp_path / "out2", keep=earlier)

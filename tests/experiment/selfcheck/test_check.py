@@ -141,3 +141,37 @@ def test_the_command_refuses_a_negative_memory_limit_as_it_parses_it():
     result = run_entry("selfcheck.py", "--short", "--memory_gb=-1", "--lengths=24")
     assert result.returncode == 2 and "Traceback" not in result.stderr, result.stderr[-2000:]
     assert "error: flag --memory_gb=-1: '-1' is not a number >= 0 (0 = the default" in result.stderr
+
+
+def test_the_time_budget_runs_shortest_first_names_the_cells_left_and_estimates_from_an_earlier_run(tmp_path,
+                                                                                                   monkeypatch):
+    """Issue 33: within --minutes by default (cells the budget would overrun are named, not run; exit
+    status unaffected), and an estimate before the first cell from an earlier run's cell times."""
+    clock = [0.0]
+    monkeypatch.setattr(selfcheck.time, "time", lambda: clock[0])
+
+    def rows_taking(plan, scheme, length):  # a cell takes length / 4 seconds of the fake clock
+        clock[0] += length / 4
+        return [{"scheme": scheme, "length": length, "path": "dense", "auto": "", "status": "ok", "note": "",
+                 "forward_error": 0.0, "gradient_error": 0.0}]
+    monkeypatch.setattr(selfcheck, "rows_for", rows_taking)
+    monkeypatch.setattr(selfcheck, "PATHS", ("dense",))
+    plan = selfcheck.make_plan(short=True, schemes="alibi,t5", lengths="240,24", minutes=1)  # 60 s
+    lines = []
+    result, status = selfcheck.run(plan, tmp_path, say=lines.append)
+    assert "no earlier run here to estimate from" in lines[0] and "--minutes=1" in lines[0]
+    # 24 (6 s), 24 (6 s), then 240 would take (240 / 24)^2 x 6 s = 600 s: past 60 s, so neither 240 runs
+    assert [(r["scheme"], r["length"], r["status"]) for r in result["rows"]] == [
+        ("alibi", 24, "ok"), ("t5", 24, "ok"), ("alibi", 240, "not run"), ("t5", 240, "not run")]
+    assert status == 0 and "2 cell(s) not run (--minutes=0 runs every cell)" in lines[-2]
+    assert lines[-1].endswith("not run within --minutes (--minutes=0 runs every cell): alibi L=240, t5 L=240")
+    assert [c["seconds"] for c in result["cell_seconds"]] == [6.0, 6.0]
+
+    everything = selfcheck.make_plan(short=True, schemes="alibi,t5", lengths="24,240", minutes=0)
+    result, status = selfcheck.run(everything, tmp_path, say=lines.append)
+    assert [r["status"] for r in result["rows"]] == ["ok"] * 4
+    lines.clear()
+    selfcheck.run(everything, tmp_path, say=lines.append)  # the cell times of the run before
+    assert lines[0].endswith("about 2 min by an earlier run on this device; every cell is run (--minutes=0)")
+    with pytest.raises(ValueError, match="flag --minutes=-1: must be"):
+        selfcheck.make_plan(short=True, minutes=-1)

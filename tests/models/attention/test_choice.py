@@ -42,7 +42,9 @@ def test_attention_path_order():
     assert choice.attention_path("auto", 8, alibi, 16) == "triangular"
     assert choice.attention_path("auto", 8, alibi, 17, dropping=True) == "triangular"
     assert choice.attention_path("auto", 8, shaw, 17, dropping=True) == "dense"  # a value term: not triangular
-    assert choice.attention_path("auto", 8, deberta, 16) == "dense"  # per-key bias work
+    per_key = type("PerKey", (deberta,), {"traits": deberta.traits.replace(bias_work_per_key=True)})
+    assert choice.attention_path("auto", 8, per_key, 16) == "dense"  # per-key bias work
+    assert choice.attention_path("auto", 8, deberta, 16) == "triangular"
     assert choice.attention_path("auto", 8, alibi, 17, masked=True) == "blockwise"  # the Lambda mask: blockwise
     assert choice.attention_path("auto", 8, alibi, 16, masked=True) == "dense"  # or dense
     with pytest.raises(ValueError, match="stick-breaking attention.*attention_dropout=0"):  # no path: dense's refusal
@@ -58,8 +60,12 @@ def test_auto_picks_triangular_where_possible_and_dense_elsewhere():
 
 
 def test_auto_trains_schemes_whose_bias_works_per_key_with_dense(monkeypatch):
-    """DeBERTa's bias projects every key against all relative embeddings, which row tiles would
-    repeat for each key prefix; `auto` keeps it on dense (and so does a wrapper around it)."""
+    """A scheme whose bias does work per key, which row tiles would repeat for each key prefix
+    (`bias_work_per_key`; here DeBERTa made so), trains on dense under `auto` (and so does a wrapper
+    around it); DeBERTa itself, since its bias multiplies only each tile's distances, on triangular."""
+    deberta = posenc.get("deberta")
+    own = deberta.traits
+    monkeypatch.setattr(deberta, "traits", own.replace(bias_work_per_key=True))
     calls = []
     row = paths.PATHS["triangular"]
     monkeypatch.setitem(paths.PATHS, "triangular",
@@ -73,6 +79,11 @@ def test_auto_trains_schemes_whose_bias_works_per_key_with_dense(monkeypatch):
         calls.clear()
         DecoderLM(ModelConfig(**CFG, attention="auto"), cfg, train_length=80, rngs=nnx.Rngs(0))(x)
         assert bool(calls) is expected, label
+    monkeypatch.setattr(deberta, "traits", own)
+    calls.clear()
+    DecoderLM(ModelConfig(**CFG, attention="auto"), posenc.default_config("deberta"), train_length=80,
+              rngs=nnx.Rngs(0))(x)
+    assert calls, "deberta trains on triangular"
 
 
 @pytest.mark.parametrize("path", ["blockwise", "fused"])
