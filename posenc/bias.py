@@ -110,4 +110,5 @@ class T5Bias(Scheme):
             return t5_relative_position_bucket(k_pos_1xS - q_pos_Qx1, o.bidirectional, o.num_buckets,
                                                o.max_distance)
         # Causal buckets stop at the last one from max_distance on (bidirectional: for keys in the past).
-        return BiasFunction(None, table=self.table[...].T, index=bucket, constant_beyond=o.max_distance)
+        return BiasFunction(None, table=self.table[...].T, index=bucket, constant_beyond=o.max_distance,
+                            relative_index=True)

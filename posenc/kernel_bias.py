@@ -28,7 +28,11 @@ class BiasFunction:
     buckets) goes in `table` with its elementwise `index` function instead of `fn` (or beside it):
     kernels gather it, and sum dS per entry for its gradient. `constant_beyond` = D says that the
     bias is one value per head wherever q_pos - k_pos >= D (T5's last bucket): a tile lying wholly
-    that far back is then filled from one evaluation, and its gradient is one sum.
+    that far back is then filled from one evaluation, and its gradient is one sum. `relative_index`
+    says that `index` depends on q_pos - k_pos alone (T5's buckets): with `constant_beyond` set, a
+    kernel then reads the table's values per distance, table[index(d, 0)] for d = 0 .. D (made once
+    per call), at clip(q_pos - k_pos, 0, D): no index arithmetic (T5's logarithm) per logit in the
+    forward pass (the gradient still sums dS per entry of `table`).
     """
     fn: Callable | None
     shared: Any = ()
@@ -37,6 +41,19 @@ class BiasFunction:
     constant_beyond: int | None = None
     table: jax.Array | None = None   # H x N: plus table[head, index(q_pos_Qx1, k_pos_1xS)] (int32
     index: Callable | None = None    # Q x S in [0, N)), which a kernel gathers from memory
+    relative_index: bool = False
+
+    def by_distance(self) -> jax.Array | None:
+        """H x N: the table's value at each causal distance 0 .. D = constant_beyond, then D's value
+        again up to N, the next power of 2 (Triton's arrays are powers of 2 long); None unless
+        `relative_index` and `constant_beyond`. Not differentiated: `table` gets its gradient from the
+        kernel's sums per entry."""
+        if self.table is None or not self.relative_index or self.constant_beyond is None:
+            return None
+        size = 1 << self.constant_beyond.bit_length()  # > D: D + 1 entries fit
+        distances = jnp.minimum(jnp.arange(size, dtype=jnp.int32), self.constant_beyond)[:, None]
+        index_D = self.index(distances, jnp.zeros((1, 1), jnp.int32))[:, 0]
+        return jax.lax.stop_gradient(self.table[:, index_D])
 
     def dense(self, q_pos_BxT: jax.Array, k_pos_BxS: jax.Array) -> jax.Array:
         """The whole bias, B x H x T x S, one head at a time (to check `fn` against `Scheme.bias`)."""

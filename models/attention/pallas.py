@@ -1,11 +1,12 @@
 """Fused causal attention in Pallas (JAX's kernel language), with the positional bias computed
 inside the kernel from positions, forward and backward (`model.attention=pallas`).
 
-Flash attention's scheme (Dao et al. 2022): one program per (sequence, head, query block) streams
-the key blocks up to the diagonal with an online softmax in float32; the tiles above the diagonal
-are never visited, and only the diagonal tile is masked. The backward pass recomputes each tile's
-probabilities from the saved log-sum-exp: one kernel accumulates dQ (walking key blocks), one
-accumulates dK and dV (walking query blocks), with dS = P * (dP - rowsum(dO * O)).
+Flash attention's scheme (Dao et al. 2022): one program per (query block, sequence, head), the
+query blocks on the grid's fastest axis, streams the key blocks up to the diagonal with an online
+softmax in float32 (logits in base 2, exp2: log2(e) folded into the scale); the tiles above the
+diagonal are never visited, and only the diagonal tile is masked. The backward pass recomputes each
+tile's probabilities from the saved log-sum-exp (base 2): one kernel accumulates dQ (walking key
+blocks), one accumulates dK and dV (walking query blocks), with dS = P * (dP - rowsum(dO * O)).
 
 The bias is never materialised: a scheme provides `bias_fn()` (posenc.kernel_bias.BiasFunction), an
 elementwise function of (query positions, key positions) and its parameters for one head, and / or
@@ -49,22 +50,35 @@ HEAD_DIMS = (16, 256)  # the head dimensions the compiled kernel takes: powers o
 
 @dataclasses.dataclass(frozen=True)
 class Launch:
-    """How the kernels run: query and key rows per tile (`block`), and on GPU Triton's warps per
-    program and software-pipelining stages of the loop over tiles (chosen per device:
-    models/attention/tuning.py); `interpret`: whether in Pallas' interpreter (None: wherever the
-    backend is not a GPU, `interpreted`)."""
+    """How the kernels run: query rows per tile (`block`) and key rows per tile (`key_block`, None:
+    `block`), and on GPU Triton's warps per program and software-pipelining stages of the loop over
+    tiles (chosen per device: models/attention/tuning.py); `interpret`: whether in Pallas' interpreter
+    (None: wherever the backend is not a GPU, `interpreted`); `forward_stages`: the forward kernel's
+    own stages where its smaller need of shared memory allows more than the backward kernels' (None:
+    `num_stages`)."""
     block: int = BLOCK
     num_warps: int = 4
     num_stages: int = 2
     interpret: bool | None = None
+    forward_stages: int | None = None
+    key_block: int | None = None
+
+    @property
+    def keys(self) -> int:
+        """Key rows per tile."""
+        return self.key_block or self.block
 
     @property
     def label(self) -> str:
-        return f"block {self.block}, {self.num_warps} warps, {self.num_stages} stages"
+        own = self.forward_stages not in (None, self.num_stages)
+        forward = f" ({self.forward_stages} in the forward)" if own else ""
+        tiles = f"block {self.block}" if self.keys == self.block else f"blocks {self.block} x {self.keys}"
+        return f"{tiles}, {self.num_warps} warps, {self.num_stages} stages{forward}"
 
-    def compiler_params(self):
+    def compiler_params(self, forward: bool = False):
         # Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
-        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
+        stages = self.forward_stages if forward and self.forward_stages is not None else self.num_stages
+        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=stages)
 
 
 def head_dim_refusal(head_dim: int) -> str | None:
@@ -115,7 +129,9 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
         treedef = None if bias.fn is None else (shared_def, head_def, bias.fn)
         if bias.table is not None:  # the lookup table travels as the last per-head leaf
             per_head = per_head + [bias.table]
-    block = launch.block
+        if bias.by_distance() is not None:  # then its values by distance (the forward's lookup), after it
+            per_head = per_head + [bias.by_distance()]
+    block = max(launch.block, launch.keys)  # both powers of 2: a multiple of either tile
     pad = -t % block
     if pad:  # padded queries and keys come after every real query; their positions continue the rows
         grow = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
@@ -136,7 +152,8 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
     config = _Config(launch=dataclasses.replace(launch, interpret=interpret), rate=rate,
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
                      constant_beyond=None if bias is None else bias.constant_beyond,
-                     lookup=None if bias is None or bias.table is None else bias.index)
+                     lookup=None if bias is None or bias.table is None else bias.index,
+                     by_distance=bias is not None and bias.by_distance() is not None)
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, ([_kernel_shape(x) for x in shared],
                                                      [_kernel_shape(x, per_head=True) for x in per_head]))
@@ -146,18 +163,23 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
 class _Config:
     """The static arguments of one call (hashable by identity, as custom_vjp needs nothing more)."""
 
-    def __init__(self, launch, rate, treedef, num_shared, learned, constant_beyond, lookup):
-        self.launch, self.block, self.interpret = launch, launch.block, launch.interpret
+    def __init__(self, launch, rate, treedef, num_shared, learned, constant_beyond, lookup, by_distance=False):
+        self.launch, self.block, self.key_block, self.interpret = launch, launch.block, launch.keys, launch.interpret
         self.rate, self.treedef, self.num_shared, self.learned = rate, treedef, num_shared, learned
-        self.constant_beyond, self.lookup = constant_beyond, lookup
+        self.constant_beyond, self.lookup, self.by_distance = constant_beyond, lookup, by_distance
 
     @property
     def has_bias(self) -> bool:
         return self.treedef is not None or self.lookup is not None
 
+    @property
+    def _tables(self) -> int:
+        """How many leaves at the end are tables: the lookup table, then its values by distance."""
+        return (self.lookup is not None) + bool(self.by_distance)
+
     def _fn_leaves(self, leaves):
-        """The leaves `fn` reads (all but the lookup table, which is the last)."""
-        return leaves[:-1] if self.lookup is not None else leaves
+        """The leaves `fn` reads (all but the tables at the end)."""
+        return leaves[:len(leaves) - self._tables]
 
     def _call(self, leaves, q_pos_Qx1, k_pos_1xS):
         shared_def, head_def, fn = self.treedef
@@ -186,7 +208,9 @@ class _Config:
             else:
                 one = lambda p: jnp.broadcast_to(self._call(p, *self._corner(q_pos_Q, k_pos_S)), out.shape)
                 out = jax.lax.cond(self._far(q_pos_Q, k_pos_S), one, full, self._fn_leaves(leaves))
-        if self.lookup is not None:
+        if self.by_distance:  # the table's values by distance: no index arithmetic per logit
+            out = out + leaf_refs[-1][jnp.clip(q_Qx1 - k_1xS, 0, self.constant_beyond)]
+        elif self.lookup is not None:
             out = out + leaf_refs[-1][self.lookup(q_Qx1, k_1xS)]
         return out
 
@@ -196,7 +220,9 @@ class _Config:
         side of that choice takes its own vjp (a vjp through `lax.cond` leaves primitives that the
         GPU kernel cannot lower)."""
         q_Qx1, k_1xS = q_pos_Q[:, None], k_pos_S[None, :]
-        entries = jnp.arange(leaves[-1].shape[0]) if self.lookup is not None else None
+        table = leaves[-1 - bool(self.by_distance)] if self.lookup is not None else None
+        entries = jnp.arange(table.shape[0]) if table is not None else None
+        by_distance = [jnp.zeros(leaves[-1].shape, jnp.float32)] if self.by_distance else []  # not differentiated
 
         def near(p):
             grads = [] if self.treedef is None else list(jax.vjp(lambda p: self._call(p, q_Qx1, k_1xS), p)[1](ds_QxS)[0])
@@ -205,7 +231,7 @@ class _Config:
                 for n in range(entries.shape[0]):
                     table = table + jnp.where(entries == n, jnp.where(index == n, ds_QxS, 0.0).sum(), 0.0)
                 grads.append(table)
-            return grads
+            return grads + by_distance
         if self.constant_beyond is None:
             return near(self._fn_leaves(leaves))
 
@@ -214,7 +240,7 @@ class _Config:
             grads = [] if self.treedef is None else list(jax.vjp(lambda p: self._call(p, *corner), p)[1](total)[0])
             if self.lookup is not None:
                 grads.append(jnp.where(entries == jnp.reshape(self.lookup(*corner), ()), total[0, 0], 0.0))
-            return grads
+            return grads + by_distance
         return jax.lax.cond(self._far(q_pos_Q, k_pos_S), far, near, self._fn_leaves(leaves))
 
 
@@ -226,19 +252,21 @@ def _kernel_shape(x: jax.Array, per_head: bool = False) -> jax.Array:
 
 # ---- pallas_call plumbing ----------------------------------------------------------------------------
 
-def _specs(cfg, b, t, h, d, shared, per_head):
-    """BlockSpecs on the grid (sequence, head, block): this block's rows, a head's whole sequence,
-    positions, the dropout seed, and the bias's leaves (shared whole; per head, that head's slice)."""
-    n = cfg.block
-    rows = pl.BlockSpec((None, n, None, d), lambda s, hd, i: (s, i, hd, 0))
-    whole = pl.BlockSpec((None, t, None, d), lambda s, hd, i: (s, 0, hd, 0))
-    pos_rows = pl.BlockSpec((None, n), lambda s, hd, i: (s, i))
-    pos_whole = pl.BlockSpec((None, t), lambda s, hd, i: (s, 0))
-    stat_rows = pl.BlockSpec((None, None, n), lambda s, hd, i: (s, hd, i))
-    stat_whole = pl.BlockSpec((None, None, t), lambda s, hd, i: (s, hd, 0))
-    seed = pl.BlockSpec((1,), lambda s, hd, i: (0,))
-    leaf_specs = ([pl.BlockSpec(x.shape, lambda s, hd, i, nd=x.ndim: (0,) * nd) for x in shared]
-                  + [pl.BlockSpec((None, *x.shape[1:]), lambda s, hd, i, nd=x.ndim: (hd,) + (0,) * (nd - 1))
+def _specs(n, b, t, h, d, shared, per_head):
+    """BlockSpecs on the grid (block of n rows, sequence, head): this block's rows, a head's whole sequence,
+    positions, the dropout seed, and the bias's leaves (shared whole; per head, that head's slice).
+    The query (or key) blocks are the grid's first axis, the one a GPU launches fastest (as in jax's
+    own Pallas attention), so that programs running side by side read the same head's keys and
+    values from cache."""
+    rows = pl.BlockSpec((None, n, None, d), lambda i, s, hd: (s, i, hd, 0))
+    whole = pl.BlockSpec((None, t, None, d), lambda i, s, hd: (s, 0, hd, 0))
+    pos_rows = pl.BlockSpec((None, n), lambda i, s, hd: (s, i))
+    pos_whole = pl.BlockSpec((None, t), lambda i, s, hd: (s, 0))
+    stat_rows = pl.BlockSpec((None, None, n), lambda i, s, hd: (s, hd, i))
+    stat_whole = pl.BlockSpec((None, None, t), lambda i, s, hd: (s, hd, 0))
+    seed = pl.BlockSpec((1,), lambda i, s, hd: (0,))
+    leaf_specs = ([pl.BlockSpec(x.shape, lambda i, s, hd, nd=x.ndim: (0,) * nd) for x in shared]
+                  + [pl.BlockSpec((None, *x.shape[1:]), lambda i, s, hd, nd=x.ndim: (hd,) + (0,) * (nd - 1))
                      for x in per_head])
     return dict(rows=rows, whole=whole, pos_rows=pos_rows, pos_whole=pos_whole, stat_rows=stat_rows,
                 stat_whole=stat_whole, seed=seed, leaves=leaf_specs)
@@ -248,14 +276,14 @@ def _forward(cfg, q, k, v, q_pos, k_pos, seed, bias_leaves):
     """The forward kernel: (out, log-sum-exp). `bias_leaves`: the bias's (shared, per-head) leaves."""
     shared, per_head = bias_leaves
     b, t, h, d = q.shape
-    sp = _specs(cfg, b, t, h, d, shared, per_head)
+    sp = _specs(cfg.block, b, t, h, d, shared, per_head)
     kernel = functools.partial(kernels.forward_kernel, cfg, h, d ** -0.5)
     out, lse = pl.pallas_call(
-        kernel, grid=(b, h, t // cfg.block),
+        kernel, grid=(t // cfg.block, b, h),
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["stat_rows"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_forward",
+        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(forward=True), name="attention_forward",
     )(q, k, v, q_pos, k_pos, seed, *shared, *per_head)
     return out, lse
 
@@ -274,16 +302,16 @@ def _flash_backward(cfg, residuals, d_out):
     q, k, v, q_pos, k_pos, seed, (shared, per_head), out, lse = residuals
     b, t, h, d = q.shape
     nb = t // cfg.block
-    sp = _specs(cfg, b, t, h, d, shared, per_head)
+    sp, key_sp = _specs(cfg.block, b, t, h, d, shared, per_head), _specs(cfg.key_block, b, t, h, d, shared, per_head)
     leaves = [*shared, *per_head]
     delta = jnp.einsum("bthk,bthk->bht", d_out.astype(jnp.float32), out.astype(jnp.float32))
     d_out = d_out.astype(q.dtype)
     scale = d ** -0.5
     grad_shapes = _grad_shapes(b, h, nb, shared, per_head) if cfg.learned else []
-    grad_specs = [pl.BlockSpec((None, None, None, *g.shape[3:]), lambda s, hd, i, nd=len(g.shape): (s, hd, i)
+    grad_specs = [pl.BlockSpec((None, None, None, *g.shape[3:]), lambda i, s, hd, nd=len(g.shape): (s, hd, i)
                                + (0,) * (nd - 3)) for g in grad_shapes]
     dq, *grads = pl.pallas_call(
-        functools.partial(kernels.dq_kernel, cfg, h, scale, len(leaves)), grid=(b, h, nb),
+        functools.partial(kernels.dq_kernel, cfg, h, scale, len(leaves)), grid=(nb, b, h),
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"],
                   sp["rows"], sp["stat_rows"], sp["stat_rows"], *sp["leaves"]],
         out_specs=[sp["rows"], *grad_specs],
@@ -291,10 +319,10 @@ def _flash_backward(cfg, residuals, d_out):
         interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_backward_dq",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)
     dk, dv = pl.pallas_call(
-        functools.partial(kernels.dkv_kernel, cfg, h, scale, nb), grid=(b, h, nb),
-        in_specs=[sp["whole"], sp["rows"], sp["rows"], sp["pos_whole"], sp["pos_rows"], sp["seed"],
-                  sp["whole"], sp["stat_whole"], sp["stat_whole"], *sp["leaves"]],
-        out_specs=[sp["rows"], sp["rows"]],
+        functools.partial(kernels.dkv_kernel, cfg, h, scale, nb), grid=(t // cfg.key_block, b, h),
+        in_specs=[key_sp["whole"], key_sp["rows"], key_sp["rows"], key_sp["pos_whole"], key_sp["pos_rows"],
+                  key_sp["seed"], key_sp["whole"], key_sp["stat_whole"], key_sp["stat_whole"], *key_sp["leaves"]],
+        out_specs=[key_sp["rows"], key_sp["rows"]],
         out_shape=[jax.ShapeDtypeStruct(k.shape, k.dtype), jax.ShapeDtypeStruct(v.shape, v.dtype)],
         interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_backward_dkv",
     )(q, k, v, q_pos, k_pos, seed, d_out, lse, delta, *leaves)

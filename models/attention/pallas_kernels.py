@@ -1,7 +1,8 @@
 """The three kernels of the Pallas attention (models/attention/pallas.py holds the call, the bias
 and the launch): the forward pass with an online softmax, the dQ pass (walking key blocks, with the
 bias parameters' partial gradients) and the dK / dV pass (walking query blocks), and the dropout
-mask they share. Each kernel is a function of one program's refs; `cfg` is pallas._Config.
+mask they share. Each kernel is a function of one program's refs, on the grid (block, sequence,
+head); `cfg` is pallas._Config.
 """
 from __future__ import annotations
 
@@ -10,6 +11,8 @@ import jax.numpy as jnp
 from jax.experimental import pallas as pl
 
 from models.attention.dense import NEG_INF
+
+LOG2E = 1.4426950408889634  # log2(e): the logits are kept in base-2 units, exp(x) = exp2(x * LOG2E)
 
 
 # ---- the dropout mask: a counter-based hash, the same in all three kernels ---------------------------
@@ -39,43 +42,52 @@ def _dot(a, b, contract=(1, 0)):
 
 
 def _logits(cfg, q, k, q_pos, k_pos, bias_leaves, tile, scale):
-    """Tile (i, j)'s float32 logits, masked only on the diagonal (i == j), and where the bias is
-    learned, the function from the tile's dS to the leaves' gradients. `bias_leaves`: (the leaves'
-    values, their refs)."""
+    """Tile (i, j)'s float32 logits times log2(e), keys after their query masked (query tiles of
+    cfg.block rows, key tiles of cfg.key_block), and where the
+    bias is learned, the function from the tile's dS (the gradient of the natural logits) to the
+    leaves' gradients. `bias_leaves`: (the leaves' values, their refs). The kernels take exp2 of
+    these base-2 logits (the GPU's native exponential; exp is a multiply by log2(e) and exp2): the
+    multiply is folded into the scale, and where there is a bias, moved onto it."""
     (leaves, leaf_refs), (i, j) = bias_leaves, tile
-    s = _dot(q, k, (1, 1)) * scale
+    s = _dot(q, k, (1, 1)) * (scale * LOG2E)
     vjp = None
     if cfg.has_bias:
-        s = s + cfg.bias(leaves, leaf_refs, q_pos, k_pos)
+        s = s + cfg.bias(leaves, leaf_refs, q_pos, k_pos) * LOG2E
     if cfg.learned:
         vjp = lambda ds: cfg.bias_grads(leaves, q_pos, k_pos, ds)
-    n = cfg.block
-    causal = (i * n + jnp.arange(n))[:, None] >= (j * n + jnp.arange(n))[None, :]
-    return jnp.where(causal | (i != j), s, NEG_INF), vjp
+    nq, nk = cfg.block, cfg.key_block
+    causal = (i * nq + jnp.arange(nq))[:, None] >= (j * nk + jnp.arange(nk))[None, :]
+    return jnp.where(causal, s, NEG_INF), vjp
 
 
 def _dropout(cfg, seed_ref, num_heads):
-    """keep(i, j): the dropout mask of tile (i, j) of this program's sequence and head. The program
-    ids are read here, at the kernel's top level (the interpreter has none inside loops)."""
-    n, sequence, head = cfg.block, pl.program_id(0), pl.program_id(1)
-    return lambda i, j: keep_mask(seed_ref[0], sequence, head, num_heads, (i * n + jnp.arange(n))[:, None],
-                                  (j * n + jnp.arange(n))[None, :], cfg.rate)
+    """keep(i, j): the dropout mask of tile (i, j) (query tile i, key tile j) of this program's
+    sequence and head, a function of the absolute indices (the same mask whatever the tile sizes).
+    The program ids are read here, at the kernel's top level (the interpreter has none inside loops)."""
+    nq, nk, sequence, head = cfg.block, cfg.key_block, pl.program_id(1), pl.program_id(2)
+    return lambda i, j: keep_mask(seed_ref[0], sequence, head, num_heads, (i * nq + jnp.arange(nq))[:, None],
+                                  (j * nk + jnp.arange(nk))[None, :], cfg.rate)
+
+
+def _key_tiles_to_diagonal(i, nq: int, nk: int):
+    """How many key tiles of nk keys query tile i (of nq rows) reaches: through its last row's key."""
+    return ((i + 1) * nq + nk - 1) // nk
 
 
 def forward_kernel(cfg, num_heads, scale, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, *refs):
     leaf_refs, (o_ref, lse_ref) = refs[:-2], refs[-2:]
     leaves = [r[...] for r in leaf_refs]
-    n, i = cfg.block, pl.program_id(2)
+    nq, nk, i = cfg.block, cfg.key_block, pl.program_id(0)
     q, q_pos = q_ref[...], qp_ref[...]
     keep = _dropout(cfg, seed_ref, num_heads)
 
     def tile(j, carry):
         m, l, acc = carry
-        k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, _ = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], (leaves, leaf_refs), (i, j), scale)
+        k, v = k_ref[pl.ds(j * nk, nk), :], v_ref[pl.ds(j * nk, nk), :]
+        s, _ = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * nk, nk)], (leaves, leaf_refs), (i, j), scale)
         m_new = jnp.maximum(m, s.max(-1))
-        p = jnp.exp(s - m_new[:, None])
-        correction = jnp.exp(m - m_new)
+        p = jnp.exp2(s - m_new[:, None])
+        correction = jnp.exp2(m - m_new)
         if cfg.rate:
             p_used = jnp.where(keep(i, j), p * (1.0 / (1.0 - cfg.rate)), 0.0)
         else:
@@ -83,27 +95,27 @@ def forward_kernel(cfg, num_heads, scale, q_ref, k_ref, v_ref, qp_ref, kp_ref, s
         acc = acc * correction[:, None] + _dot(p_used.astype(v.dtype), v)
         return m_new, l * correction + p.sum(-1), acc
 
-    init = (jnp.full((n,), NEG_INF, jnp.float32), jnp.zeros((n,), jnp.float32),
-            jnp.zeros((n, q.shape[-1]), jnp.float32))
-    m, l, acc = jax.lax.fori_loop(0, i + 1, tile, init)
+    init = (jnp.full((nq,), NEG_INF, jnp.float32), jnp.zeros((nq,), jnp.float32),
+            jnp.zeros((nq, q.shape[-1]), jnp.float32))
+    m, l, acc = jax.lax.fori_loop(0, _key_tiles_to_diagonal(i, nq, nk), tile, init)
     o_ref[...] = (acc / l[:, None]).astype(o_ref.dtype)
-    lse_ref[...] = m + jnp.log(l)
+    lse_ref[...] = m + jnp.log2(l)  # in base-2 units, as the backward kernels read it
 
 
 def dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, do_ref,
                lse_ref, delta_ref, *refs):
     leaf_refs, dq_ref, grad_refs = refs[:num_leaves], refs[num_leaves], refs[num_leaves + 1:]
     leaves = [r[...] for r in leaf_refs]
-    n, i = cfg.block, pl.program_id(2)
+    nq, nk, i = cfg.block, cfg.key_block, pl.program_id(0)
     q, q_pos, do = q_ref[...], qp_ref[...], do_ref[...]
     keep = _dropout(cfg, seed_ref, num_heads)
     lse, delta = lse_ref[...], delta_ref[...]
 
     def tile(j, carry):
         dq, grads = carry
-        k, v = k_ref[pl.ds(j * n, n), :], v_ref[pl.ds(j * n, n), :]
-        s, vjp = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * n, n)], (leaves, leaf_refs), (i, j), scale)
-        p = jnp.exp(s - lse[:, None])
+        k, v = k_ref[pl.ds(j * nk, nk), :], v_ref[pl.ds(j * nk, nk), :]
+        s, vjp = _logits(cfg, q, k, q_pos, kp_ref[pl.ds(j * nk, nk)], (leaves, leaf_refs), (i, j), scale)
+        p = jnp.exp2(s - lse[:, None])
         dp = _dot(do, v, (1, 1))
         if cfg.rate:
             dp = jnp.where(keep(i, j), dp * (1.0 / (1.0 - cfg.rate)), 0.0)
@@ -114,7 +126,7 @@ def dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, kp
         return dq, grads
 
     init = (jnp.zeros(q.shape, jnp.float32), [jnp.zeros(x.shape, jnp.float32) for x in leaves[:len(grad_refs)]])
-    dq, grads = jax.lax.fori_loop(0, i + 1, tile, init)
+    dq, grads = jax.lax.fori_loop(0, _key_tiles_to_diagonal(i, nq, nk), tile, init)
     dq_ref[...] = (dq * scale).astype(dq_ref.dtype)
     for ref, g in zip(grad_refs, grads):
         ref[...] = g
@@ -122,18 +134,20 @@ def dq_kernel(cfg, num_heads, scale, num_leaves, q_ref, k_ref, v_ref, qp_ref, kp
 
 def dkv_kernel(cfg, num_heads, scale, num_blocks, q_ref, k_ref, v_ref, qp_ref, kp_ref, seed_ref, do_ref,
                 lse_ref, delta_ref, *refs):
+    """One program per key tile j (cfg.key_block keys), walking the query tiles from the first that
+    reaches it; `num_blocks`: the query tiles of the sequence."""
     leaf_refs, (dk_ref, dv_ref) = refs[:-2], refs[-2:]
     leaves = [r[...] for r in leaf_refs]
-    n, j = cfg.block, pl.program_id(2)
+    nq, nk, j = cfg.block, cfg.key_block, pl.program_id(0)
     k, v, k_pos = k_ref[...], v_ref[...], kp_ref[...]
     keep = _dropout(cfg, seed_ref, num_heads)
 
     def tile(i, carry):
         dk, dv = carry
-        rows = pl.ds(i * n, n)
+        rows = pl.ds(i * nq, nq)
         q, do = q_ref[rows, :], do_ref[rows, :]
         s, _ = _logits(cfg, q, k, qp_ref[rows], k_pos, (leaves, leaf_refs), (i, j), scale)
-        p = jnp.exp(s - lse_ref[rows][:, None])
+        p = jnp.exp2(s - lse_ref[rows][:, None])
         dp = _dot(do, v, (1, 1))
         if cfg.rate:
             kept = keep(i, j)
@@ -146,6 +160,6 @@ def dkv_kernel(cfg, num_heads, scale, num_blocks, q_ref, k_ref, v_ref, qp_ref, k
         return dk + _dot(ds.astype(q.dtype), q, (0, 0)), dv
 
     init = (jnp.zeros(k.shape, jnp.float32), jnp.zeros(v.shape, jnp.float32))
-    dk, dv = jax.lax.fori_loop(j, num_blocks, tile, init)
+    dk, dv = jax.lax.fori_loop(j * nk // nq, num_blocks, tile, init)
     dk_ref[...] = (dk * scale).astype(dk_ref.dtype)
     dv_ref[...] = dv.astype(dv_ref.dtype)

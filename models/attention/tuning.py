@@ -4,9 +4,13 @@
 A fixed tile of 64 rows with 4 warps and 2 pipelining stages fits some GPUs and head dimensions
 and not others: a tile's operands live in the multiprocessor's shared memory (99 KB on consumer
 GPUs, 163 KB on an A100, 227 KB on an H100), and what runs fastest differs by device. Candidates:
-tiles of 32, 64 or 128 rows (queries and keys alike; 16 where none of those fits), 4 or 8 warps (8
+tiles of 32, 64 or 128 rows (queries and keys alike; 16 where none of those fits; and 128 query rows
+with 64-key tiles, flash attention 2's usual shape), 4 or 8 warps (8
 for tiles of 64 rows or more), 2 or 3 stages (1 where 2 does not fit), kept where the kernels'
-shared memory (`shared_memory_need`, an estimate) fits the device's (`shared_memory_limit`). Each is compiled and timed on a forward and
+shared memory (`shared_memory_need`, an estimate) fits the device's (`shared_memory_limit`); where
+the backward kernels fit only 1 stage, the forward kernel, which holds no dO tiles and one block x
+block tile, keeps 2 if they fit it (`forward_shared_memory_need`: 128-row tiles at head size 128
+on an H100). Each is compiled and timed on a forward and
 backward pass (`SEARCH_SHAPE`); one that fails to compile is dropped with its error; from the
 fastest down, the first that passes the numerical check (verify.py) is chosen (each timed as
 repeats inside one compiled loop, `loop_seconds`, so that dispatch does not decide). Head dimensions the
@@ -66,11 +70,19 @@ def shared_memory_limit(device: jax.Device | None = None) -> int:
     return SHARED_MEMORY_KB.get((major, minor), DEFAULT_SHARED_MEMORY_KB) * 1024
 
 
-def shared_memory_need(block: int, head_dim: int, itemsize: int, stages: int) -> int:
+def shared_memory_need(block: int, head_dim: int, itemsize: int, stages: int, keys: int | None = None) -> int:
     """Bytes of shared memory the largest of the three kernels (dK / dV) needs, estimated: its key
-    and value tiles, `stages` buffered query and dO tiles (the loop's pipelined loads), and P and dS
-    as operands of its products, block x block each."""
-    return itemsize * (2 * block * head_dim + 2 * stages * block * head_dim + 2 * block * block)
+    and value tiles (`keys` rows, default `block`), `stages` buffered query and dO tiles (the loop's
+    pipelined loads, `block` rows), and P and dS as operands of its products, block x keys each."""
+    keys = keys or block
+    return itemsize * (2 * keys * head_dim + 2 * stages * block * head_dim + 2 * block * keys)
+
+
+def forward_shared_memory_need(block: int, head_dim: int, itemsize: int, stages: int, keys: int | None = None) -> int:
+    """Bytes of shared memory the forward kernel needs, estimated: its query tile, `stages` buffered
+    key and value tiles (`keys` rows, default `block`), and P as an operand of its product."""
+    keys = keys or block
+    return itemsize * (block * head_dim + 2 * stages * keys * head_dim + block * keys)
 
 
 def candidates(head_dim: int, dtype, limit: int) -> list[Launch]:
@@ -80,14 +92,17 @@ def candidates(head_dim: int, dtype, limit: int) -> list[Launch]:
     out = []
     for block in BLOCKS:
         out += _fitting(block, head_dim, itemsize, limit)
+    out += _fitting(BLOCKS[-1], head_dim, itemsize, limit, keys=BLOCKS[-1] // 2)
     return out or _fitting(SMALLEST_BLOCK, head_dim, itemsize, limit)
 
 
-def _fitting(block: int, head_dim: int, itemsize: int, limit: int) -> list[Launch]:
-    stages = [s for s in STAGES if shared_memory_need(block, head_dim, itemsize, s) <= limit]
-    if not stages and shared_memory_need(block, head_dim, itemsize, 1) <= limit:
+def _fitting(block: int, head_dim: int, itemsize: int, limit: int, keys: int | None = None) -> list[Launch]:
+    stages = [s for s in STAGES if shared_memory_need(block, head_dim, itemsize, s, keys) <= limit]
+    forward = None
+    if not stages and shared_memory_need(block, head_dim, itemsize, 1, keys) <= limit:
         stages = [1]
-    return [Launch(block=block, num_warps=warps, num_stages=s, interpret=False)
+        forward = 2 if forward_shared_memory_need(block, head_dim, itemsize, 2, keys) <= limit else None
+    return [Launch(block=block, num_warps=warps, num_stages=s, interpret=False, forward_stages=forward, key_block=keys)
             for warps in WARPS if warps == 4 or block >= 64 for s in stages]
 
 

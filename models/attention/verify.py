@@ -384,7 +384,9 @@ def cache_key(kind: str, scheme: Scheme, dtype, launch: Launch | None, path: str
     device = jax.devices()[0].device_kind
     exact = json.dumps([posenc_block(scheme), dataclasses.asdict(launch) if launch else None, jax.__version__,
                         device, source_digest(scheme)], sort_keys=True, default=str)
-    config = f"-b{launch.block}w{launch.num_warps}s{launch.num_stages}" if launch is not None else ""
+    config = "" if launch is None else (
+        f"-b{launch.block}" + (f"x{launch.keys}" if launch.keys != launch.block else "")
+        + f"w{launch.num_warps}s{launch.num_stages}" + (f"f{launch.forward_stages}" if launch.forward_stages else ""))
     interp = "-interpreted" if launch is not None and launch.interpret else ""
     slug = "".join(c if c.isalnum() else "_" for c in device.lower())
     return (f"{kind}-{path}-{slug}-{scheme.name}-h{scheme.dims.num_heads}-d{scheme.dims.head_dim}-"

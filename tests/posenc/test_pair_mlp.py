@@ -20,24 +20,25 @@ def _inputs():
     return (scores, shared), (w1a, w1b), b1, w2
 
 
-def _by_loops(inputs, w1s, b1, w2, activation):
+def _by_loops(inputs, w1s, b1, w2, slope):
+    """The formula pair by pair in numpy (activation: leaky ReLU of `slope`)."""
     x = np.concatenate([np.broadcast_to(np.asarray(i), (2, 3, 7, 5)) for i in inputs], axis=1)  # B x 2F x T x S
     w1 = np.concatenate([np.asarray(w) for w in w1s])
     out = np.zeros((2, w2.shape[1], 7, 5))
     for b in range(2):
         for t in range(7):
             for s in range(5):
-                hidden = np.asarray(activation(jnp.asarray(x[b, :, t, s] @ w1 + np.asarray(b1))))
-                out[b, :, t, s] = hidden @ np.asarray(w2)
+                pre = x[b, :, t, s] @ w1 + np.asarray(b1)
+                out[b, :, t, s] = np.where(pre > 0, pre, slope * pre) @ np.asarray(w2)
     return out
 
 
 @pytest.mark.parametrize("limit", [None, 1, 2 * 5 * 4 * 3])  # whole; a row a chunk; 3 rows a chunk (7 -> 9)
 def test_pair_mlp_is_the_formula_whole_and_in_chunks_of_rows(limit):
     inputs, w1s, b1, w2 = _inputs()
-    act = lambda x: jax.nn.leaky_relu(x, 0.1)
-    got = pair_mlp.apply(inputs, w1s, b1, w2, act, limit=limit)
-    np.testing.assert_allclose(got, _by_loops(inputs, w1s, b1, w2, act), rtol=1e-5, atol=1e-5)
+    got = jax.jit(lambda inputs: pair_mlp.apply(inputs, w1s, b1, w2, lambda x: jax.nn.leaky_relu(x, 0.1),
+                                                limit=limit))(inputs)
+    np.testing.assert_allclose(got, _by_loops(inputs, w1s, b1, w2, 0.1), rtol=1e-5, atol=1e-5)
     assert pair_mlp.rows_per_chunk(7, 10, 4, 2 * 5 * 4 * 3) == 3 and pair_mlp.rows_per_chunk(7, 10, 4, 1) == 1
 
 

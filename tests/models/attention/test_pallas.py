@@ -10,7 +10,7 @@ import pytest
 from flax import nnx
 
 import posenc
-from models.attention.dense import Dropout, dense_attention
+from models.attention.dense import NO_DROPOUT as NO_DROP, Dropout, dense_attention
 from models.attention import choice
 from models.attention.pallas import Launch, pallas_attention
 from models.attention.pallas_kernels import keep_mask
@@ -111,6 +111,29 @@ def test_kernel_dropout_is_the_dense_softmax_under_the_kernels_own_mask():
         state, q, k, v, pos) for attend in (reference, kernel)]
     for want, got in zip(*(jax.tree.leaves(r) for r in results)):
         np.testing.assert_allclose(got, want, rtol=1e-4, atol=1e-5 * max(1.0, float(jnp.abs(want).max())))
+
+
+@pytest.mark.parametrize("name", ["t5", "kerple_log"])
+def test_query_and_key_tiles_of_different_sizes_give_the_same_attention(name):
+    """Issue 33: query tiles and key tiles of their own sizes (the diagonal then crosses tiles that
+    are not square; dK / dV run over key tiles): forward and gradients equal square tiles', with and
+    without dropout (its mask is a function of the absolute indices, not of the tiles)."""
+    scheme, rate = _scheme(name), 0.2
+    q, k, v, pos = _inputs(2)
+    graphdef, state = nnx.split(scheme)
+    results = {}
+    for block, keys in ((8, None), (8, 4), (4, 8)):
+        for dropout in (NO_DROP, Dropout(rate, jax.random.key(3))):
+            def attend(q, k, v, q_pos, k_pos, scheme, dropout=dropout, launch=Launch(block=block, key_block=keys,
+                                                                                     interpret=True)):
+                return pallas_attention(q, k, v, q_pos, k_pos, scheme, dropout, launch)
+            results[block, keys, dropout.rate] = jax.jit(jax.value_and_grad(
+                lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(state, q, k, v, pos)
+    for (block, keys, r), got in results.items():
+        want = results[8, None, r]
+        for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
+            np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
+    assert Launch(block=8, key_block=4).label.startswith("blocks 8 x 4")
 
 
 def test_schemes_the_kernel_cannot_express_are_refused():

@@ -17,9 +17,10 @@ KB = 1024
 A100, H100, CONSUMER = 163 * KB, 227 * KB, 99 * KB
 
 
-def _need(block, head_dim, itemsize, stages):
+def _need(block, head_dim, itemsize, stages, keys=None):
     """The dK / dV kernel's operands: K and V tiles, `stages` buffered Q and dO tiles, P and dS."""
-    return itemsize * (block * head_dim * 2 + stages * block * head_dim * 2 + 2 * block * block)
+    keys = keys or block
+    return itemsize * (keys * head_dim * 2 + stages * block * head_dim * 2 + 2 * block * keys)
 
 
 def test_shared_memory_of_a_device_by_compute_capability(monkeypatch):
@@ -39,15 +40,22 @@ def test_candidates_fit_the_shared_memory_for_the_head_dimension(head_dim):
     for dtype, itemsize in (("bfloat16", 2), ("float32", 4)):
         for limit in (CONSUMER, A100, H100):
             found = tuning.candidates(head_dim, dtype, limit)
-            assert found and all(_need(c.block, head_dim, itemsize, c.num_stages) <= limit for c in found)
+            assert found and all(_need(c.block, head_dim, itemsize, c.num_stages, c.keys) <= limit for c in found)
             assert all(c.interpret is False and (c.num_warps == 4 or c.block >= 64) for c in found)
             for block in (32, 64, 128):  # what is left out does not fit (stage 1 only where 2 does not)
                 for stages in (2, 3):
                     fits = _need(block, head_dim, itemsize, stages) <= limit
-                    assert fits == any(c.block == block and c.num_stages == stages for c in found)
+                    assert fits == any(c.block == c.keys == block and c.num_stages == stages for c in found)
     assert Launch(128, 8, 3, False) in tuning.candidates(64, "bfloat16", H100)
     assert Launch(128, 8, 3, False) not in tuning.candidates(64, "bfloat16", A100)
-    assert tuning.candidates(256, "bfloat16", CONSUMER) == [Launch(32, 4, 1, False)]
+    # where the backward kernels fit 1 stage only, the forward keeps 2 if they fit it (issue 33: 128-row
+    # tiles at head size 128 on an H100 were un-pipelined)
+    assert tuning.candidates(256, "bfloat16", CONSUMER) == [Launch(32, 4, 1, False, forward_stages=2)]
+    wide = [c for c in tuning.candidates(128, "bfloat16", H100) if c.block == c.keys == 128]
+    assert wide == [Launch(128, w, 1, False, forward_stages=2) for w in (4, 8)]
+    assert wide[0].label == "block 128, 4 warps, 1 stages (2 in the forward)"
+    assert wide[0].compiler_params(forward=True).num_stages == 2 and wide[0].compiler_params().num_stages == 1
+    assert all(c.forward_stages is None for c in tuning.candidates(64, "bfloat16", H100))
     assert tuning.candidates(256, "float32", CONSUMER) == [Launch(16, 4, 2, False)]  # no tile of 32 fits
 
 
@@ -75,11 +83,18 @@ def test_the_largest_and_smallest_candidates_lower_to_triton(head_dim):
         x = jax.ShapeDtypeStruct((1, t, h, head_dim), jnp.bfloat16)
         text = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(state, x, x, x).lower(
             lowering_platforms=("cuda",)).as_text()
-        grid = -(-t // launch.block)
+        padded = -(-t // max(launch.block, launch.keys)) * max(launch.block, launch.keys)
         assert text.count("xla.gpu.triton") == 3
         assert text.count(f"num_warps = {launch.num_warps} : i32") == 3
-        assert text.count(f"num_stages = {launch.num_stages} : i32") == 3
-        assert text.count(f"grid_z = {grid} : i32") == 3
+        forward = launch.forward_stages or launch.num_stages  # the query blocks: the grid's first axis
+        assert text.count(f"num_stages = {launch.num_stages} : i32") == 3 - (forward != launch.num_stages)
+        assert text.count(f"num_stages = {forward} : i32") >= 1
+        if launch.keys == launch.block:
+            assert text.count(f"grid_x = {padded // launch.block} : i32") == 3
+        else:  # forward and dQ over query blocks, dK / dV over key blocks
+            assert text.count(f"grid_x = {padded // launch.block} : i32") == 2
+            assert text.count(f"grid_x = {padded // launch.keys} : i32") == 1
+    assert any(c.keys == 64 and c.block == 128 for c in found)  # flash attention 2's 128 x 64
 
 
 def test_the_search_takes_the_fastest_configuration_that_passes_once(monkeypatch, tmp_path):
