@@ -19,10 +19,15 @@ def losses(workdir):
     return [json.loads(l)["loss"] for l in (pathlib.Path(workdir) / "metrics.jsonl").read_text().splitlines()]
 
 
-SLOW_TO_TRAIN = {"dape"}  # its MLP over every (query, key) pair: ~30 s here, so in the slow run
+# In the default run, one scheme of each kind of hook (a bias, a rotation, a table, an absolute
+# embedding, none, an MLP per pair, a logit transform, a carried bias, a bias from the content, a bias
+# from the input, another normalisation, sampled positions); every other scheme (~6 s each) in the
+# slow run, which covers them all.
+DEFAULT_RUN = {"alibi", "rope", "t5", "sinusoidal", "learned", "nope", "fire", "dape", "cope", "deberta", "fox",
+               "stickbreaking", "randomized"}
 
 
-@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n in SLOW_TO_TRAIN else n
+@pytest.mark.parametrize("name", [n if n in DEFAULT_RUN else pytest.param(n, marks=pytest.mark.slow)
                                   for n in posenc.names()])
 def test_loss_falls_and_evaluation_reaches_4x_the_training_length(name, tmp_path):
     config = tiny_config(name)
