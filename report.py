@@ -6,7 +6,8 @@ OUTDIR/loss_by_position.png (loss against position inside the window) and OUTDIR
 (the numbers, one table per unit, split and series, the paper's beside ours).
 
 --table: DIR is the root of a table of every scheme (sweep.py --table); writes OUTDIR/all_schemes.md,
-.png and .json from its records again (experiment/report/schemes.py).
+.png and .json from its records again (experiment/report/schemes.py); with --keep FILE (an earlier
+table's all_schemes.json), rows whose runs are not under DIR keep that table's numbers.
 
 --compare_with RESULT: after writing the report, compare its tables cell by cell with the committed
 ones in RESULT (results/NAME/: ppl_vs_length.md, passkey.md; experiment/report/compare.py), print the
@@ -30,6 +31,8 @@ flags.DEFINE_enum("paper", "auto", list(PAPER_MODES),
                   "overlay Press et al. (2022): auto = only where dataset (WikiText-103), split (valid), "
                   "unit (word), scheme and L match theirs; always = wherever scheme and L match")
 flags.DEFINE_boolean("table", False, "DIR is a table root (sweep.py --table): write the table of every scheme")
+flags.DEFINE_string("keep", None, "--table: an earlier table's all_schemes.json (same protocol): rows whose runs are "
+                    "not under DIR keep its numbers (sweep.py --table --keep)")
 flags.DEFINE_string("compare_with", None, "a committed result's folder (results/NAME): compare this report's tables "
                     "with its tables cell by cell and print the largest difference")
 define_numbers("compare_tolerance", 0.0, "--compare_with: the largest difference allowed, relative for perplexities "
@@ -44,13 +47,15 @@ def main(argv):
     def go():
         if not workdirs:
             raise ValueError("give at least one run directory: python report.py DIR [DIR ...] --out OUTDIR")
+        if FLAGS.keep and not FLAGS.table:
+            raise ValueError("--keep belongs to --table (an earlier table's rows); drop it")
         if FLAGS.table:
             if FLAGS.compare_with:
                 raise ValueError("--compare_with compares a report of runs (ppl_vs_length.md, passkey.md); drop it "
                                  "with --table")
             if len(workdirs) != 1:
                 raise ValueError(f"--table takes one table root (sweep.py --table's --workdir), got {len(workdirs)}")
-            paths = schemes.write(workdirs[0], FLAGS.out)
+            paths = schemes.write(workdirs[0], FLAGS.out, FLAGS.keep)
             print(f"wrote {paths['md']}, {paths['png']} and {paths['json']}")
             return
         refuse_folders_of_runs(workdirs, FLAGS.out)  # a sweep's root given for its runs
