@@ -71,8 +71,9 @@ class Dape(Wrapper):
         return None  # a kernel that adds the base bias alone would miss the refinement
 
     def transform_logits(self, scores_BxHxTxS, bias_BxHxTxS, q_pos_BxT, k_pos_BxS):
-        bias = (jnp.zeros((1, scores_BxHxTxS.shape[1], 1, 1), jnp.float32) if bias_BxHxTxS is None
-                else bias_BxHxTxS.astype(jnp.float32))
+        if bias_BxHxTxS is None:  # the MLP still sees a bias of zeros (one value per head, broadcast)
+            return scores_BxHxTxS + self.refinement(scores_BxHxTxS, jnp.zeros((1, scores_BxHxTxS.shape[1], 1, 1)))
+        bias = bias_BxHxTxS.astype(jnp.float32)
         return scores_BxHxTxS + bias + self.refinement(scores_BxHxTxS, bias)
 
 

@@ -6,7 +6,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
-from posenc import pair_mlp
+from posenc import fast_form, pair_mlp
 from posenc.base import ModelDims, Scheme
 from posenc.kernel_bias import BiasFunction
 from posenc.options.bias import FireOptions
@@ -75,7 +75,7 @@ class Fire(Scheme):
     def bias(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS):
         """B x H x T x S. The bias is a function of positions alone, so where every row has the same
         positions (training without position sampling, any evaluation) it is computed for one row and
-        broadcast: a B-fold saving of the MLP's work, chosen at run time (`lax.cond`)."""
+        broadcast: a B-fold saving of the MLP's work, chosen at run time (posenc/fast_form.py)."""
         def of(q_pos, k_pos):
             return self.mlp(self.normalized_distance(q_pos, k_pos))
 
@@ -83,9 +83,9 @@ class Fire(Scheme):
         if b == 1:
             return of(q_pos_BxT, k_pos_BxS)
         shape = (b, self.w2.shape[1], q_pos_BxT.shape[1], k_pos_BxS.shape[1])
-        alike = jnp.all(q_pos_BxT == q_pos_BxT[:1]) & jnp.all(k_pos_BxS == k_pos_BxS[:1])
-        return jax.lax.cond(alike, lambda: jnp.broadcast_to(of(q_pos_BxT[:1], k_pos_BxS[:1]), shape),
-                            lambda: jnp.broadcast_to(of(q_pos_BxT, k_pos_BxS), shape))
+        return fast_form.choose(fast_form.rows_alike(q_pos_BxT, k_pos_BxS),
+                                lambda: jnp.broadcast_to(of(q_pos_BxT[:1], k_pos_BxS[:1]), shape),
+                                lambda: jnp.broadcast_to(of(q_pos_BxT, k_pos_BxS), shape))
 
     def bias_fn(self):
         def tile(shared, head, q_pos_Qx1, k_pos_1xS):

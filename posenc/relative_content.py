@@ -14,6 +14,7 @@ import jax
 import jax.numpy as jnp
 from flax import nnx
 
+from posenc import fast_form
 from posenc.base import ModelDims, Scheme, check_table_length
 from posenc.bias import t5_relative_position_bucket
 from posenc.options.content import DebertaOptions, ShawOptions, TransformerXLOptions, TupeOptions
@@ -47,7 +48,7 @@ def _relative_products(x_BxAxHxK: jax.Array, rel_RxHxK: jax.Array, pos_a_BxA: ja
     and evaluation up to the clipping distance), the rows of `rel` used are the A + C - 1 around the
     diagonal: only those are multiplied (2k = 1,024 -> 511 at L = 256) and the lookup, which then
     runs along diagonals, is `_skewed`. Otherwise every row of `rel` is multiplied and gathered.
-    Chosen at run time (`lax.cond`)."""
+    Chosen at run time (posenc/fast_form.py)."""
     x = x_BxAxHxK.astype(jnp.float32)
     a, c = pos_a_BxA.shape[1], pos_c_BxC.shape[1]
     pa, pc = pos_a_BxA.astype(jnp.int32), pos_c_BxC.astype(jnp.int32)
@@ -60,8 +61,8 @@ def _relative_products(x_BxAxHxK: jax.Array, rel_RxHxK: jax.Array, pos_a_BxA: ja
     if width > rel_RxHxK.shape[0]:
         return gathered()
     first_a, first_c = pa[0, 0], pc[0, 0]
-    contiguous = (jnp.all(pa == first_a + jnp.arange(a, dtype=jnp.int32))
-                  & jnp.all(pc == first_c + jnp.arange(c, dtype=jnp.int32)))
+    contiguous = (fast_form.rows_alike(pa, pc) & jnp.all(pa[0] == first_a + jnp.arange(a, dtype=jnp.int32))
+                  & jnp.all(pc[0] == first_c + jnp.arange(c, dtype=jnp.int32)))
     distances = sign * jnp.stack([first_a - first_c - (c - 1), first_a + (a - 1) - first_c])
     unclipped = (distances.min() >= low) & (distances.max() <= high)
 
@@ -74,7 +75,7 @@ def _relative_products(x_BxAxHxK: jax.Array, rel_RxHxK: jax.Array, pos_a_BxA: ja
         window = jnp.flip(window, 0) if sign > 0 else window
         return _skewed(jnp.einsum("bahk,whk->bhaw", x, window), c)
 
-    return jax.lax.cond(contiguous & unclipped, skewed, gathered)
+    return fast_form.choose(contiguous & unclipped, skewed, gathered)
 
 
 def _sum_by_row(probs_BxHxTxS: jax.Array, index_BxTxS: jax.Array, rows: int) -> jax.Array:

@@ -122,15 +122,16 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
         scale_BxTx1x1 = jnp.broadcast_to(scale, (b, 1, t, 1)).reshape(b, t, 1, 1)
         q_BxTxHxK = (q_BxTxHxK * scale_BxTx1x1).astype(k_BxTxHxK.dtype)
     bias = scheme.bias_fn()
-    treedef, shared, per_head = None, [], []
+    treedef, shared, per_head, by_distance = None, [], [], None
     if bias is not None:
         shared, shared_def = jax.tree.flatten(bias.shared)
         per_head, head_def = jax.tree.flatten(bias.per_head)
         treedef = None if bias.fn is None else (shared_def, head_def, bias.fn)
         if bias.table is not None:  # the lookup table travels as the last per-head leaf
             per_head = per_head + [bias.table]
-        if bias.by_distance() is not None:  # then its values by distance (the forward's lookup), after it
-            per_head = per_head + [bias.by_distance()]
+        by_distance = bias.by_distance()
+        if by_distance is not None:  # then its values by distance (the forward's lookup), after it
+            per_head = per_head + [by_distance]
     block = max(launch.block, launch.keys)  # both powers of 2: a multiple of either tile
     pad = -t % block
     if pad:  # padded queries and keys come after every real query; their positions continue the rows
@@ -153,7 +154,7 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
                      constant_beyond=None if bias is None else bias.constant_beyond,
                      lookup=None if bias is None or bias.table is None else bias.index,
-                     by_distance=bias is not None and bias.by_distance() is not None)
+                     by_distance=by_distance is not None)
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, ([_kernel_shape(x) for x in shared],
                                                      [_kernel_shape(x, per_head=True) for x in per_head]))

@@ -67,3 +67,18 @@ def test_fire_bias_for_rows_of_equal_positions_is_each_rows_bias():
             np.testing.assert_allclose(bias[b], alone, rtol=1e-6, atol=1e-6)
     assert not np.allclose(np.asarray(scheme.bias(None, None, moved, moved))[1],
                            np.asarray(scheme.bias(None, None, moved, moved))[0])
+
+
+def test_the_fast_forms_are_a_run_time_branch_off_a_gpu_and_the_general_form_on_one(monkeypatch):
+    """posenc/fast_form.py: on a CPU FIRE's bias branches on whether the rows' positions are alike; on a
+    GPU (where a conditional may read its predicate on the host) only the general form is traced, and
+    gives the same bias."""
+    import jax
+    from posenc import fast_form
+    scheme = build("fire", heads=2, hidden=4, threshold_init=4.0)
+    pos = jnp.broadcast_to(jnp.arange(6), (3, 6))
+    here = scheme.bias(None, None, pos, pos)
+    assert "cond" in str(jax.make_jaxpr(lambda p: scheme.bias(None, None, p, p))(pos))
+    monkeypatch.setattr(fast_form.jax, "default_backend", lambda: "gpu")
+    assert "cond" not in str(jax.make_jaxpr(lambda p: scheme.bias(None, None, p, p))(pos))
+    np.testing.assert_allclose(scheme.bias(None, None, pos, pos), here, rtol=1e-6, atol=1e-6)
