@@ -61,6 +61,9 @@ def validate_rope_options(options: RopeOptions, rotary_dim: int | None = None) -
     if options.rerope_window and options.xpos:
         raise ValueError("rope.rerope_window cannot be combined with rope.xpos (the xPos decay "
                          "would not be clamped with the relative position)")
+    if options.rerope_window and options.yarn_dynamic:
+        raise ValueError("rope.rerope_window cannot be combined with rope.yarn_dynamic (the bias of a tile "
+                         "cannot know its row's scale)")
     if options.rerope_window and options.dynamic_ntk:
         raise ValueError("rope.rerope_window cannot be combined with rope.dynamic_ntk (the bias of a "
                          "tile cannot know the alpha of the whole window)")
@@ -81,7 +84,12 @@ def _validate_llama3_longrope(options: RopeOptions, rotary_dim: int | None) -> N
         raise ValueError(f"Llama 3 scaling needs 0 < rope.llama3_low_freq_factor < rope.llama3_high_freq_factor, "
                          f"got {options.llama3_low_freq_factor} and {options.llama3_high_freq_factor}")
     longrope = longrope_on(options)
-    recipes = [name for name, on in (("rope.yarn_scale", options.yarn_scale != 1.0),
+    if options.yarn_dynamic and options.yarn_scale != 1.0:
+        raise ValueError(f"rope.yarn_dynamic sets YaRN's scale from the length; leave rope.yarn_scale=1 (got "
+                         f"{options.yarn_scale})")
+    if options.yarn_dynamic and options.dynamic_ntk:
+        raise ValueError("rope.yarn_dynamic and rope.dynamic_ntk each scale with the length; set one of them")
+    recipes = [name for name, on in (("rope.yarn_scale / yarn_dynamic", options.yarn_scale != 1.0 or options.yarn_dynamic),
                                      ("rope.llama3_factor", options.llama3_factor != 1.0),
                                      ("rope.longrope_short_factor/long_factor", longrope)) if on]
     if len(recipes) > 1:
@@ -118,6 +126,7 @@ def _validate_self_extend(options: RopeOptions) -> None:
     clashes = [("rope.rerope_window", options.rerope_window != 0, "both replace the far logits"),
                ("rope.xpos", options.xpos, "its decay would stay at the true distance"),
                ("rope.dynamic_ntk", options.dynamic_ntk, "the bias of a tile cannot know alpha"),
+               ("rope.yarn_dynamic", options.yarn_dynamic, "the bias of a tile cannot know its row's scale"),
                ("LongRoPE (rope.longrope_short_factor/long_factor)", longrope_on(options),
                 "the bias of a tile cannot know which factors its row uses")]
     for name, on, why in clashes:
@@ -133,6 +142,7 @@ def _validate_dual_chunk(options: RopeOptions) -> None:
         raise ValueError(f"rope.dca_local_window must lie in [0, rope.dca_chunk_size) = [0, {size}), got {window}")
     clashes = [("rope.rerope_window", options.rerope_window != 0), ("rope.self_extend_window",
                options.self_extend_window != 0), ("rope.xpos", options.xpos), ("rope.dynamic_ntk", options.dynamic_ntk),
+               ("rope.yarn_dynamic", options.yarn_dynamic),
                ("LongRoPE (rope.longrope_short_factor/long_factor)", longrope_on(options))]
     for name, on in clashes:
         if on:
@@ -194,6 +204,7 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
       YaRN (s = yarn_scale): theta_i <- (1 - gamma_i) theta_i / s + gamma_i theta_i, computed as
               theta_i / s + gamma_i theta_i (1 - 1/s) so that s = 1 is exactly theta_i; gamma_i
               from `yarn_index_ramp` (yarn_ramp="index", the default) or `yarn_ramp` ("turns");
+              with yarn_dynamic, s = max(1, length / L_train) per row (`dynamic_yarn_scale`);
       PI: theta_i <- pi_factor * theta_i (the same as multiplying every position by pi_factor);
       p-RoPE (p_rope != 1): theta_i <- 0 for the pairs past `p_rope_pairs` (the lowest frequencies).
     """
@@ -215,6 +226,8 @@ def scaled_inverse_frequencies(options: RopeOptions, rotary_dim: int, train_leng
                                               options.llama3_high_freq_factor, train_length)
     # Applied unconditionally: s = 1 and pi_factor = 1 leave theta unchanged bit for bit.
     s = options.yarn_scale
+    if options.yarn_dynamic:  # s per row, from the row's length (B x 1, broadcast over the pairs)
+        s = dynamic_yarn_scale(train_length, length)[..., None]
     if options.yarn_ramp == "index":
         gamma = yarn_index_ramp(rotary_dim, options.base, train_length, options.yarn_beta_slow,
                                 options.yarn_beta_fast)
@@ -292,8 +305,14 @@ def longrope_mscale(options: RopeOptions, train_length: int) -> float:
     return 1.0 if factor <= 1.0 else math.sqrt(1 + math.log(factor) / math.log(train_length))
 
 
-def rope_mscale(options: RopeOptions, train_length: int) -> float:
-    """What cos and sin are multiplied by: YaRN's and LongRoPE's attention factors (at most one is on)."""
+def rope_mscale(options: RopeOptions, train_length: int, length: jax.Array | None = None) -> float | jax.Array:
+    """What cos and sin are multiplied by: YaRN's and LongRoPE's attention factors (at most one is
+    on); one per row (B) for dynamic YaRN, whose scale follows `length` (required then)."""
+    if options.yarn_dynamic:
+        if length is None:
+            raise ValueError("dynamic YaRN needs `length` (largest key position + 1)")
+        s = dynamic_yarn_scale(train_length, length)
+        return 0.1 * jnp.log(s) + 1.0 if options.yarn_temperature else jnp.ones_like(s)
     return yarn_mscale(options) * longrope_mscale(options, train_length)
 
 
@@ -304,3 +323,13 @@ def yarn_mscale(options: RopeOptions) -> float:
     if options.yarn_scale == 1.0 or not options.yarn_temperature:
         return 1.0
     return 0.1 * math.log(options.yarn_scale) + 1.0
+
+
+def dynamic_yarn_scale(train_length: int, length: jax.Array | int | None) -> jax.Array:
+    """Dynamic YaRN's scale s = max(1, length / L_train) (`length`: the row's largest key position + 1;
+    B or a scalar): the YaRN paper's training-free form (Peng et al. 2024, section 3.3; the authors'
+    LlamaDynamicYaRNScaledRotaryEmbedding recomputes YaRN with s = sequence length / original length
+    once the sequence outgrows the window, plain RoPE before)."""
+    if length is None:
+        raise ValueError("dynamic YaRN needs `length` (largest key position + 1)")
+    return jnp.maximum(1.0, jnp.asarray(length, jnp.float32) / train_length)

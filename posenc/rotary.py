@@ -27,13 +27,18 @@ def apply_rotary(x_BxTxHxK: jax.Array, positions_BxT: jax.Array, inv_freq: jax.A
 
     Pairs are (i, i + R/2) ("rotate half" layout); any fixed pairing gives the same scheme.
     `scale_BxTxR2`, if given, multiplies both features of pair i after the rotation (xPos);
-    `mscale` multiplies cos and sin, so the rotated features only (YaRN's attention factor).
+    `mscale` multiplies cos and sin, so the rotated features only (YaRN's attention factor; a float,
+    or one per row, B, for dynamic YaRN).
     """
     rotary_dim = 2 * inv_freq.shape[-1]
     x_rot, x_pass = x_BxTxHxK[..., :rotary_dim], x_BxTxHxK[..., rotary_dim:]
     angles_BxTxR2 = positions_BxT.astype(jnp.float32)[..., None] * inv_freq
     cos_sin = jnp.concatenate([jnp.cos(angles_BxTxR2), jnp.sin(angles_BxTxR2)], axis=-1)
-    cos_sin = _materialized(cos_sin if mscale == 1.0 else cos_sin * mscale)
+    if not isinstance(mscale, (int, float)):  # one factor per row (dynamic YaRN)
+        cos_sin = cos_sin * jnp.reshape(mscale, (-1, 1, 1))
+    elif mscale != 1.0:
+        cos_sin = cos_sin * mscale
+    cos_sin = _materialized(cos_sin)
     cos, sin = (c[:, :, None, :] for c in jnp.split(cos_sin, 2, axis=-1))
     x1, x2 = jnp.split(x_rot.astype(jnp.float32), 2, axis=-1)
     y1, y2 = x1 * cos - x2 * sin, x2 * cos + x1 * sin
@@ -111,6 +116,12 @@ class Rope(Scheme):
       s = 16). Temperature: cos and sin are multiplied by sqrt(1/t) = 0.1 ln(s) + 1, as in the
       authors' code, so the rotated part of each logit is multiplied by 1/t (all of it without
       partial rotary: the paper's softmax(q^T k / (t sqrt(d)))).
+    - yarn_dynamic: dynamic YaRN, the YaRN paper's training-free form (Peng et al. 2024, section
+      3.3; the authors' LlamaDynamicYaRNScaledRotaryEmbedding, jquesnelle/yarn): YaRN as above with
+      s = max(1, (n_max + 1) / L_train), n_max the row's largest key position, and its temperature
+      0.1 ln s + 1 with it: plain RoPE within L_train, the window's own YaRN beyond (per row, as
+      dynamic NTK decides alpha). yarn_scale stays 1; not combinable with dynamic_ntk, ReRoPE,
+      Self-Extend or DCA (a tile cannot know its row's scale).
     - rerope_window (w): ReRoPE (Su 2023, "Transformer升级之路 12: 无限外推的ReRoPE?",
       kexue.fm/archives/9708): the relative position m - n is replaced by min(m - n, w). Realised
       exactly (up to float rounding) through the `bias` hook, which receives the rotated q and k:
@@ -205,10 +216,15 @@ class Rope(Scheme):
     def original_length(self) -> int:
         return self.options.original_length or self.dims.train_length
 
+    def _row_length(self, k_pos_BxS: jax.Array) -> jax.Array | None:
+        """Each row's largest key position + 1 (B) where an option scales with it (dynamic NTK, dynamic
+        YaRN, LongRoPE); None where none does."""
+        per_row = self.options.dynamic_ntk or self.options.yarn_dynamic or longrope_on(self.options)
+        return jnp.max(k_pos_BxS, axis=-1) + 1 if per_row else None
+
     def _inv_freq(self, k_pos_BxS: jax.Array) -> jax.Array:
         """R/2, or B x 1 x R/2 with dynamic NTK or LongRoPE (one alpha, one factor set per row)."""
-        per_row = self.options.dynamic_ntk or longrope_on(self.options)
-        length_B = jnp.max(k_pos_BxS, axis=-1) + 1 if per_row else None
+        length_B = self._row_length(k_pos_BxS)
         inv_freq = scaled_inverse_frequencies(self.options, self.rotary_dim, self.original_length, length_B)
         return inv_freq[:, None, :] if inv_freq.ndim == 2 else inv_freq
 
@@ -224,7 +240,7 @@ class Rope(Scheme):
             center_B = (lo + hi).astype(jnp.float32) / 2
             q_scale = xpos_scales(q_pos_BxT, center_B, zeta, self.options.xpos_scale_base, 1.0)
             k_scale = xpos_scales(k_pos_BxS, center_B, zeta, self.options.xpos_scale_base, -1.0)
-        mscale = rope_mscale(self.options, self.original_length)
+        mscale = rope_mscale(self.options, self.original_length, self._row_length(k_pos_BxS))
         return (apply_rotary(q_BxTxHxK, q_pos_BxT, inv_freq, q_scale, mscale),
                 apply_rotary(k_BxSxHxK, k_pos_BxS, inv_freq, k_scale, mscale))
 

@@ -14,7 +14,7 @@ POPE_BIAS_INITS = ("zeros", "uniform")
 
 # Whether a method is on, from the options of its section (posenc/domains.py: only_with).
 def _yarn_on(o) -> bool:
-    return o["yarn_scale"] != 1
+    return o["yarn_scale"] != 1 or bool(o.get("yarn_dynamic"))
 
 
 def _llama3_on(o) -> bool:
@@ -39,6 +39,7 @@ class RopeOptions:
     dynamic_ntk: bool = False     # alpha = max(1, f (largest key position + 1) / L_train - (f - 1)), per row
     dynamic_ntk_factor: float = 1.0  # f, HF's rope_scaling "factor" for "dynamic" (published: 2 or more)
     yarn_scale: float = 1.0       # YaRN's s = L_target / L_train (1 = off)
+    yarn_dynamic: bool = False    # dynamic YaRN: s = max(1, (largest key position + 1) / L_train), per row
     yarn_beta_fast: float = 32.0  # beta: frequencies with more than beta turns in L_train are kept
     yarn_beta_slow: float = 1.0   # alpha: frequencies with fewer than alpha turns are interpolated
     yarn_temperature: bool = True # rotated features x (0.1 ln s + 1) in q and k; False = "NTK-by-parts"
@@ -71,10 +72,10 @@ class RopeOptions:
                "ntk_alpha": positive(),
                "dynamic_ntk_factor": only_with(lambda o: o["dynamic_ntk"], "dynamic_ntk", at_least(1), 1.0),
                "yarn_scale": at_least(1, note="L_target / L_train; 1 = off"),
-               "yarn_beta_fast": only_with(_yarn_on, "yarn_scale", positive(), 32.0),
-               "yarn_beta_slow": only_with(_yarn_on, "yarn_scale", between(0, lo_open=True, note="and < yarn_beta_fast"),
+               "yarn_beta_fast": only_with(_yarn_on, "yarn_scale (or yarn_dynamic)", positive(), 32.0),
+               "yarn_beta_slow": only_with(_yarn_on, "yarn_scale (or yarn_dynamic)", between(0, lo_open=True, note="and < yarn_beta_fast"),
                                            1.0),
-               "yarn_ramp": only_with(_yarn_on, "yarn_scale", one_of("index", "turns"), "index"),
+               "yarn_ramp": only_with(_yarn_on, "yarn_scale (or yarn_dynamic)", one_of("index", "turns"), "index"),
                "original_length": at_least(0, note="0 = the training length"),
                "llama3_factor": at_least(1, note="1 = off"),
                "llama3_low_freq_factor": only_with(_llama3_on, "llama3_factor", positive(), 1.0),

@@ -331,7 +331,34 @@ def test_variant_is_causal_prefix_consistent_and_adds_no_parameters(options):
     (dict(self_extend_window=4, rerope_window=4), "rerope_window"),
     (dict(self_extend_window=4, xpos=True), "xpos"),
     (dict(self_extend_window=4, dynamic_ntk=True), "dynamic_ntk"),
-    (dict(self_extend_window=4, longrope_short_factor=[1.0] * 8, longrope_long_factor=[1.0] * 8), "LongRoPE")])
+    (dict(self_extend_window=4, longrope_short_factor=[1.0] * 8, longrope_long_factor=[1.0] * 8), "LongRoPE"),
+    (dict(yarn_dynamic=True, yarn_scale=2.0), "yarn_scale"),
+    (dict(yarn_dynamic=True, dynamic_ntk=True), "dynamic_ntk"),
+    (dict(yarn_dynamic=True, llama3_factor=2.0), "yarn_dynamic"),
+    (dict(yarn_dynamic=True, self_extend_window=4), "yarn_dynamic"),
+    (dict(yarn_dynamic=True, dca_chunk_size=4), "yarn_dynamic"),
+    (dict(yarn_dynamic=True, rerope_window=4), "yarn_dynamic")])
 def test_meaningless_or_undefined_combinations_are_refused(options, match):
     with pytest.raises(ValueError, match=match):
         build(**options)
+
+
+def test_dynamic_yarn_is_static_yarn_at_each_rows_own_scale():
+    """Dynamic YaRN (the YaRN paper's training-free form): a row of n keys is rotated as static YaRN
+    with s = n / L_train rotates it (its temperature included), plain RoPE within L_train; rows of
+    other lengths in one batch each take their own scale."""
+    L = TRAIN_LENGTH
+    dynamic = build(yarn_dynamic=True)
+    q, k = qk(3 * L, 3 * L, batch=2)
+    positions = jnp.broadcast_to(jnp.arange(3 * L), (2, 3 * L))
+    for n in (L // 2, L, 2 * L + 5, 3 * L):
+        static = build(yarn_scale=n / L) if n > L else build()
+        expected = static.rotate(q[:, :n], k[:, :n], positions[:, :n], positions[:, :n])
+        got = dynamic.rotate(q[:, :n], k[:, :n], positions[:, :n], positions[:, :n])
+        for a, b in zip(got, expected):
+            np.testing.assert_allclose(a, b, atol=1e-6, rtol=1e-6)
+    # per row: a row whose largest position is 2L - 1 (scale 2) beside one at 3L - 1 (scale 3)
+    rows = positions.at[0].set(jnp.minimum(positions[0], 2 * L - 1))
+    _, k_rows = dynamic.rotate(q, k, rows, rows)
+    np.testing.assert_allclose(k_rows[0], build(yarn_scale=2.0).rotate(q, k, rows, rows)[1][0], atol=1e-6)
+    np.testing.assert_allclose(k_rows[1], build(yarn_scale=3.0).rotate(q, k, rows, rows)[1][1], atol=1e-6)
