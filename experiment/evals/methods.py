@@ -12,7 +12,8 @@ The settings are those of results/training_free/ (the survey's experiment), for 
 factors follow k (PI 1/k, NTK-aware alpha k, YaRN and Llama 3 scale k, Self-Extend group 2k);
 windowed methods keep windows in proportion to L at every length (ReRoPE L/2; Self-Extend a
 neighbour window of L/4; Dual Chunk Attention chunks of 3L/4 with a local window of L/16; LM-Infinite
-10 sink tokens and a window of L; dynamic NTK its factor 2). Where a method changes nothing (a factor
+10 sink tokens and a window of L; dynamic NTK its factor 2; dynamic YaRN its scale from each row's
+length, the paper's training-free form). Where a method changes nothing (a factor
 of 1 at k <= 1, dynamic NTK and LM-Infinite within the window, ReRoPE up to L/2, DCA up to one chunk)
 it sets nothing: the model as trained, whose evaluation --methods then scores once for all of them
 (experiment/evals/kinds.py). Nothing here imports JAX.
@@ -60,6 +61,7 @@ METHODS: dict[str, Method] = {
     "ntk": Method("NTK-aware", "bloc97 2023", lambda k, L: _rope(ntk_alpha=k)),
     "dynamic_ntk": Method("dynamic NTK", "emozilla 2023", lambda k, L: _rope(dynamic_ntk="true", dynamic_ntk_factor=2)),
     "yarn": Method("YaRN", "Peng et al. 2024", lambda k, L: _rope(yarn_scale=k)),
+    "dynamic_yarn": Method("dynamic YaRN", "Peng et al. 2024", lambda k, L: _rope(yarn_dynamic="true")),
     "llama3": Method("Llama 3", "Meta 2024", lambda k, L: _rope(llama3_factor=k)),
     "rerope": Method("ReRoPE", "Su 2023", lambda k, L: _rope(rerope_window=L // 2), acts_beyond=lambda L: L // 2),
     "self_extend": Method("Self-Extend", "Jin et al. 2024",
