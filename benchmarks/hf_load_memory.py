@@ -87,7 +87,7 @@ def write_checkpoint(folder: pathlib.Path, config: dict, shards: int = 4, seed: 
 LOAD_SCRIPT = """
 import json, sys, time
 import jax
-from models import hf
+from models.formats import hf
 def status_gb(field):
     line = next(l for l in open("/proc/self/status") if l.startswith(field + ":"))
     return int(line.split()[1]) * 1024 / 1e9

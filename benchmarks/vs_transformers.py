@@ -150,7 +150,7 @@ def forward_child(side: str, gguf: str, length: int, repeats: int) -> dict:
     if side == "ours":
         sys.path.insert(0, str(REPO))
         import jax
-        from models import hf
+        from models.formats import hf
         model, tokenizer = hf.load(gguf)
         vocab = model.cfg.vocab_size
         ids = jax.numpy.asarray(np.random.RandomState(0).randint(0, vocab, (1, length)), jax.numpy.int32)
@@ -194,7 +194,7 @@ def forward_table(hf_python: str, lengths: list[int], rounds: int, repeats: int)
     import statistics
     import subprocess
     sys.path.insert(0, str(REPO))
-    from models import packaged
+    from models.formats import packaged
     gguf = str(packaged.locate("smollm2"))
     runs = []
     for r in range(rounds):

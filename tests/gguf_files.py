@@ -10,7 +10,7 @@ import gguf
 import numpy as np
 from safetensors.numpy import load_file, save_file
 
-from models.gguf_checkpoint import permute
+from models.formats.gguf import permute
 
 HF_TINY = Path(__file__).resolve().parent / "fixtures" / "hf_tiny"
 Q = gguf.GGMLQuantizationType

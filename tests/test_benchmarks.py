@@ -79,7 +79,7 @@ def test_gpu_step_targets_and_file_name():
 def test_hf_load_memory_writes_a_checkpoint_that_loads(tmp_path):
     """The synthetic Llama checkpoint (here tiny) has every tensor the loader asks for, in shards."""
     from benchmarks.hf_load_memory import LLAMA_3_2_1B, tensor_shapes, write_checkpoint
-    from models import hf
+    from models.formats import hf
     config = {**LLAMA_3_2_1B, "num_hidden_layers": 2, "hidden_size": 64, "intermediate_size": 96,
               "num_attention_heads": 4, "num_key_value_heads": 2, "head_dim": 16, "vocab_size": 300}
     total = write_checkpoint(tmp_path, config, shards=3)

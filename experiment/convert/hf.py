@@ -10,7 +10,7 @@ and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports a
 from it (`train.init_from=WORKDIR`) then work on it as on any run.
 
 `export_hf(workdir, out, overrides)` writes the run's newest checkpoint in HF's format
-(models/hf.py), its rope options (with any eval-time overrides) as HF's rope_parameters, and its
+(models/formats/hf.py), its rope options (with any eval-time overrides) as HF's rope_parameters, and its
 tokenizer as tokenizer.json beside it: an imported run, a fine-tune of one, or a run trained here
 with a Llama-family or GPT-NeoX block (any tokenizer kind).
 """
@@ -35,8 +35,8 @@ from experiment.store import checkpoints, output
 from experiment.store.files import first_line
 from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
-from models import hf
-from models.hf_mapping import HFError, rope_options
+from models.formats import hf
+from models.formats.hf_mapping import HFError, rope_options
 
 log = logging.getLogger(__name__)
 

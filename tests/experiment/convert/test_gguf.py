@@ -14,8 +14,8 @@ import pytest
 from experiment.evals.common import load_checkpoint
 from experiment.convert.hf import export_hf, import_hf
 from experiment.store.run import RunDir
-from models import hf
-from models.hf_mapping import HFError
+from models.formats import hf
+from models.formats.hf_mapping import HFError
 from tests.conftest import run_entry
 from tests.gguf_files import HF_TINY, Q, hf_tiny, write
 

@@ -19,8 +19,8 @@ from experiment.evals import evaluate
 from experiment.evals.common import load_checkpoint
 from experiment.store import checkpoints
 from experiment.store.run import RunDir, RunError
-from models import hf
-from models.hf_mapping import HFError
+from models.formats import hf
+from models.formats.hf_mapping import HFError
 from tests.conftest import REPO, run_entry
 from tests.experiment.report.synthetic import fake_run
 

@@ -23,8 +23,8 @@ from experiment.evals.common import apply_overrides, load_checkpoint, parse_over
 from experiment.model import abstract_model
 from experiment.store.run import RunDir
 from experiment.train import init_from, train
-from models import hf
-from models.hf_mapping import HFError
+from models.formats import hf
+from models.formats.hf_mapping import HFError
 from tests.conftest import REPO, tiny_config
 from tests.experiment.convert.test_hf import local_corpus
 from tests.experiment.convert.test_hf import FIXTURES, ROPE_PARAMETERS, stored

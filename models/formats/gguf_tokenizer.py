@@ -57,7 +57,7 @@ class TokenizerMetadataError(ValueError):
 
 
 def from_metadata(meta: dict[str, Any]) -> Tokenizer:
-    """The tokenizer of a GGUF file's metadata (`meta`: key -> value, as models/gguf_checkpoint.py
+    """The tokenizer of a GGUF file's metadata (`meta`: key -> value, as models/formats/gguf.py
     reads them). TokenizerMetadataError where a key is missing or names a form not handled here."""
     if isinstance(meta.get("tokenizer.huggingface.json"), str):
         return Tokenizer.from_str(meta["tokenizer.huggingface.json"])

@@ -1,6 +1,6 @@
 """What a Hugging Face checkpoint is in this project's terms: its config.json as a ModelConfig and
 `rope` options, and its tensors as our parameters (one table per architecture, read both ways, so
-that models/hf.py loads and exports with the same rows).
+that models/formats/hf.py loads and exports with the same rows).
 
 A table row is (HF tensor names, our parameter path, rule); `{i}` stands for the layer index. A
 row applies where our model has that parameter (the untied output projection, the biases the
@@ -174,7 +174,7 @@ def read_config(folder: Path) -> dict:
 def unapplied_window(config: dict) -> int:
     """A sliding window the decoder does not apply (0: none): Qwen2's where `use_sliding_window`, which
     holds only from layer `max_window_layers` on. Such a model is exact only up to the window
-    (models/hf.py warns at load). Mistral's `sliding_window` is applied (model.attention_window)."""
+    (models/formats/hf.py warns at load). Mistral's `sliding_window` is applied (model.attention_window)."""
     if config["architectures"][0] == "Qwen2ForCausalLM" and config.get("use_sliding_window", False):
         return int(config.get("sliding_window") or 0)
     return 0

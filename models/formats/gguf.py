@@ -1,7 +1,7 @@
-"""A GGUF file (llama.cpp's and Ollama's checkpoint format) as what models/hf.py reads from a Hugging
-Face folder, so that one loader serves both: its metadata as a config.json dict (models/hf_mapping.py
+"""A GGUF file (llama.cpp's and Ollama's checkpoint format) as what models/formats/hf.py reads from a Hugging
+Face folder, so that one loader serves both: its metadata as a config.json dict (models/formats/hf_mapping.py
 turns that into a ModelConfig and `rope` options), its tensors by their HF names (`get(name, shape)`,
-as hf.Tensors), and its tokenizer (models/gguf_tokenizer.py).
+as hf.Tensors), and its tokenizer (models/formats/gguf_tokenizer.py).
 
 The file is read with the `gguf` package (llama.cpp's reader and de-quantizer): every tensor type it
 de-quantizes, one tensor at a time when asked for, its bytes read from the file (not kept mapped)
@@ -24,8 +24,8 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
-from models.gguf_tokenizer import TokenizerMetadataError, from_metadata
-from models.hf_mapping import HFError
+from models.formats.gguf_tokenizer import TokenizerMetadataError, from_metadata
+from models.formats.hf_mapping import HFError
 
 ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}  # GGUF -> HF
 # What llama.cpp fixes for Gemma 3 rather than writing it: a global layer every 6, the windowed layers'
@@ -110,7 +110,7 @@ def _return_freed_memory() -> None:
 class GGUFCheckpoint:
     """An opened GGUF checkpoint: `config` (config.json's form), `tokenizer`, and `get(name, shape)`,
     the tensor of HF name `name` as a float32 array (HFError where missing or of another shape).
-    A context manager like hf.Tensors, so that models/hf.py reads either the same way."""
+    A context manager like hf.Tensors, so that models/formats/hf.py reads either the same way."""
 
     def __init__(self, path: str | Path):
         self.path = Path(path).expanduser()
@@ -176,7 +176,7 @@ class GGUFCheckpoint:
         return config
 
     def _gemma3(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Gemma 3's keys of config.json (models/hf_mapping.py: _gemma3_block). llama.cpp scales the
+        """Gemma 3's keys of config.json (models/formats/hf_mapping.py: _gemma3_block). llama.cpp scales the
         27B model's queries by (d / heads)^-0.5, the others' by head_dim^-0.5."""
         layers, every = config["num_hidden_layers"], int(self._key("attention.sliding_window_pattern", GEMMA3_PATTERN))
         scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else config["head_dim"]
