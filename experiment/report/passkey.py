@@ -19,6 +19,7 @@ import numpy as np
 from experiment.report import plots
 from experiment.report.runs import describe, distinguish, file_stems, name_runs
 from experiment.report.seeds import members, wilson
+from experiment.store import files
 from experiment.store.records import curve_options
 
 SAME_AS_SHORTER = "≈"  # the heat maps' mark: this cell's interval holds the next shorter length's value
@@ -264,8 +265,8 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
             path = out / f"passkey_heatmap_{run['file']}{'_' + file_stems([extra])[0] if extra else ''}.png"
             plots.save(heatmap_figure(name, recs), path)
             heatmaps.append(str(path))
-    (out / "passkey.md").write_text("# Passkey retrieval vs. evaluation length\n\n"
-                                    + passkey_table([(run["label"], run["records"]) for run in runs]))
+    files.write_atomically(out / "passkey.md", "# Passkey retrieval vs. evaluation length\n\n"
+                           + passkey_table([(run["label"], run["records"]) for run in runs]))
     return {"png": str(out / "passkey_vs_length.png"), "md": str(out / "passkey.md"), "heatmaps": heatmaps}
 
 

@@ -8,6 +8,7 @@ in use draws is written as its code (\\u5b9e), so two runs' labels never differ 
 from __future__ import annotations
 
 import functools
+import io
 import pathlib
 import textwrap
 from typing import Iterable
@@ -20,6 +21,7 @@ from matplotlib.ft2font import FT2Font
 from matplotlib.text import Text
 
 from experiment.report import ticks
+from experiment.store import files
 
 DPI = 120
 PAD_INCHES = 0.15  # blank margin around everything drawn
@@ -104,7 +106,15 @@ def save(fig: Figure, path: str | pathlib.Path) -> pathlib.Path:
     drawable_texts(fig)
     fig.tight_layout()
     legends = [ax.get_legend() for ax in fig.axes if ax.get_legend() is not None]
-    fig.savefig(path, dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES, bbox_extra_artists=legends or None)
+    return write(fig, path, dpi=DPI, bbox_inches="tight", pad_inches=PAD_INCHES, bbox_extra_artists=legends or None)
+
+
+def write(fig: Figure, path: str | pathlib.Path, **savefig) -> pathlib.Path:
+    """The figure drawn in memory, then written whole: a full device names the file and the size it
+    needs (experiment/store/files.py), not `a file`."""
+    path, image = pathlib.Path(path), io.BytesIO()
+    fig.savefig(image, format=path.suffix[1:] or "png", **savefig)
+    files.write_bytes_atomically(path, image.getvalue())
     return path
 
 

@@ -25,7 +25,7 @@ from matplotlib.colors import LogNorm, Normalize
 
 from experiment.report import plots
 from experiment.report.seeds import overlap, spread, wilson
-from experiment.store import output, records
+from experiment.store import files, output, records
 from experiment.store.files import first_line
 from experiment.store.run import RunDir, RunError
 
@@ -404,9 +404,9 @@ def write(root: str | pathlib.Path, out: str | pathlib.Path, keep: str | pathlib
         timings = {**{row["run"]: kept["timings"][row["run"]] for row in collected["rows"]
                       if row.get("kept") and row["run"] in kept["timings"]}, **timings}
     with output.replacing(out, "report.py") as staging:
-        (staging / "all_schemes.md").write_text(table(collected, timings))
+        files.write_atomically(staging / "all_schemes.md", table(collected, timings))
         fig = figure(collected)
         plots.drawable_texts(fig)
-        fig.savefig(staging / "all_schemes.png", dpi=plots.DPI, bbox_inches="tight")  # long row labels kept whole
-        (staging / "all_schemes.json").write_text(json.dumps(as_json(collected, timings), indent=1))
+        plots.write(fig, staging / "all_schemes.png", dpi=plots.DPI, bbox_inches="tight")  # long row labels kept whole
+        files.write_atomically(staging / "all_schemes.json", json.dumps(as_json(collected, timings), indent=1))
     return {k: str(out / f"all_schemes.{k}") for k in ("md", "png", "json")}

@@ -57,9 +57,15 @@ def checked_stream(path: pathlib.Path, meta: pathlib.Path, vocab_size: int) -> t
 
 
 def write_atomically(path: pathlib.Path, text: str) -> None:
-    tmp = path.with_suffix(path.suffix + ".tmp")
-    with space_for(path, len(text.encode()), tmp):
-        tmp.write_text(text)
+    write_bytes_atomically(path, text.encode())
+
+
+def write_bytes_atomically(path: pathlib.Path, data: bytes) -> None:
+    """`data` written whole as `path` (a temporary file renamed into place); a full device is NoSpace."""
+    path = pathlib.Path(path)
+    tmp = path.with_name(path.name + ".tmp")
+    with space_for(path, len(data), tmp):
+        tmp.write_bytes(data)
     tmp.replace(path)
 
 
@@ -79,6 +85,7 @@ class NoSpace(OSError):
     def __init__(self, path: str | pathlib.Path, needed: int | None = None):
         size = f" ({max(1, math.ceil(needed / 1e6)):,} MB needed)" if needed else ""
         super().__init__(errno.ENOSPC, f"no space left on device: {path}{size}", str(path))
+        self.needed = needed
 
     def __str__(self) -> str:
         return self.strerror

@@ -130,14 +130,15 @@ def test_out_that_is_a_file_is_a_one_line_error(tmp_path):
         write_report([run], tmp_path / "taken")
 
 
-def test_a_report_folder_holds_exactly_what_the_last_report_wrote(tmp_path):
+def test_a_report_folder_holds_what_the_last_report_wrote_beside_the_users_own_files(tmp_path):
     """Issue 32: the perplexity report of one set of runs sat beside the passkey report of another."""
     with_passkey, plain = full_run(tmp_path, "with_passkey"), fake_run(tmp_path, "rope", 64, "/data/c", {64: 5.0})
     first = write_report([with_passkey], tmp_path / "report")
     assert pathlib.Path(first["passkey"]["md"]).exists()
+    (tmp_path / "report" / "notes.txt").write_text("mine")  # issue 45: a user's file there stays
     second = write_report([plain], tmp_path / "report")
     assert sorted(p.name for p in (tmp_path / "report").iterdir()) == [
-        ".written_by", "loss_by_position.png", "ppl_vs_length.md", "ppl_vs_length.png"]
+        ".written_by", "loss_by_position.png", "notes.txt", "ppl_vs_length.md", "ppl_vs_length.png"]
     assert pathlib.Path(second["md"]).parent == tmp_path / "report" and "passkey" not in second
 
 
@@ -184,3 +185,15 @@ def test_one_run_s_methods_share_a_table_and_a_panel_each_named_by_its_method(tm
     assert "rope (L=64)" in ax.get_title()
     yarn, logn = ax.get_lines()[2:4]
     assert yarn.get_color() == logn.get_color() and yarn.get_linestyle() != logn.get_linestyle()
+
+
+def test_a_full_device_while_a_report_is_written_names_its_file_and_the_size_needed(tmp_path, monkeypatch):
+    """Issue 45, item 9: `no space left on device: a file`, where import and training name the file."""
+    import shutil
+    from experiment.store import files
+    run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0})
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 100, 100))
+    with pytest.raises(files.NoSpace, match=rf"^no space left on device: {tmp_path / 'report' / 'ppl_vs_length.png'} "
+                                            r"\(1 MB needed\)$"):
+        write_report([run], tmp_path / "report")
+    assert not (tmp_path / "report").exists()

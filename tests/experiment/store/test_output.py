@@ -79,3 +79,68 @@ def test_paths_written_aside_are_reported_where_they_end_up(tmp_path):
     paths = {"png": str(staging / "a.png"), "list": [str(staging / "b.png")], "nested": {"md": staging / "c.md"}}
     assert output.moved(paths, staging, out) == {"png": str(out / "a.png"), "list": [str(out / "b.png")],
                                                  "nested": {"md": out / "c.md"}}
+
+
+def test_a_users_file_beside_an_earlier_output_stays_and_only_the_commands_files_are_replaced(tmp_path):
+    """Issue 45, item 1: a notes.txt in a report.py --out folder (a NOTES.md in an export) was gone after
+    the same command ran again: the folder was swapped in whole."""
+    out = tmp_path / "out"
+    with output.replacing(out, "report.py") as staging:
+        (staging / "a.md").write_text("first")
+        (staging / "old.png").write_text("first")
+    (out / "notes.txt").write_text("mine")
+    (out / "mine").mkdir()
+    (out / "mine" / "draft.md").write_text("mine too")
+    with output.replacing(out, "report.py") as staging:
+        (staging / "a.md").write_text("second")
+    assert sorted(p.name for p in out.iterdir()) == [".written_by", "a.md", "mine", "notes.txt"]
+    assert (out / "a.md").read_text() == "second" and (out / "notes.txt").read_text() == "mine"
+    assert (out / "mine" / "draft.md").read_text() == "mine too"
+    assert (out / output.MARKER).read_text().splitlines() == ["report.py", "a.md"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["out"]
+
+
+def test_a_users_file_named_as_an_output_refuses_the_write_naming_it_and_changes_nothing(tmp_path):
+    out = tmp_path / "out"
+    with output.replacing(out, "report.py") as staging:
+        (staging / "a.md").write_text("first")
+    (out / "passkey.md").write_text("mine")
+    with pytest.raises(RunError, match=rf"^{out / 'passkey.md'} is not a file report.py wrote, and it writes one of "
+                                       rf"that name; move it away"):
+        with output.replacing(out, "report.py") as staging:
+            (staging / "a.md").write_text("second")
+            (staging / "passkey.md").write_text("second")
+    assert (out / "a.md").read_text() == "first" and (out / "passkey.md").read_text() == "mine"
+
+
+def test_a_marker_that_names_only_the_command_replaces_its_known_files_and_keeps_the_rest(tmp_path):
+    """A folder an earlier version marked (the marker's one line): its outputs are known by name."""
+    out = tmp_path / "hf"
+    out.mkdir()
+    (out / output.MARKER).write_text("export_hf.py\n")
+    for name in ("config.json", "model.safetensors", "tokenizer.json", "tokenizer_config.json", "NOTES.md"):
+        (out / name).write_text("old")
+    with output.replacing(out, "export_hf.py") as staging:
+        for name in ("config.json", "model.safetensors", "tokenizer.json"):
+            (staging / name).write_text("new")
+    assert sorted(p.name for p in out.iterdir()) == [".written_by", "NOTES.md", "config.json", "model.safetensors",
+                                                     "tokenizer.json"]
+    assert (out / "NOTES.md").read_text() == "old" and (out / "config.json").read_text() == "new"
+
+
+def test_a_full_device_while_the_output_is_written_aside_names_the_file_where_it_goes(tmp_path, monkeypatch):
+    """Issue 45, item 9: `no space left on device: a file` (the library's error had no file name)."""
+    import errno
+    import shutil
+    from experiment.store import files
+    out = tmp_path / "out"
+    with pytest.raises(files.NoSpace, match=rf"^no space left on device: {out / 'b.png'}$"):
+        with output.replacing(out, "report.py") as staging:
+            (staging / "a.md").write_text("written")
+            (staging / "b.png").write_text("half")
+            raise OSError(errno.ENOSPC, "No space left on device")  # what a library's write raises
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
+    with pytest.raises(files.NoSpace, match=rf"^no space left on device: {out / 'c.md'} \(1 MB needed\)$"):
+        with output.replacing(out, "report.py") as staging:
+            files.write_atomically(staging / "c.md", "x" * 5000)
+    assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
