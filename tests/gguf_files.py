@@ -17,6 +17,8 @@ Q = gguf.GGMLQuantizationType
 # where the f16 scales of a block sit (bytes), for the types gguf de-quantizes but cannot quantize:
 # random blocks with these set to small numbers stand in for quantized weights
 SCALE_OFFSETS = {Q.Q2_K: (80, 82), Q.Q3_K: (108,), Q.Q4_K: (0, 2), Q.Q5_K: (0, 2), Q.Q6_K: (208,)}
+# config.json's norm epsilon -> llama.cpp's key (RMSNorm's, LayerNorm's)
+EPSILON_KEYS = {"rms_norm_eps": "layer_norm_rms_epsilon", "layer_norm_eps": "layer_norm_epsilon"}
 
 
 def hf_tiny(arch: str) -> tuple[dict, dict[str, np.ndarray]]:
@@ -75,7 +77,7 @@ def write(path: Path, arch: str, config: dict, tensors: dict[str, np.ndarray], q
             f"{arch}.embedding_length": config["hidden_size"], f"{arch}.feed_forward_length": config["intermediate_size"],
             f"{arch}.attention.head_count": heads, f"{arch}.attention.head_count_kv": kv,
             f"{arch}.rope.freq_base": float(config["rope_parameters"]["rope_theta"]),
-            f"{arch}.attention.layer_norm_rms_epsilon": float(config["rms_norm_eps"]),
+            **{f"{arch}.attention.{key}": float(config[eps]) for eps, key in EPSILON_KEYS.items() if eps in config},
             **(tiny_tokenizer_meta() if tokenizer else {}), **(meta or {})}
     writer = gguf.GGUFWriter(str(path), arch)
     for key, value in keys.items():

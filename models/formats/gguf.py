@@ -1,14 +1,16 @@
-"""A GGUF file (llama.cpp's and Ollama's checkpoint format) as what models/formats/hf.py reads from a Hugging
-Face folder, so that one loader serves both: its metadata as a config.json dict (models/formats/hf_mapping.py
-turns that into a ModelConfig and `rope` options), its tensors by their HF names (`get(name, shape)`,
-as hf.Tensors), and its tokenizer (models/formats/gguf_tokenizer.py).
+"""A GGUF file (llama.cpp's and Ollama's checkpoint format) as what hf.py reads from a Hugging Face
+folder, so that one loader serves both: its metadata as a config.json dict (hf_mapping.py turns that
+into a ModelConfig and `rope` options), its tensors by their HF names (`get(name, shape)`, as
+hf.Tensors), and its tokenizer (gguf_tokenizer.py).
 
 The file is read with the `gguf` package (llama.cpp's reader and de-quantizer): every tensor type it
 de-quantizes, one tensor at a time when asked for, its bytes read from the file (not kept mapped)
 and de-quantized a few rows at a time, so that loading holds little beside the float32 parameters
-(SmolLM2-135M: 1.3x them at the peak, benchmarks/hf_load_memory.py --gguf). llama.cpp's converter
-reorders the rows of Llama's query and key weights (its rotary pairs are adjacent, HF's half a head
-apart); `get` puts them back. Every failure is an HFError of one line naming the file.
+(SmolLM2-135M: 1.3x them at the peak, benchmarks/hf_load_memory.py --gguf). What differs between
+architectures (which are read, their own metadata keys, how llama.cpp changed their tensors: Llama's
+query and key rows reordered so that rotary pairs are adjacent, Gemma's norm weights stored as 1 + w)
+is their row's `gguf` in architectures.py; `get` undoes those changes. Every failure is an HFError of
+one line naming the file.
 """
 from __future__ import annotations
 
@@ -24,14 +26,12 @@ import jax
 import numpy as np
 from tokenizers import Tokenizer
 
+from models.formats import HFError
+from models.formats.architectures import GGUFForm, by_gguf_name
 from models.formats.gguf_tokenizer import TokenizerMetadataError, from_metadata
-from models.formats.hf_mapping import HFError
 
-ARCHITECTURES = {"llama": "LlamaForCausalLM", "qwen2": "Qwen2ForCausalLM", "gemma3": "Gemma3ForCausalLM"}  # GGUF -> HF
-# What llama.cpp fixes for Gemma 3 rather than writing it: a global layer every 6, the windowed layers'
-# RoPE base 10,000 (its llama-model.cpp); used where the file's metadata has no key for them
-GEMMA3_PATTERN, GEMMA3_LOCAL_BASE = 6, 10000.0
-NORM_WEIGHT = re.compile(r"(norm|layernorm)\.weight$")
+NORM_WEIGHT = re.compile(r"(norm|layernorm)\.weight$")  # HF's names of the tensors a norm offset applies to
+ROTARY_ROWS = re.compile(r"self_attn\.[qk]_proj\.")  # ... and of those whose rows llama.cpp may reorder
 ROPE_SCALINGS = ("none", "linear", "yarn")
 ROWS_AT_ONCE = 256  # rows of a tensor de-quantized together
 
@@ -116,9 +116,7 @@ class GGUFCheckpoint:
         self.path = Path(path).expanduser()
         self.meta, self._tensors = _parse(self.path)
         self.arch = self.meta.get("general.architecture")
-        if self.arch not in ARCHITECTURES:
-            raise HFError(f"{self.path}: architecture {self.arch!r} is not supported; supported: "
-                          f"{', '.join(ARCHITECTURES)}")
+        self.row = by_gguf_name(self.arch, str(self.path))
         self.config = self._config()
         self._names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[self.arch.upper()], self.config["num_hidden_layers"])
         try:
@@ -157,13 +155,13 @@ class GGUFCheckpoint:
                           f"features per head (rope.dimension_count) is not supported")
         context = int(self._need("context_length"))
         config = {
-            "architectures": [ARCHITECTURES[self.arch]], "model_type": self.arch,
+            "architectures": [self.row.hf_name], "model_type": self.arch,
             "vocab_size": int(self._tensors["token_embd.weight"].shape[1]), "hidden_size": d_model,
             "intermediate_size": int(self._need("feed_forward_length")),
             "num_hidden_layers": int(self._need("block_count")), "num_attention_heads": heads,
             "num_key_value_heads": int(self._key("attention.head_count_kv", heads)), "head_dim": head_dim,
-            "hidden_act": "silu", "rms_norm_eps": _f32(self._key("attention.layer_norm_rms_epsilon", 1e-5)),
-            "max_position_embeddings": context, "tie_word_embeddings": "output.weight" not in self._tensors,
+            "hidden_act": self.row.activation, "max_position_embeddings": context,
+            "tie_word_embeddings": "output.weight" not in self._tensors,
             "attention_bias": "blk.0.attn_q.bias" in self._tensors, "mlp_bias": False,
             "rope_parameters": {**self._rope_parameters(context), "rope_theta": _f32(self._key("rope.freq_base", 1e4))},
         }
@@ -171,19 +169,11 @@ class GGUFCheckpoint:
             token = self.meta.get(f"tokenizer.ggml.{which}_token_id")
             if token is not None:
                 config[f"{which}_token_id"] = int(token)
-        if self.arch == "gemma3":
-            config.update(self._gemma3(config))
-        return config
-
-    def _gemma3(self, config: dict[str, Any]) -> dict[str, Any]:
-        """Gemma 3's keys of config.json (models/formats/hf_mapping.py: _gemma3_block). llama.cpp scales the
-        27B model's queries by (d / heads)^-0.5, the others' by head_dim^-0.5."""
-        layers, every = config["num_hidden_layers"], int(self._key("attention.sliding_window_pattern", GEMMA3_PATTERN))
-        scalar = config["hidden_size"] // config["num_attention_heads"] if layers == 62 else config["head_dim"]
-        return {"hidden_act": "gelu_pytorch_tanh", "hidden_activation": "gelu_pytorch_tanh",
-                "sliding_window": int(self._need("attention.sliding_window")), "query_pre_attn_scalar": scalar,
-                "layer_types": ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)],
-                "rope_local_base_freq": _f32(self._key("rope.freq_base_swa", GEMMA3_LOCAL_BASE))}
+        form: GGUFForm = self.row.gguf
+        for key in form.keys:  # the architecture's own keys
+            value = self._key(key.suffix, key.default) if key.default is not None else self._need(key.suffix)
+            config[key.config_key] = _f32(value) if isinstance(value, (float, np.floating)) else value
+        return {**config, **(form.derived(config) if form.derived else {})}
 
     def _rope_parameters(self, context: int) -> dict[str, Any]:
         """HF's rope dict of `{arch}.rope.scaling.*` (or the older rope.scale_linear); Llama 3's
@@ -245,11 +235,12 @@ class GGUFCheckpoint:
         if array.shape != tuple(shape):
             raise HFError(f"{self.path}: tensor {ours} has shape {array.shape}, expected {tuple(shape)} "
                           f"(from its metadata)")
-        if self.arch == "llama" and re.search(r"self_attn\.[qk]_proj\.", name):
+        form: GGUFForm = self.row.gguf
+        if form.rotary_rows_interleaved and ROTARY_ROWS.search(name):
             heads = self.config["num_attention_heads" if ".q_proj." in name else "num_key_value_heads"]
             array = unpermute(array, heads)
-        if self.arch == "gemma3" and NORM_WEIGHT.search(name):
-            array = array - np.float32(1.0)  # llama.cpp stores Gemma's 1 + weight; HF's checkpoint holds weight
+        if form.norm_offset and NORM_WEIGHT.search(name):
+            array = array - np.float32(form.norm_offset)  # llama.cpp stores Gemma's 1 + weight; HF's holds weight
         # device_put, not jnp.asarray: the latter holds a second host copy of the tensor until it is freed
         return jax.device_put(array).block_until_ready()  # copied before the next tensor is de-quantized
 

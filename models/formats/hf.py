@@ -1,6 +1,6 @@
 """Hugging Face checkpoints as DecoderLMs: `load(path, rope_parameters=None, dtype="float32")`
-gives `(model, tokenizer)` for LlamaForCausalLM, MistralForCausalLM, Qwen2ForCausalLM and
-GPTNeoXForCausalLM checkpoints in HF's format (config.json, model.safetensors or a sharded
+gives `(model, tokenizer)` for the checkpoints of every architecture in architectures.py (Llama,
+Mistral, Qwen2, GPT-NeoX, Gemma 3) in HF's format (config.json, model.safetensors or a sharded
 model.safetensors.index.json), from a local folder or a hub id, or in a GGUF file (llama.cpp's
 format, gguf.py beside this file). The block options and the rope scaling come from config.json
 (hf_mapping.py), the parameters from the weight tables there, read tensor by tensor with safetensors'
@@ -28,8 +28,8 @@ import posenc
 from models.decoder import DTYPES, DecoderLM
 from models.formats import packaged
 from models.formats.gguf import GGUFCheckpoint, is_gguf
-from models.formats.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture_of, hf_config,
-                                       model_config, read_config, rope_options, rows, unapplied_window)
+from models.formats.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture, architecture_of,
+                                       hf_config, model_config, read_config, rope_options, rows, unapplied_window)
 
 __all__ = ["load", "load_checkpoint", "export", "HFError", "ARCHITECTURES", "posenc_config"]
 
@@ -178,10 +178,10 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
         raise HFError(f"{rope_source}: {e}") from None
     graphdef, state = nnx.split(abstract)
     flat = {".".join(map(str, key)): (key, variable) for key, variable in nnx.to_flat_state(state)}
-    architecture, heads = config["architectures"][0], Heads.of(cfg)
+    row, heads = architecture(config), Heads.of(cfg)
     loaded = []
     with source or Tensors(folder) as tensors:
-        for names, ours, rule in rows(architecture, cfg.num_layers):
+        for names, ours, rule in rows(row, cfg.num_layers):
             if ours not in flat:
                 continue
             key, variable = flat.pop(ours)
@@ -190,7 +190,7 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
             value = jax.block_until_ready(RULES[rule].to_ours(arrays, heads))  # one tensor in flight at a time
             loaded.append((key, variable.replace(value)))
     if flat:
-        raise HFError(f"no {architecture} tensor maps to the parameter(s) {', '.join(sorted(flat))}")
+        raise HFError(f"no {row.hf_name} tensor maps to the parameter(s) {', '.join(sorted(flat))}")
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
     return Loaded(model, source.tokenizer if source else tokenizer(folder), config, folder)
 
@@ -201,8 +201,8 @@ def params_by_path(model: nnx.Module) -> dict[str, jax.Array]:
 
 
 def export(model: DecoderLM, out_dir: str | Path, rope_parameters: dict | None = None) -> Path:
-    """Write `model` (a DecoderLM whose block is one of ARCHITECTURES, positional scheme `rope`) in
-    HF's format: config.json and model.safetensors (the weight tables read backwards), in
+    """Write `model` (a DecoderLM whose block is that of an exported row of ARCHITECTURES, positional
+    scheme `rope`) in HF's format: config.json and model.safetensors (the weight tables read backwards), in
     `out_dir`, which is returned. `rope_parameters`: HF's rope dict to record (default
     {"rope_type": "default"}); rope_theta and partial_rotary_factor come from the model's scheme."""
     if model.scheme.name != "rope":

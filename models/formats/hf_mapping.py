@@ -1,9 +1,10 @@
 """What a Hugging Face checkpoint is in this project's terms: its config.json as a ModelConfig and
-`rope` options, and its tensors as our parameters (one table per architecture, read both ways, so
-that models/formats/hf.py loads and exports with the same rows).
+`rope` options, and its tensors as our parameters (each architecture's weight table, read both
+ways, so that hf.py loads and exports with the same rows). What differs between architectures is
+their rows in architectures.py; nothing here names one.
 
-A table row is (HF tensor names, our parameter path, rule); `{i}` stands for the layer index. A
-row applies where our model has that parameter (the untied output projection, the biases the
+A weight-table row is (HF tensor names, our parameter path, rule); `{i}` stands for the layer index.
+A row applies where our model has that parameter (the untied output projection, the biases the
 config switches on), so one table serves every variant of its family. Rules (`RULES`), with
 H query heads, G key/value heads and K features per head:
 
@@ -12,6 +13,7 @@ H query heads, G key/value heads and K features per head:
   qkv      q, k, v (H*K, G*K, G*K rows) concatenated along the output, then transposed (if 2-d)
   neox     GPT-NeoX's fused query_key_value, laid out per head as [q_h, k_h, v_h] (3*K rows each):
            regrouped into all q, all k, all v, then transposed (if 2-d)
+  gemma_norm  Gemma's RMSNorm scale: HF's weight w multiplies by 1 + w, ours by its scale
 """
 from __future__ import annotations
 
@@ -24,17 +26,9 @@ from typing import Any, Callable
 import jax.numpy as jnp
 
 from models.config import ModelConfig
+from models.formats import HFError
+from models.formats.architectures import ARCHITECTURES, Architecture, by_hf_name
 from posenc.domains import above, at_least, between, positive
-
-
-class HFError(ValueError):
-    """A checkpoint that cannot be loaded or exported; the message is one line naming what and why."""
-
-
-LLAMA_FAMILY = ("LlamaForCausalLM", "MistralForCausalLM", "Qwen2ForCausalLM")
-GEMMA3 = "Gemma3ForCausalLM"  # imported (its text model: windowed and global layers); not exported
-EXPORTABLE = LLAMA_FAMILY + ("GPTNeoXForCausalLM",)
-ARCHITECTURES = EXPORTABLE + (GEMMA3,)
 ACTIVATIONS = {"silu": "silu", "swish": "silu", "gelu": "gelu_exact", "gelu_new": "gelu",
                "gelu_pytorch_tanh": "gelu", "gelu_fast": "gelu", "relu": "relu"}
 ROPE_TYPES = ("default", "linear", "dynamic", "yarn", "llama3", "longrope")
@@ -93,66 +87,14 @@ RULES = {
     "neox": Rule(_neox_in, _neox_out),
 }
 
-_LLAMA_LAYER = "model.layers.{i}."
-_QKV = tuple(_LLAMA_LAYER + f"self_attn.{p}_proj" for p in "qkv")
-LLAMA_TABLE = (
-    (("model.embed_tokens.weight",), "embed.embedding", "copy"),
-    (("lm_head.weight",), "unembed.kernel", "linear"),
-    (("model.norm.weight",), "ln_f.scale", "copy"),
-    ((_LLAMA_LAYER + "input_layernorm.weight",), "blocks.{i}.ln1.scale", "copy"),
-    ((_LLAMA_LAYER + "post_attention_layernorm.weight",), "blocks.{i}.ln2.scale", "copy"),
-    (tuple(n + ".weight" for n in _QKV), "blocks.{i}.attn.qkv.kernel", "qkv"),
-    (tuple(n + ".bias" for n in _QKV), "blocks.{i}.attn.qkv.bias", "qkv"),
-    ((_LLAMA_LAYER + "self_attn.o_proj.weight",), "blocks.{i}.attn.out.kernel", "linear"),
-    ((_LLAMA_LAYER + "self_attn.o_proj.bias",), "blocks.{i}.attn.out.bias", "copy"),
-    ((_LLAMA_LAYER + "mlp.gate_proj.weight",), "blocks.{i}.gate.kernel", "linear"),
-    ((_LLAMA_LAYER + "mlp.gate_proj.bias",), "blocks.{i}.gate.bias", "copy"),
-    ((_LLAMA_LAYER + "mlp.up_proj.weight",), "blocks.{i}.fc1.kernel", "linear"),
-    ((_LLAMA_LAYER + "mlp.up_proj.bias",), "blocks.{i}.fc1.bias", "copy"),
-    ((_LLAMA_LAYER + "mlp.down_proj.weight",), "blocks.{i}.fc2.kernel", "linear"),
-    ((_LLAMA_LAYER + "mlp.down_proj.bias",), "blocks.{i}.fc2.bias", "copy"),
-)
-
-GEMMA3_TABLE = (
-    (("model.embed_tokens.weight",), "embed.embedding", "copy"),
-    (("model.norm.weight",), "ln_f.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "input_layernorm.weight",), "blocks.{i}.ln1.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "post_attention_layernorm.weight",), "blocks.{i}.ln_attn_out.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "pre_feedforward_layernorm.weight",), "blocks.{i}.ln2.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "post_feedforward_layernorm.weight",), "blocks.{i}.ln_mlp_out.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "self_attn.q_norm.weight",), "blocks.{i}.attn.q_norm.scale", "gemma_norm"),
-    ((_LLAMA_LAYER + "self_attn.k_norm.weight",), "blocks.{i}.attn.k_norm.scale", "gemma_norm"),
-    *(row for row in LLAMA_TABLE if row[1].startswith(("blocks.{i}.attn.qkv", "blocks.{i}.attn.out",
-                                                        "blocks.{i}.gate", "blocks.{i}.fc"))),
-)
-
-_NEOX_LAYER = "gpt_neox.layers.{i}."
-_NEOX_PAIRS = (  # (HF module, our module, rule of the weight); each has a weight and a bias
-    ("gpt_neox.final_layer_norm", "ln_f", "copy"),
-    (_NEOX_LAYER + "input_layernorm", "blocks.{i}.ln1", "copy"),
-    (_NEOX_LAYER + "post_attention_layernorm", "blocks.{i}.ln2", "copy"),
-    (_NEOX_LAYER + "attention.query_key_value", "blocks.{i}.attn.qkv", "neox"),
-    (_NEOX_LAYER + "attention.dense", "blocks.{i}.attn.out", "linear"),
-    (_NEOX_LAYER + "mlp.dense_h_to_4h", "blocks.{i}.fc1", "linear"),
-    (_NEOX_LAYER + "mlp.dense_4h_to_h", "blocks.{i}.fc2", "linear"),
-)
-GPT_NEOX_TABLE = (
-    (("gpt_neox.embed_in.weight",), "embed.embedding", "copy"),
-    (("embed_out.weight",), "unembed.kernel", "linear"),
-    *(((hf + ".weight",), ours + (".scale" if rule == "copy" else ".kernel"), rule)
-      for hf, ours, rule in _NEOX_PAIRS),
-    *(((hf + ".bias",), ours + ".bias", "neox" if rule == "neox" else "copy") for hf, ours, rule in _NEOX_PAIRS),
-)
+def architecture(config: dict, where: str = "config.json") -> Architecture:
+    """The row of ARCHITECTURES that config.json's `architectures[0]` names (HFError if none)."""
+    return by_hf_name((config.get("architectures") or ["(none)"])[0], where)
 
 
-def table(architecture: str) -> tuple:
-    """The weight table of an architecture (see the module docstring)."""
-    return {"GPTNeoXForCausalLM": GPT_NEOX_TABLE, GEMMA3: GEMMA3_TABLE}.get(architecture, LLAMA_TABLE)
-
-
-def rows(architecture: str, num_layers: int):
-    """The table's rows with `{i}` filled in: (HF names, our path, rule), layer rows once per layer."""
-    for names, ours, rule in table(architecture):
+def rows(architecture: Architecture, num_layers: int):
+    """Its weight table's rows with `{i}` filled in: (HF names, our path, rule), layer rows once per layer."""
+    for names, ours, rule in architecture.weights:
         layers = range(num_layers) if "{i}" in ours else (None,)
         for i in layers:
             yield tuple(n.format(i=i) for n in names), ours.format(i=i), rule
@@ -165,27 +107,22 @@ def read_config(folder: Path) -> dict:
         config = json.loads(path.read_text())
     except (OSError, ValueError) as e:
         raise HFError(f"{path}: cannot read the checkpoint's config ({type(e).__name__}: {e})") from None
-    architecture = (config.get("architectures") or ["(none)"])[0]
-    if architecture not in ARCHITECTURES:
-        raise HFError(f"{path}: architecture {architecture} is not supported; supported: {', '.join(ARCHITECTURES)}")
+    architecture(config, str(path))
     return config
 
 
 def unapplied_window(config: dict) -> int:
-    """A sliding window the decoder does not apply (0: none): Qwen2's where `use_sliding_window`, which
-    holds only from layer `max_window_layers` on. Such a model is exact only up to the window
-    (models/formats/hf.py warns at load). Mistral's `sliding_window` is applied (model.attention_window)."""
-    if config["architectures"][0] == "Qwen2ForCausalLM" and config.get("use_sliding_window", False):
-        return int(config.get("sliding_window") or 0)
-    return 0
+    """A sliding window the decoder does not apply (0: none; Qwen2's, which holds only from layer
+    `max_window_layers` on): such a model is exact only up to the window (hf.py warns at load)."""
+    found = architecture(config).unapplied_window
+    return found(config) if found else 0
 
 
 def model_config(config: dict, dtype: str) -> ModelConfig:
-    """The ModelConfig of a HF config.json (block options as that architecture builds its layers)."""
-    architecture = config["architectures"][0]
-    act = config.get("hidden_act", "gelu" if architecture == "GPTNeoXForCausalLM" else "silu")
-    if architecture == GEMMA3:
-        act = config.get("hidden_activation") or config.get("hidden_act") or "gelu_pytorch_tanh"
+    """The ModelConfig of a HF config.json: the shape every architecture gives alike, and the block
+    options as its row of ARCHITECTURES reads them."""
+    row = architecture(config)
+    act = next((config[key] for key in row.activation_keys if config.get(key)), row.activation)
     if act not in ACTIVATIONS:
         raise HFError(f"config.json: hidden_act {act!r} is not supported; supported: {', '.join(ACTIVATIONS)}")
     heads, d_model = config["num_attention_heads"], config["hidden_size"]
@@ -194,57 +131,12 @@ def model_config(config: dict, dtype: str) -> ModelConfig:
                   num_heads=heads, mlp_dim=config["intermediate_size"], activation=ACTIVATIONS[act],
                   tie_embeddings=bool(config.get("tie_word_embeddings", False)), dtype=dtype,
                   head_dim=0 if head_dim * heads == d_model else head_dim, scale_embeddings=False)
-    if architecture == "GPTNeoXForCausalLM":
-        bias = bool(config.get("attention_bias", True))
-        cfg = ModelConfig(**common, norm="layernorm", norm_eps=config.get("layer_norm_eps", 1e-5),
-                          qkv_bias=bias, out_bias=bias, parallel_residual=config.get("use_parallel_residual", True))
-    elif architecture == GEMMA3:
-        cfg = ModelConfig(**{**common, "scale_embeddings": True,
-                             "tie_embeddings": bool(config.get("tie_word_embeddings", True))},
-                          **_gemma3_block(config, head_dim))
-    else:
-        bias = bool(config.get("attention_bias", False))
-        qwen = architecture == "Qwen2ForCausalLM"  # Qwen2: q/k/v biases always, none on o_proj
-        window = int(config.get("sliding_window") or 0) if architecture == "MistralForCausalLM" else 0
-        cfg = ModelConfig(**common, norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="gated",
-                          num_kv_heads=config.get("num_key_value_heads") or heads, qkv_bias=qwen or bias,
-                          out_bias=bias and not qwen, mlp_bias=bool(config.get("mlp_bias", False)),
-                          attention_window=window)
+    cfg = ModelConfig(**{**common, **row.block(config, head_dim)})
     try:
         cfg.check_block()
     except ValueError as e:
         raise HFError(f"config.json: {e}") from None
     return cfg
-
-
-def _gemma3_block(config: dict, head_dim: int) -> dict:
-    """Gemma 3's block options: RMSNorm (scale 1 + weight, gemma_norm) before and after each branch,
-    q and k normed per head, GeGLU, embeddings x sqrt(d), windowed layers with a global one every N
-    (`layer_types`, or `sliding_window_pattern`) at their own RoPE base. HFError for what the decoder
-    does not compute: another attention scale than head_dim^-0.5, soft-capped logits, an irregular
-    pattern of layer types."""
-    scalar = config.get("query_pre_attn_scalar", head_dim)
-    if scalar != head_dim:
-        raise HFError(f"config.json: query_pre_attn_scalar {scalar} differs from head_dim {head_dim}; only the "
-                      f"scale head_dim^-0.5 is supported")
-    for key in ("final_logit_softcapping", "attn_logit_softcapping"):
-        if config.get(key) is not None:
-            raise HFError(f"config.json: {key} {config[key]} is not supported (no soft-capping in the decoder)")
-    layers = config["num_hidden_layers"]
-    types = config.get("layer_types") or [
-        "full_attention" if (i + 1) % int(config.get("sliding_window_pattern", 6)) == 0 else "sliding_attention"
-        for i in range(layers)]
-    full = [i for i, kind in enumerate(types) if kind == "full_attention"]
-    every = full[0] + 1 if full else layers + 1
-    if types != ["full_attention" if (i + 1) % every == 0 else "sliding_attention" for i in range(layers)]:
-        raise HFError(f"config.json: layer_types {types} is not a global layer every N layers; not supported")
-    nested = config.get("rope_parameters") or {}
-    local = config.get("rope_local_base_freq") or (nested.get("sliding_attention") or {}).get("rope_theta") or 1e4
-    return dict(norm="rmsnorm", norm_eps=config.get("rms_norm_eps", 1e-6), mlp="gated",
-                num_kv_heads=config.get("num_key_value_heads") or config["num_attention_heads"],
-                qkv_bias=bool(config.get("attention_bias", False)), out_bias=bool(config.get("attention_bias", False)),
-                mlp_bias=False, qk_norm=True, post_norms=True, attention_window=int(config["sliding_window"]),
-                global_every=every, local_rope_base=float(local))
 
 
 def rope_parameters_of(config: dict, override: dict | None = None) -> dict:
@@ -348,41 +240,58 @@ def _yarn(params: dict, factor: float) -> dict:
             "yarn_beta_slow": float(params.get("beta_slow") or 1.0), "yarn_temperature": temperature}
 
 
-def architecture_of(cfg: ModelConfig) -> str:
-    """The HF architecture whose block `cfg` is (HFError where none is)."""
-    neox = (cfg.norm == "layernorm" and cfg.mlp == "plain" and cfg.mlp_bias and cfg.qkv_bias == cfg.out_bias
-            and cfg.kv_heads == cfg.num_heads)
-    llama = cfg.norm == "rmsnorm" and cfg.mlp == "gated" and not cfg.parallel_residual
-    if cfg.scale_embeddings or cfg.adaptive_cutoffs or cfg.qk_norm or cfg.post_norms or cfg.global_every \
-            or not (neox or llama):
-        raise HFError("this model's block is none of " + ", ".join(EXPORTABLE) + " (model.norm, model.mlp, "
-                      "model.scale_embeddings, biases, Gemma 3's options); it cannot be exported")
-    qwen = cfg.qkv_bias and not cfg.out_bias and not cfg.mlp_bias
-    if cfg.attention_window and (neox or cfg.qkv_bias or cfg.out_bias or cfg.mlp_bias):
-        raise HFError("a sliding window (model.attention_window) exports only as MistralForCausalLM: a Llama "
-                      "block without biases")
-    if neox:
-        return "GPTNeoXForCausalLM"
-    if cfg.attention_window:
-        return "MistralForCausalLM"
-    return "Qwen2ForCausalLM" if qwen else "LlamaForCausalLM"
+# ModelConfig's options that no checkpoint holds (training and evaluation choices): export ignores them
+NOT_IN_CHECKPOINTS = ("dropout", "attention_dropout", "activation_dropout", "adaptive_factor",
+                      "adaptive_tail_capacity", "attention", "attention_block", "attention_check", "attention_sinks",
+                      "attention_sink_distance", "dtype")
+
+
+def _block(cfg: ModelConfig) -> dict:
+    """The options of `cfg` that a checkpoint holds, the defaulted ones resolved (kv heads, head size)."""
+    block = {f.name: getattr(cfg, f.name) for f in dataclasses.fields(cfg) if f.name not in NOT_IN_CHECKPOINTS}
+    return {**block, "num_kv_heads": cfg.kv_heads, "head_dim": cfg.head_size}
+
+
+def _config_as(row: Architecture, cfg: ModelConfig, max_length: int, rope: dict) -> dict:
+    """config.json of block `cfg` written as `row` writes it."""
+    act = {ours: name for name, ours in reversed(ACTIVATIONS.items())}[cfg.activation]
+    config = {"architectures": [row.hf_name], "model_type": row.model_type, "vocab_size": cfg.vocab_size,
+              "hidden_size": cfg.d_model, "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.num_layers,
+              "num_attention_heads": cfg.num_heads, "hidden_act": act, "max_position_embeddings": max_length,
+              "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope, "rope_theta": rope["rope_theta"],
+              "head_dim": cfg.head_size, "dtype": cfg.dtype}
+    return {**config, **row.to_config(cfg, rope)}
+
+
+def _differences(row: Architecture, cfg: ModelConfig) -> dict[str, tuple] | None:
+    """{option: (ours, as `row` reads it back)} where writing `cfg` as `row` and reading it back does
+    not give `cfg`'s block; None where `row` refuses what it wrote."""
+    try:
+        back = model_config(_config_as(row, cfg, 1, {"rope_theta": 1e4}), cfg.dtype)
+    except HFError:
+        return None
+    ours, theirs = _block(cfg), _block(back)
+    return {key: (ours[key], theirs[key]) for key in ours if ours[key] != theirs[key]}
+
+
+def architecture_of(cfg: ModelConfig) -> Architecture:
+    """The row of ARCHITECTURES that exports block `cfg`: the first whose config.json conversions, one
+    way and back, give the block unchanged (HFError naming the nearest row's differences if none)."""
+    exportable = [row for row in ARCHITECTURES.values() if row.to_config is not None]
+    found = {row.hf_name: _differences(row, cfg) for row in exportable}
+    for row in exportable:
+        if found[row.hf_name] == {}:
+            return row
+    message = f"this model's block is none of {', '.join(found)}; it cannot be exported"
+    near = sorted((len(differ), name) for name, differ in found.items() if differ is not None)
+    if near:
+        differ = found[near[0][1]].items()
+        message += f" (the nearest, {near[0][1]}, has " + ", ".join(
+            f"model.{key}={theirs!r} where this model has {ours!r}" for key, (ours, theirs) in differ) + ")"
+    raise HFError(message)
 
 
 def hf_config(cfg: ModelConfig, max_length: int, rope: dict) -> dict:
     """config.json of a model with block `cfg` (the inverse of `model_config`), `rope` HF's rope
     parameters (rope_theta and partial_rotary_factor included)."""
-    architecture = architecture_of(cfg)
-    act = {ours: name for name, ours in reversed(ACTIVATIONS.items())}[cfg.activation]
-    config = {"architectures": [architecture], "vocab_size": cfg.vocab_size, "hidden_size": cfg.d_model,
-              "intermediate_size": cfg.mlp_dim, "num_hidden_layers": cfg.num_layers,
-              "num_attention_heads": cfg.num_heads, "hidden_act": act, "max_position_embeddings": max_length,
-              "tie_word_embeddings": cfg.tie_embeddings, "rope_parameters": rope, "rope_theta": rope["rope_theta"],
-              "head_dim": cfg.head_size, "dtype": cfg.dtype}
-    if architecture == "GPTNeoXForCausalLM":
-        return {**config, "model_type": "gpt_neox", "layer_norm_eps": cfg.norm_eps, "attention_bias": cfg.qkv_bias,
-                "use_parallel_residual": cfg.parallel_residual,
-                "rotary_pct": rope.get("partial_rotary_factor", 1.0)}
-    model_type = {"Qwen2ForCausalLM": "qwen2", "MistralForCausalLM": "mistral"}.get(architecture, "llama")
-    window = {"sliding_window": cfg.attention_window} if architecture == "MistralForCausalLM" else {}
-    return {**config, "model_type": model_type, "rms_norm_eps": cfg.norm_eps, "num_key_value_heads": cfg.kv_heads,
-            "attention_bias": cfg.qkv_bias, "mlp_bias": cfg.mlp_bias, **window}
+    return _config_as(architecture_of(cfg), cfg, max_length, rope)
