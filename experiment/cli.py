@@ -37,10 +37,10 @@ USER_OS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.ED
 
 def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None:
     """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback).
-    Ctrl-C, at any moment, stops at the next safe point and exits 130 with a line that says what
-    is saved (experiment/runtime/interrupts.py); `at_once`: fn has no safe points and stopping it
-    anywhere is harmless (it writes whole files, or a folder renamed at the end), so Ctrl-C stops
-    it at once, and this line says what is left."""
+    Ctrl-C (or SIGTERM), at any moment, stops at the next safe point and exits 130 (143) with a line
+    that says what is saved (experiment/runtime/interrupts.py); `at_once`: fn has no safe points and
+    stopping it anywhere is harmless (it writes whole files, or a folder moved in at the end), so
+    Ctrl-C stops it at once, and this line says what is left."""
     f = flags.FLAGS
     with interrupts.deferred(exit_on_second=True):
         try:
@@ -49,10 +49,10 @@ def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None
             with interrupts.immediate(at_once) if at_once else contextlib.nullcontext():
                 fn()
             interrupts.check("interrupted as the command finished; everything it does was done and saved")
-        except interrupts.Interrupted as e:
-            _stop(130, e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
+        except interrupts.Interrupted as e:  # Ctrl-C (rc 130) or SIGTERM (rc 143)
+            _stop(interrupts.exit_code(), e.saved if e.saved.startswith("interrupted") else f"interrupted: {e.saved}")
         except KeyboardInterrupt:
-            _stop(130, "interrupted; what was written before is kept (every file is replaced whole)")
+            _stop(interrupts.exit_code(), "interrupted; what was written before is kept (every file is replaced whole)")
         except Exception as e:  # noqa: BLE001 - the user's errors are one line; the code's keep their traceback
             if os.environ.get("LX_TRACEBACK"):
                 raise

@@ -1,5 +1,7 @@
 """Ctrl-C (SIGINT) at any moment: the command stops at the next safe point with rc 130 and a line
-that says what is saved, and nothing is left half-written.
+that says what is saved, and nothing is left half-written. SIGTERM (what `kill`, `timeout`, SLURM
+and `docker stop` send) is handled the same way and ends with rc 143; below, "Ctrl-C" stands for
+either, and a second of either stops at once.
 
 Why deferred: Python raises KeyboardInterrupt wherever the main thread happens to be, which may be
 inside JAX's tracing and lowering (MLIR state left half-built: a segmentation fault at exit), in a
@@ -10,7 +12,7 @@ experiment/cli.py; the training loop for its steps), the first Ctrl-C only recor
 step is compiled, between steps, after a checkpoint is written, between evaluation batches and
 lengths, between the runs of a sweep. Where stopping at once is harmless (reading data, encoding
 tokens: every file written there is replaced atomically), `immediate(saved)` makes the first
-Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(130)): the files are then as
+Ctrl-C raise at once. A second Ctrl-C always stops at once (os._exit(128 + signal)): the files are then as
 a `kill` would leave them, which every reader handles (the newest complete checkpoint resumes).
 A Ctrl-C that would raise inside a garbage-collection callback (JAX runs one at every collection),
 a finaliser or a weak-reference callback, where Python prints the exception in 7 lines and drops
@@ -38,6 +40,7 @@ import _weakrefset
 from typing import Callable
 
 EXIT_CODE = 130  # 128 + SIGINT, what a shell reports for a command ended by Ctrl-C
+SIGNALS = {signal.SIGINT: "Ctrl-C", signal.SIGTERM: "SIGTERM"}  # handled alike; rc 128 + the signal's number
 
 
 class Interrupted(KeyboardInterrupt):
@@ -48,15 +51,19 @@ class Interrupted(KeyboardInterrupt):
         self.saved = saved
 
 
-_state = {"on": False, "requested": False, "immediate": None, "exit_on_second": False}
+_state = {"on": False, "requested": False, "immediate": None, "exit_on_second": False, "signal": signal.SIGINT}
 
 
-def _exit_at_once(message: str):
-    def handler(signum, frame):
-        sys.stderr.write(f"{message}\n")
-        sys.stderr.flush()
-        os._exit(EXIT_CODE)
-    return handler
+def exit_code() -> int:
+    """The exit status of a command stopped by the signal received: 130 for Ctrl-C, 143 for SIGTERM."""
+    return 128 + int(_state["signal"])
+
+
+def _exit_at_once(signum: int) -> None:
+    sys.stderr.write(f"second {SIGNALS.get(signum, 'signal')}: stopped at once; every file is as a kill leaves it "
+                     f"(the newest complete checkpoint and records are kept): the same command goes on from there\n")
+    sys.stderr.flush()
+    os._exit(128 + int(signum))
 
 
 _collecting = {"now": False}  # a garbage collection is running (the callback below, in gc.callbacks)
@@ -93,39 +100,41 @@ def _again_soon(signum: int) -> None:
 def _handler(signum, frame):
     second = _state["requested"]
     if second and _state["exit_on_second"]:
-        _exit_at_once("second Ctrl-C: stopped at once; every file is as a kill leaves it (the newest complete "
-                      "checkpoint and records are kept): the same command goes on from there")(signum, frame)
+        _exit_at_once(signum)
     if (second or _state["immediate"] is not None) and _swallowed_here(frame):
         _again_soon(signum)  # raised here it would be printed (7 lines) and dropped: the same Ctrl-C, once out
         return
     if second:
         raise KeyboardInterrupt  # a library call (a notebook): stop at once, the process lives on
-    _state["requested"] = True
+    _state.update(requested=True, signal=signum)
     if _state["immediate"] is not None:
         raise Interrupted(_state["immediate"])
-    sys.stderr.write("\nCtrl-C: stopping at the next safe point (after the current step, compilation or write); "
-                     "Ctrl-C again to stop at once\n")
+    name = SIGNALS.get(signum, "signal")
+    sys.stderr.write(f"\n{name}: stopping at the next safe point (after the current step, compilation or write); "
+                     f"{name} again to stop at once\n")
     sys.stderr.flush()
 
 
 @contextlib.contextmanager
 def deferred(*, exit_on_second: bool = False):
-    """Ctrl-C is recorded, not raised, inside this block (see the module docstring); nested
-    blocks and other threads than the main one change nothing. A second Ctrl-C raises
+    """Ctrl-C and SIGTERM are recorded, not raised, inside this block (see the module docstring);
+    nested blocks and other threads than the main one change nothing. A second one raises
     KeyboardInterrupt at once, or with `exit_on_second` (the entry points) ends the process."""
     if _state["on"] or threading.current_thread() is not threading.main_thread():
         yield
         return
-    previous = signal.signal(signal.SIGINT, _handler)
-    _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second)
+    previous = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
+    _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second, signal=signal.SIGINT)
     gc.callbacks.append(_track_collection)
     try:
         yield
     finally:
         gc.callbacks.remove(_track_collection)
         _collecting["now"] = False
-        signal.signal(signal.SIGINT, previous if previous is not None else signal.default_int_handler)
-        _state.update(on=False, requested=False, immediate=None, exit_on_second=False)
+        for signum, handler in previous.items():
+            default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
+            signal.signal(signum, handler if handler is not None else default)
+        _state.update(on=False, requested=False, immediate=None, exit_on_second=False, signal=signal.SIGINT)
 
 
 @contextlib.contextmanager

@@ -1,6 +1,8 @@
 """Training: falling loss for every scheme, exact resume, data parallelism, and the end-to-end run."""
 import json
+import os
 import pathlib
+import signal
 
 import numpy as np
 import pytest
@@ -11,6 +13,7 @@ from experiment.config import ConfigError
 from experiment.evals import evaluate
 from experiment.pipeline.run import train_and_evaluate
 from experiment.report import write_report
+from experiment.runtime import interrupts
 from experiment.train import loop, train
 from tests.conftest import tiny_config
 
@@ -64,18 +67,23 @@ def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
     straight = tmp_path / "straight"
     train(config, straight)
 
-    # Interrupt the second run at step 3 as Ctrl-C would: a checkpoint is written at step 3.
+    # Stop the second run with a SIGTERM (kill, timeout, SLURM, docker stop) as its batch of step 2 is read:
+    # held like a Ctrl-C, step 2 runs and a checkpoint is written at step 3, between two of every 2 steps.
     resumed = tmp_path / "resumed"
     real_batch = loop.corpora.train_batch
 
-    def interrupting_batch(stream, step, *args, **kwargs):
-        if step == 3:
-            raise KeyboardInterrupt
+    def terminated_batch(stream, step, *args, **kwargs):
+        if step == 2:
+            os.kill(os.getpid(), signal.SIGTERM)
         return real_batch(stream, step, *args, **kwargs)
 
-    monkeypatch.setattr(loop.corpora, "train_batch", interrupting_batch)
-    with pytest.raises(KeyboardInterrupt):
-        train(config, resumed)
+    monkeypatch.setattr(loop.corpora, "train_batch", terminated_batch)
+    with interrupts.deferred(), pytest.raises(interrupts.Interrupted, match="^interrupted at step 3 of 6; "
+                                              "checkpoint saved at step 3: the same command resumes from it$"):
+        try:
+            train(config, resumed)
+        finally:
+            assert interrupts.exit_code() == 143
     monkeypatch.setattr(loop.corpora, "train_batch", real_batch)
     assert (resumed / "checkpoints" / "3").exists()
     assert len(losses(resumed)) == 3
