@@ -15,6 +15,7 @@ import importlib
 import pathlib
 from typing import Any, Callable, Sequence
 
+import posenc
 from experiment.config import Config
 from experiment.evals import methods
 from experiment.evals.common import Scoring, apply_overrides, eval_spec, load_checkpoint, opened_for_scoring
@@ -148,6 +149,7 @@ def _groups(run: RunDir, config: Config, entries: list[EvalKind],
     --set options where there are any ("yarn [model.attention=dense]"): another curve."""
     if not request.methods:
         return [(None, *_checked(run, config, entries, request))]
+    methods.check_run(request.methods, posenc.used_schemes(config.posenc), str(run.path))
     spec = eval_spec(config, request.lengths, stride=0, overrides=request.overrides)
     base = ", ".join(f"{key}={value}" for key, value in sorted(spec.overrides.items()))
     out = []

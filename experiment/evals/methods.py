@@ -98,6 +98,21 @@ def options(name: str, eval_length: int, train_length: int) -> dict[str, str]:
     return {**method.at(eval_length, train_length), **extra}
 
 
+def check_run(names: tuple[str, ...], schemes: list[str], run: str) -> None:
+    """Refuse, in one line, methods that change RoPE's rotation on a run whose schemes (`schemes`,
+    outermost first) do not include RoPE: its options would be refused as options the user never gave."""
+    if "rope" in schemes:
+        return
+    rope = [n for n in names if any(key.startswith("posenc.rope.") for key in options(n, 2, 1))]
+    if rope:
+        others = [n for n in METHODS if n not in rope and not any(
+            key.startswith("posenc.rope.") for key in options(n, 2, 1))]
+        raise ValueError(f"--methods {','.join(rope)}: {' and '.join(label(n) for n in rope)} change RoPE's rotation, "
+                         f"and {run} was trained with {' -> '.join(schemes)}, not RoPE: give a run trained with "
+                         f"posenc.name=rope (or an imported Llama-family checkpoint); on this run only "
+                         f"{', '.join(others)} apply")
+
+
 def plan(names: tuple[str, ...], lengths: tuple[int, ...], train_length: int,
          base: dict[str, str] | None = None) -> list[tuple[str, dict[str, str], tuple[int, ...]]]:
     """[(method, overrides, lengths)]: for each method, its lengths grouped by the options it sets

@@ -115,3 +115,19 @@ def test_eval_extrapolate_methods_and_report_draw_a_curve_per_method(imported, t
     assert "direct" in table and "yarn+logn" in table
     bad = run_entry("eval_extrapolate.py", "--workdir", str(imported.path), "--lengths", "64", "--methods", "yarn,x")
     assert bad.returncode != 0 and "unknown method 'x'" in bad.stderr and len(bad.stderr.strip().splitlines()) == 1
+
+
+def test_methods_of_rope_on_a_run_without_rope_name_the_real_cause(tmp_path):
+    """Issue 45, item 6: `--methods yarn` on an ALiBi run said `posenc.rope.yarn_scale has no effect ...;
+    drop the option (or set posenc.name=rope)`: an option the user never gave, a fix that cannot work."""
+    from experiment.evals.kinds import check_request
+    from tests.experiment.report.synthetic import fake_run
+    run = fake_run(tmp_path, "alibi", 16, "/data/c", {16: 5.0})
+    (run / "checkpoints" / "1000").mkdir(parents=True)  # a checkpoint's folder: the request is checked first
+    with pytest.raises(ValueError) as error:
+        check_request(run, ["perplexity"], Request(lengths=(32,), methods=("direct", "yarn", "pi+logn")))
+    message = str(error.value)
+    assert message.startswith(f"--methods yarn,pi+logn: YaRN and PI + log-n change RoPE's rotation, and {run} was "
+                              f"trained with alibi, not RoPE: give a run trained with posenc.name=rope"), message
+    assert "drop the option" not in message and message.endswith("only direct, lm_infinite apply")
+    check_request(run, ["perplexity"], Request(lengths=(32,), methods=("direct", "lm_infinite")))
