@@ -59,6 +59,8 @@ def main(argv):
             print(f"wrote {paths['md']}, {paths['png']} and {paths['json']}")
             return
         refuse_folders_of_runs(workdirs, FLAGS.out)  # a sweep's root given for its runs
+        if FLAGS.compare_with:
+            compare.check_folder(FLAGS.compare_with)  # before the report is written
         paths = write_report(workdirs, FLAGS.out, FLAGS.paper)
         print(f"wrote {paths['png']} and {paths['md']}")
         for path in paths.get("attention_pngs", []):

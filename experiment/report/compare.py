@@ -2,7 +2,11 @@
 numbers of their markdown tables cell by cell, where both have the cell (same table heading, row and
 column header, so the same run label and checkpoint step): a re-run of one scheme is compared on that
 scheme's columns. Perplexity cells (ppl_vs_length.md) differ relatively, passkey accuracies
-(passkey.md) absolutely; a cell whose printed text is the same differs by 0.
+(passkey.md) absolutely; a cell whose printed text is the same differs by 0. Only reports measured
+alike are compared: where the samples per cell (examples per passkey cell, tokens scored per
+perplexity cell) or a passkey run's checkpoint step differ, the comparison is refused, saying what
+differs. A --compare_with folder that is missing or holds neither table is refused before the
+report is written (`check_folder`).
 """
 from __future__ import annotations
 
@@ -12,6 +16,19 @@ import re
 
 FILES = {"ppl_vs_length.md": "relative", "passkey.md": "absolute"}  # the tables compared, and how
 NUMBER = re.compile(r"-?(?:\d+\.?\d*|\.\d+)(?:e[+-]?\d+)?|inf|nan")
+SAMPLES = re.compile(r"^(Examples per \(length, depth\) cell|\w+ scored per cell): ([^;]*?)(?: per seed)?\.?(?:;|$)")
+RUN_STEP = re.compile(r"(.+): accuracy by length and depth \(step ([\d, ]+)\)")  # passkey.md's per-run tables
+
+
+def check_folder(committed_dir: str | pathlib.Path) -> None:
+    """--compare_with names a folder holding at least one of the tables of FILES (ValueError, one
+    line naming it, otherwise): checked before the report is written."""
+    folder = pathlib.Path(committed_dir)
+    what = ("does not exist" if not folder.exists() else "is a file, not a folder" if not folder.is_dir()
+            else f"holds neither {' nor '.join(FILES)}" if not any((folder / n).is_file() for n in FILES) else "")
+    if what:
+        raise ValueError(f"--compare_with {committed_dir} {what}; give a committed result's folder holding "
+                         f"{' or '.join(FILES)} (results/NAME/seed0), or an earlier report.py --out")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -71,13 +88,46 @@ def _difference(committed: str, new: str, kind: str) -> float:
     return abs(a - b) / abs(a) if a else float("inf")
 
 
+def protocol(markdown: str) -> dict[str, str]:
+    """{what: value} of the lines that say how a report's numbers were measured: the samples per cell
+    under each table heading, and each passkey run's checkpoint step (its mean table's columns do not
+    show it)."""
+    out, heading = {}, ""
+    for line in markdown.splitlines():
+        if line.startswith("### "):
+            heading = line[4:].strip()
+            run = RUN_STEP.fullmatch(heading)
+            if run:
+                out[f"the checkpoint step of {run.group(1)}"] = run.group(2)
+        found = SAMPLES.match(line)
+        if found and heading:
+            out[f"{found.group(1).lower()} under '{heading}'"] = found.group(2).strip()
+    return out
+
+
+def _refuse_other_protocol(name: str, committed: str, new: str, committed_dir) -> None:
+    """Refuse (ValueError naming what differs) where the new report of `name` was measured otherwise:
+    another checkpoint step for a run, or samples per cell the committed tables do not list (a
+    re-run of some of the runs lists a part of them)."""
+    old, now = protocol(committed), protocol(new)
+    for what in old.keys() & now.keys():
+        differ = old[what] != now[what] if what.startswith("the checkpoint step") else \
+            not set(now[what].split(", ")) <= set(old[what].split(", "))
+        if differ:
+            raise ValueError(f"--compare_with {committed_dir}: {name} was measured otherwise ({what}: {old[what]} "
+                             f"committed, {now[what]} now); results are compared only under the same protocol: "
+                             f"evaluate as the committed result was")
+
+
 def compare(committed_dir: str | pathlib.Path, new_dir: str | pathlib.Path) -> list[Difference]:
-    """Every cell of the tables of FILES that both folders have, largest difference first within each file."""
+    """Every cell of the tables of FILES that both folders have, largest difference first within each
+    file; a report measured otherwise than the committed one is refused (`_refuse_other_protocol`)."""
     out = []
     for name, kind in FILES.items():
         old_path, new_path = pathlib.Path(committed_dir) / name, pathlib.Path(new_dir) / name
         if not (old_path.exists() and new_path.exists()):
             continue
+        _refuse_other_protocol(name, old_path.read_text(), new_path.read_text(), committed_dir)
         old, new = cells(old_path.read_text()), cells(new_path.read_text())
         out += sorted((Difference(name, *key, old[key], new[key], _difference(old[key], new[key], kind))
                        for key in old if key in new), key=lambda d: -d.difference)
@@ -90,9 +140,11 @@ def summary(differences: list[Difference], committed_dir: str | pathlib.Path,
     perplexities, absolute for accuracies; 0: the same printed digits). No common cell is an error
     naming what to give."""
     if not differences:
+        folder = pathlib.Path(committed_dir)
+        script = next((p / "run.sh" for p in (folder, folder.parent) if (p / "run.sh").is_file()), None)
         raise ValueError(f"--compare_with {committed_dir}: no cell of its tables ({', '.join(FILES)}) is in this "
                          f"report; give runs of that result (same scheme, training length and checkpoint step, so "
-                         f"that the column headers match), e.g. bash {pathlib.Path(committed_dir) / 'run.sh'} --check")
+                         f"that the column headers match)" + (f", e.g. bash {script} --check" if script else ""))
     lines, ok = [], True
     for name, kind in FILES.items():
         found = [d for d in differences if d.file == name]

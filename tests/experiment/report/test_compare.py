@@ -67,8 +67,42 @@ def test_a_re_run_of_one_scheme_is_compared_on_its_cells_and_the_largest_differe
     assert compare.summary(compare.compare(committed, committed), committed)[1]  # itself: every cell the same
     assert compare._number("4.69 ± 0.02 (3)") == 4.69 and compare._number("0.85 [0.62, 0.95]") == 0.85
     with pytest.raises(ValueError, match=r"--compare_with .*: no cell of its tables .* is in this report; give runs of "
-                                         r"that result .*run.sh --check"):
+                                         r"that result \(.* the column headers match\)$"):
+        compare.summary([], committed)  # no run.sh there or above: none advised (issue 45, item 8)
+    (tmp_path / "run.sh").write_text("")
+    with pytest.raises(ValueError, match=rf"headers match\), e.g. bash {tmp_path / 'run.sh'} --check$"):
         compare.summary([], committed)
+
+
+def test_a_missing_folder_or_one_without_tables_is_refused_naming_it(tmp_path):
+    """Issue 45, item 8: `--compare_with results/nosuch` was never called missing, and its advice named
+    results/nosuch/run.sh."""
+    with pytest.raises(ValueError, match=rf"^--compare_with {tmp_path / 'nosuch'} does not exist; give a committed "
+                                         r"result's folder holding ppl_vs_length.md or passkey.md"):
+        compare.check_folder(tmp_path / "nosuch")
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ValueError, match=r"empty holds neither ppl_vs_length.md nor passkey.md; give"):
+        compare.check_folder(tmp_path / "empty")
+    compare.check_folder(_report(tmp_path / "committed", COMMITTED_PPL, COMMITTED_PASSKEY))
+
+
+def test_reports_measured_otherwise_are_refused_saying_what_differs(tmp_path):
+    """Results are compared only under one protocol: the same samples per cell and checkpoint step."""
+    counts = COMMITTED_PASSKEY + "\nExamples per (length, depth) cell: 20; chance (guessing a 4-digit number): 1e-04.\n"
+    steps = "\n### alibi (L=64, passkey 0.5): accuracy by length and depth (step 1500)\n"
+    committed = _report(tmp_path / "committed", COMMITTED_PPL, counts + steps)
+    fewer = _report(tmp_path / "fewer", COMMITTED_PPL, counts.replace("cell: 20;", "cell: 5;") + steps)
+    with pytest.raises(ValueError, match=r"passkey.md was measured otherwise \(examples per \(length, depth\) cell "
+                                         r"under 'Passkey accuracy \(exact match, mean over depths\)': 20 committed, "
+                                         r"5 now\); results are compared only under the same protocol"):
+        compare.compare(committed, fewer)
+    later = _report(tmp_path / "later", COMMITTED_PPL, counts + steps.replace("1500", "1000"))
+    with pytest.raises(ValueError, match=r"the checkpoint step of alibi \(L=64, passkey 0.5\): 1500 committed, 1000 now"):
+        compare.compare(committed, later)
+    other_text = _report(tmp_path / "text", COMMITTED_PPL.replace("74,086", "80,000"), counts + steps)
+    with pytest.raises(ValueError, match=r"ppl_vs_length.md was measured otherwise \(bytes scored per cell"):
+        compare.compare(committed, other_text)
+    assert compare.compare(committed, committed)  # the same protocol: compared
 
 
 def test_report_py_compares_with_a_committed_result_and_fails_beyond_the_tolerance(tmp_path):
@@ -88,6 +122,10 @@ def test_report_py_compares_with_a_committed_result_and_fails_beyond_the_toleran
     loose = run_entry("report.py", str(run), "--out", str(tmp_path / "again"), "--compare_with",
                       str(tmp_path / "committed"), "--compare_tolerance=0.05")
     assert loose.returncode == 0, loose.stderr[-2000:]
+    missing = run_entry("report.py", str(run), "--out", str(tmp_path / "third"), "--compare_with",
+                        str(tmp_path / "nosuch"))
+    assert_clean_error(missing, f"--compare_with {tmp_path / 'nosuch'} does not exist")
+    assert not (tmp_path / "third").exists()  # refused before the report is written
 
 
 @pytest.mark.slow  # minutes of CPU: one scheme trained as the committed result was, then compared
