@@ -10,6 +10,7 @@ with what the file already holds, each length as it finishes.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 import math
@@ -42,7 +43,8 @@ def evaluate(workdir: str | pathlib.Path | RunDir, lengths: list[int] | None = N
     run's config.eval (`eval_spec`). stride 0 = nonoverlapping.
 
     `max_tokens` > 0 scores only the first max_tokens tokens of the split (quick looks and
-    CPU-sized sliding windows; the record says so), 0 the whole split.
+    CPU-sized sliding windows; the record says so), 0 the whole split; a max_tokens the split does
+    not exceed scores the whole split, and is recorded as such (0), with a warning.
     `overrides` ({"posenc.rope.yarn_scale": "4"}) switch eval-time knobs on without retraining;
     the records carry them. An override for a scheme the run does not use is refused.
 
@@ -61,6 +63,10 @@ def _evaluate(scoring: Scoring, spec: EvalSpec, batch_tokens: int) -> list[dict]
     if spec.max_tokens and spec.max_tokens < len(stream):
         stream = stream[:spec.max_tokens]
         words = corpora.count_words_in_text(scoring.tokenizer.decode(stream))
+    elif spec.max_tokens:  # a record holds what was scored: the whole split, the series of max_tokens 0
+        log.warning("max_tokens %s: the %s split has %s tokens, so all of it is scored and recorded as the whole "
+                    "split", f"{spec.max_tokens:,}", spec.split, f"{len(stream):,}")
+        spec = dataclasses.replace(spec, max_tokens=0)
     graphdef = scoring.graphdef
 
     @functools.partial(jax.jit, out_shardings=NamedSharding(scoring.mesh, P()))  # sums, on every device
@@ -144,7 +150,14 @@ def _line(r: dict) -> str:
 def _recorded(recs: list[dict], header: dict, spec: EvalSpec) -> dict[int, list[dict]]:
     """{length: its record} of the records in `recs` from this checkpoint, method, overrides and `spec`."""
     return {int(r["eval_length"]): [r] for r in recs if same_evaluation(r, header) and r.get("split") == spec.split
-            and int(r.get("max_tokens", 0)) == spec.max_tokens and r["stride"] == (spec.stride or r["eval_length"])}
+            and _same_tokens(r, spec.max_tokens) and r["stride"] == (spec.stride or r["eval_length"])}
+
+
+def _same_tokens(record: dict, max_tokens: int) -> bool:
+    """Whether `record` scored the tokens that `max_tokens` asks for: its own first max_tokens, or the
+    whole split where that holds no more than max_tokens."""
+    scored = records.series_key(record)[2]  # 0: the whole split (records.py)
+    return scored == max_tokens or (not scored and max_tokens >= int(record["tokens"]))
 
 
 KIND = EvalKind("perplexity", "score perplexity: the default when neither --passkey nor --attention is given; "

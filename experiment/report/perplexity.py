@@ -30,6 +30,8 @@ def load_runs(workdirs: list[str | pathlib.Path]) -> list[dict]:
         recs = info["run"].records("perplexity")
         for r in recs:
             r.setdefault("tokenizer", info["tokenizer"])
+        # two records of the same tokens are one (an earlier version recorded a max_tokens beyond the split)
+        recs = list({(records.record_key(r), r.get("step")): r for r in recs}.values())
         runs.append({**info, "records": recs})
     return label_runs(runs)
 

@@ -32,9 +32,14 @@ def curve_options(record: dict) -> str:
 
 def series_key(record: dict) -> tuple:
     """The curve a record belongs to: (split, stride kind, max_tokens, curve_options); the stride kind
-    is 'nonoverlapping' where stride == eval_length, else the stride."""
+    is 'nonoverlapping' where stride == eval_length, else the stride. A record that scored fewer
+    tokens than its max_tokens scored the whole split (every token of it is scored: `tokens` is its
+    length), and is of the whole split's series (max_tokens 0), as evaluations now record it."""
     kind = "nonoverlapping" if record["stride"] == record["eval_length"] else int(record["stride"])
-    return (record.get("split", "valid"), kind, int(record.get("max_tokens", 0)), curve_options(record))
+    max_tokens = int(record.get("max_tokens", 0))
+    if "tokens" in record and max_tokens > int(record["tokens"]):
+        max_tokens = 0
+    return (record.get("split", "valid"), kind, max_tokens, curve_options(record))
 
 
 def record_key(record: dict) -> tuple:

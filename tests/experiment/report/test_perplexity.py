@@ -197,3 +197,18 @@ def test_a_full_device_while_a_report_is_written_names_its_file_and_the_size_nee
                                             r"\(1 MB needed\)$"):
         write_report([run], tmp_path / "report")
     assert not (tmp_path / "report").exists()
+
+
+def test_a_max_tokens_beyond_the_split_is_the_whole_split_s_series(tmp_path):
+    """Issue 45, item 2: `--max_tokens 100000000` on a split of 217,646 tokens scored the whole split, and
+    the report showed a second, identical series labelled "first 100,000,000 tokens"."""
+    run = fake_run(tmp_path, "alibi", 64, "/data/mycorpus", {64: 5.0, 128: 5.5})
+    path = tmp_path / "alibi_64" / "eval" / "extrapolation.json"
+    recs = json.loads(path.read_text())
+    path.write_text(json.dumps(recs + [{**r, "max_tokens": 100_000_000} for r in recs]))  # as recorded before
+    runs = reporting.load_runs([run])
+    assert len(reporting.series(runs[0])) == 1 and len(runs[0]["records"]) == 2
+    assert "first 100,000,000" not in reporting.table(runs)
+    truncated = [{**r, "max_tokens": 1000, "tokens": 1000} for r in recs]  # a real slice: its own series
+    path.write_text(json.dumps(recs + truncated))
+    assert len(reporting.series(reporting.load_runs([run])[0])) == 2

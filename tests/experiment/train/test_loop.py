@@ -104,8 +104,8 @@ def test_end_to_end_interrupt_resume_evaluate_report(tmp_path, monkeypatch):
     assert records[0]["words"] == words
     assert records[0]["word_ppl"] == pytest.approx(np.exp(records[0]["nll"] * records[0]["tokens"] / words))
 
-    sliding = evaluate(resumed, [32], stride=8)
-    assert sliding[0]["tokens"] == records[0]["tokens"]
+    sliding = evaluate(resumed, [32], stride=8, max_tokens=10**8)  # beyond the split: the whole split
+    assert sliding[0]["tokens"] == records[0]["tokens"] and sliding[0]["max_tokens"] == 0  # issue 45, item 2
     assert len(json.loads((resumed / "eval" / "extrapolation.json").read_text())) == 3  # merged
 
     # an eval-time knob without retraining: recorded, merged beside the plain results
