@@ -3,7 +3,8 @@
 DIR gets config.json (the run's rope options as rope_parameters), model.safetensors and the run's
 tokenizer as tokenizer.json (experiment/convert/hf.py). --set switches eval-time rope options on for the
 export, as eval_extrapolate.py's --set does: --set posenc.rope.yarn_scale=4 exports YaRN x4. DIR is new,
-empty or an earlier export (never a run folder, nor a folder of other files); it holds this export alone.
+empty or an earlier export (never a run folder, nor an unmarked folder of other files); the export's files
+replace the earlier export's, and any other file there (your NOTES.md) stays.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)

@@ -31,7 +31,7 @@ import posenc
 from experiment import config as config_lib
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, load_checkpoint
-from experiment.store import checkpoints, output
+from experiment.store import checkpoints, files, output
 from experiment.store.files import first_line
 from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
@@ -251,8 +251,9 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
     run's tokenizer as tokenizer.json with its end-of-sequence id as eos_token_id (every tokenizer
     kind has a `tokenizers` form, corpora/tokenizers.py) and a tokenizer_config.json naming it, so
     that import_hf.py and transformers' AutoTokenizer take the export back. `out` is new, empty or an
-    earlier export, never a run folder or a folder of other files (experiment/store/output.py), and
-    holds this export alone afterwards."""
+    earlier export, never a run folder or an unmarked folder of other files; the export's files take
+    the place of the earlier export's, and other files there stay (experiment/store/output.py). A full
+    device names the file and the size it needs."""
     out = pathlib.Path(out)
     output.claim(out, "export_hf.py")  # before anything is loaded
     run = RunDir(workdir)
@@ -262,15 +263,18 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
     rope = hf_rope_parameters(apply_overrides(config, overrides).posenc, int(config.train.seq_len))
     scoring = load_checkpoint(run, config, [], overrides)
     with output.replacing(out, "export_hf.py") as staging:
-        hf.export(scoring.model(), staging, rope_parameters=rope)
+        model = scoring.model()
+        weights = sum(int(x.nbytes) for x in hf.params_by_path(model).values())
+        with files.space_for(staging / "model.safetensors", weights):  # checked first, named if it fills up
+            hf.export(model, staging, rope_parameters=rope)
         tokenizer = scoring.tokenizer
         hf_tokenizer = tokenizer.hf_tokenizer()
-        (staging / "tokenizer.json").write_text(hf_tokenizer.to_str())
+        files.write_atomically(staging / "tokenizer.json", hf_tokenizer.to_str())
         # the generic fast tokenizer, so that transformers' AutoTokenizer takes tokenizer.json as it is
-        (staging / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast",
-                                                                   "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
+        files.write_atomically(staging / "tokenizer_config.json", json.dumps(
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
         exported = json.loads((staging / "config.json").read_text())
         exported["eos_token_id"] = tokenizer.eos_id
-        (staging / "config.json").write_text(json.dumps(exported, indent=2) + "\n")
+        files.write_atomically(staging / "config.json", json.dumps(exported, indent=2) + "\n")
     log.info("exported %s at step %d to %s", run.path, scoring.step, out)
     return out

@@ -266,6 +266,21 @@ def test_export_writes_only_into_a_folder_it_owns(tmp_path):
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 
+def test_a_full_device_during_an_export_names_the_file_and_the_size_and_keeps_the_folder(tmp_path, monkeypatch):
+    """Issue 45, items 9 and 1: `no space left on device: a file`; a NOTES.md beside an earlier export."""
+    import shutil as shell
+    from experiment.store import files
+    run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run").path
+    exported = export_hf(run, tmp_path / "exported")
+    (exported / "NOTES.md").write_text("mine")
+    before = {p: p.read_bytes() for p in exported.iterdir()}
+    monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shell._ntuple_diskusage(10**9, 10**9 - 100, 100))
+    with pytest.raises(files.NoSpace, match=rf"^no space left on device: {exported / 'model.safetensors'} "
+                                            r"\(\d+ MB needed\)$"):
+        export_hf(run, exported)
+    assert {p: p.read_bytes() for p in exported.iterdir()} == before
+
+
 def test_export_entry_point_and_rope_without_hf_form(tmp_path):
     import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", rope_parameters=ROPE_PARAMETERS["llama3"])
     result = run_entry("export_hf.py", str(tmp_path / "run"), "--out", str(tmp_path / "exported"))
