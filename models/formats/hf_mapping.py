@@ -169,11 +169,20 @@ ROPE_VALUE_DOMAINS = {
     "original_max_position_embeddings": (at_least(1), ("yarn", "llama3", "longrope")),
 }
 SCALING_FACTOR = at_least(1, note="L_target / L_train")  # dynamic, yarn, llama3: factor
+# The keys each rope_type must have, as transformers' validation of the dict requires them.
+ROPE_REQUIRED_KEYS = {"linear": ("factor",), "dynamic": ("factor",), "yarn": ("factor",),
+                      "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+                      "longrope": ("short_factor", "long_factor")}
 
 
 def check_rope_values(params: dict) -> None:
-    """Each number of HF's rope dict in its domain (HFError naming the key, its value and what is valid)."""
+    """Each key its rope_type requires is there, and each number of HF's rope dict is in its domain
+    (HFError naming the missing key, or the key, its value and what is valid)."""
     kind = params.get("rope_type")
+    missing = [key for key in ROPE_REQUIRED_KEYS.get(kind, ()) if params.get(key) is None]
+    if missing:
+        raise HFError(f"rope_type {kind!r} lacks {', '.join(map(repr, missing))}, which transformers requires "
+                      f"for it (required: {', '.join(ROPE_REQUIRED_KEYS[kind])}); add it to the dict")
     for key, value in params.items():
         domain, kinds = ROPE_VALUE_DOMAINS.get(key, (None, ()))
         if key == "factor" and kind in ("dynamic", "yarn", "llama3"):

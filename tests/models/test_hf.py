@@ -144,8 +144,12 @@ def refusal(path, match: str, **kwargs) -> str:
     ({"rope_type": "yarn", "factor": -4}, "'factor' of rope_type 'yarn' must be >= 1 (L_target / L_train), got -4"),
     ({"rope_type": "linear", "factor": 0}, "'factor' of rope_type 'linear' must be > 0, got 0"),  # was ZeroDivisionError
     ({"rope_type": "llama3", "factor": 8, "low_freq_factor": 4, "high_freq_factor": 2,
-      "original_max_position_embeddings": 32}, "'high_freq_factor' of rope_type 'llama3' must be > low_freq_factor")],
-    ids=["yarn", "linear", "llama3"])
+      "original_max_position_embeddings": 32}, "'high_freq_factor' of rope_type 'llama3' must be > low_freq_factor"),
+    ({"rope_type": "linear"}, "rope_type 'linear' lacks 'factor', which transformers requires for it"),  # issue 45
+    ({"rope_type": "dynamic"}, "rope_type 'dynamic' lacks 'factor'"),  # both were a TypeError traceback
+    ({"rope_type": "llama3", "factor": 8}, "rope_type 'llama3' lacks 'original_max_position_embeddings', "
+     "'low_freq_factor', 'high_freq_factor', which transformers requires")],
+    ids=["yarn", "linear", "llama3", "linear-no-factor", "dynamic-no-factor", "llama3-incomplete"])
 def test_bad_rope_parameters_blame_the_rope_parameters_given_not_the_checkpoint(rope, expected):
     """Issue 32: --rope_parameters '{"rope_type":"yarn","factor":-4}' blamed the checkpoint's
     config.json and an option the user did not write (posenc.rope.yarn_scale)."""
