@@ -45,9 +45,11 @@ DATA_KEYS = ("source", "path", "name", "hf_config", "text_column")  # what `data
 
 # --- the checkpoint's tokenizer ----------------------------------------------------------------
 
-def eos_id_of(folder: pathlib.Path, config: dict, tokenizer) -> int:
+def eos_id_of(folder: pathlib.Path, config: dict, tokenizer, config_path: pathlib.Path | None = None) -> int:
     """The end-of-sequence id: config.json's eos_token_id (the first of a list), else
-    tokenizer_config.json's eos_token, else the tokenizer's </s> or <|endoftext|>."""
+    tokenizer_config.json's eos_token, else the tokenizer's </s> or <|endoftext|>. `folder`: the
+    tokenizer's; `config_path`: the file `config` was read from (the checkpoint's config.json, which
+    may lie elsewhere: import_hf.py --tokenizer; a GGUF file), named where it lacks the id."""
     eos = config.get("eos_token_id")
     if isinstance(eos, list):
         eos = eos[0] if eos else None
@@ -64,15 +66,18 @@ def eos_id_of(folder: pathlib.Path, config: dict, tokenizer) -> int:
         found = tokenizer.token_to_id(name)
         if found is not None:
             return int(found)
-    raise HFError(f"{folder}: no end-of-sequence token (config.json has no eos_token_id, the tokenizer no "
-                  f"{' or '.join(names)}); set eos_token_id in config.json")
+    config_path = config_path or folder / "config.json"
+    fix = (f"set eos_token_id in {config_path}" if config_path.suffix == ".json" else
+           f"give --tokenizer a tokenizer.json that has one of those tokens")
+    raise HFError(f"no end-of-sequence token: {config_path} has no eos_token_id, and the tokenizer "
+                  f"({folder}) has no {' or '.join(names)}; {fix}")
 
 
-def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None,
-                         line_end: str = "newline") -> corpora.PretrainedTokenizer:
+def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None, line_end: str = "newline",
+                         config_path: pathlib.Path | None = None) -> corpora.PretrainedTokenizer:
     """The checkpoint's tokenizer.json (or `tokenizer`, the one loaded with it: a GGUF file's) as the
     `pretrained` kind, sized by the model's vocabulary; text encoded as a file holds it, with its
-    newlines (`line_end`, corpora/tokenizers.py)."""
+    newlines (`line_end`, corpora/tokenizers.py). `config_path`: as for `eos_id_of`."""
     tokenizer = tokenizer if tokenizer is not None else hf.tokenizer(folder)
     if tokenizer is None:
         raise HFError(f"{folder}: no tokenizer.json; the run needs the checkpoint's tokenizer to encode text: give "
@@ -81,11 +86,12 @@ def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None,
     if tokenizer.get_vocab_size() > vocab:
         log.warning("the tokenizer has %d tokens, the model's vocabulary %d: ids past it cannot be scored",
                     tokenizer.get_vocab_size(), vocab)
-    eos = eos_id_of(folder, config, tokenizer)
+    eos = eos_id_of(folder, config, tokenizer, config_path)
     try:
         return corpora.PretrainedTokenizer(tokenizer, vocab, eos, line_end)
-    except ValueError as e:
-        raise HFError(f"{folder}: {e}") from None
+    except ValueError as e:  # blame the file the id came from
+        where = (config_path or folder / "config.json") if config.get("eos_token_id") is not None else folder
+        raise HFError(f"{where}: {e}") from None
 
 
 # --- import ------------------------------------------------------------------------------------
@@ -168,7 +174,8 @@ def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_paramet
     config = run_config(hf_cfg, rope_parameters, dtype, data)
     check_data(config)
     hf_tokenizer, tokenizer_folder = given if given is not None else (hf_tokenizer, folder)
-    tokenizer = pretrained_tokenizer(tokenizer_folder, hf_cfg, hf_tokenizer)
+    tokenizer = pretrained_tokenizer(tokenizer_folder, hf_cfg, hf_tokenizer,
+                                     config_path=folder / "config.json" if folder.is_dir() else folder)
     _, params = nnx.split(model)
     opt_state = make_optimizer(config.train).init(params)
 

@@ -172,6 +172,19 @@ def test_a_tokenizer_kept_apart_is_given_with_tokenizer(tmp_path):
         import_hf(src, tmp_path / "other", tokenizer=tmp_path)
 
 
+def test_a_missing_end_of_sequence_id_blames_the_config_that_lacks_it(tmp_path):
+    """Issue 45, item 7: qwen2's config.json lacks eos_token_id, and the error blamed the llama folder
+    given with --tokenizer."""
+    src = tmp_path / "qwen2"
+    shutil.copytree(FIXTURES / "qwen2", src)  # no eos_token_id, no tokenizer.json
+    with pytest.raises(HFError) as error:
+        import_hf(src, tmp_path / "run", tokenizer=FIXTURES / "llama")
+    message = str(error.value)
+    assert message.startswith(f"no end-of-sequence token: {src / 'config.json'} has no eos_token_id, and the "
+                              f"tokenizer ({FIXTURES / 'llama'}) has no "), message
+    assert message.endswith(f"; set eos_token_id in {src / 'config.json'}") and not (tmp_path / "run").exists()
+
+
 def _drop(name):
     return lambda t: {k: v for k, v in t.items() if k != name}
 
