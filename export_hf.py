@@ -28,8 +28,8 @@ def main(argv):
 
     def go():
         print(f"exported {argv[1]} to {export_hf(argv[1], FLAGS.out, overrides_from_flags(FLAGS.set))}")
-    run_cleanly(go, at_once="interrupted; --out is as it was (an export is written aside and swapped in "
-                                  "whole): the same command exports it")
+    run_cleanly(go, at_once="interrupted; --out is as it was (an export is written aside and moved in "
+                                  "at the end): the same command exports it")
 
 
 if __name__ == "__main__":

@@ -78,8 +78,8 @@ def main(argv):
                 raise ValueError(f"--compare_with {FLAGS.compare_with}: the report differs by more than "
                                  f"--compare_tolerance={FLAGS.compare_tolerance:g} (largest differences above; "
                                  f"--compare_tolerance=0.05 allows 5% in perplexity and 0.05 in accuracy)")
-    run_cleanly(go, at_once="interrupted; --out is as it was (a report is written aside and swapped in "
-                                  "whole): the same command writes it")
+    run_cleanly(go, at_once="interrupted; --out is as it was (a report is written aside and moved in "
+                                  "at the end): the same command writes it")
 
 
 if __name__ == "__main__":

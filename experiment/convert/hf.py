@@ -266,6 +266,10 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
     run = RunDir(workdir)
     run.require_checkpoint()
     overrides = dict(overrides or {})
+    held = [key for key in overrides if not key.startswith("posenc.")]
+    if held:  # the attention path, sinks, ...: chosen where the export is loaded, not written into it
+        raise HFError(f"--set {held[0]}={overrides[held[0]]}: a Hugging Face checkpoint holds no {held[0]}, so the "
+                      f"export would ignore it; drop it (export takes the rope options, posenc.rope.*)")
     config = run.load_config()
     rope = hf_rope_parameters(apply_overrides(config, overrides).posenc, int(config.train.seq_len))
     scoring = load_checkpoint(run, config, [], overrides)

@@ -116,12 +116,18 @@ def check_run(names: tuple[str, ...], schemes: list[str], run: str) -> None:
 def plan(names: tuple[str, ...], lengths: tuple[int, ...], train_length: int,
          base: dict[str, str] | None = None) -> list[tuple[str, dict[str, str], tuple[int, ...]]]:
     """[(method, overrides, lengths)]: for each method, its lengths grouped by the options it sets
-    there (one evaluation each), the `base` overrides (the command's --set) under the method's."""
+    there (one evaluation each), with the `base` overrides (the command's --set); a --set of an option
+    the method sets to another value is refused."""
     out = []
     for name in names:
         groups: dict[tuple, list[int]] = {}
         for length in lengths:
-            overrides = {**(base or {}), **options(name, length, train_length)}
+            own = options(name, length, train_length)
+            clash = sorted(key for key in own if key in (base or {}) and str(base[key]) != own[key])
+            if clash:  # the method's value would silently replace the one the user gave
+                raise ValueError(f"--set {clash[0]}={base[clash[0]]}: --methods {name} sets {clash[0]} itself "
+                                 f"({own[clash[0]]} at L={length}); drop the --set, or evaluate without the method")
+            overrides = {**(base or {}), **own}
             groups.setdefault(tuple(sorted(overrides.items())), []).append(length)
         out += [(name, dict(key), tuple(group)) for key, group in groups.items()]
     return out

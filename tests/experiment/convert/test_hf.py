@@ -276,6 +276,9 @@ def test_export_writes_only_into_a_folder_it_owns(tmp_path):
                       (mine, r"holds files that export_hf.py did not write \(config.json\)")):
         with pytest.raises(RunError, match=rf"^--out {out} {what}.*give a new or empty folder, e.g. --out {out}_hf"):
             export_hf(run, out)
+    with pytest.raises(HFError, match=r"^--set model.attention=blockwise: a Hugging Face checkpoint holds no "
+                                      r"model.attention, so the export would ignore it; drop it"):
+        export_hf(run, tmp_path / "ignored", {"model.attention": "blockwise"})  # was accepted and dropped
     assert {p: p.read_bytes() for p in tmp_path.rglob("*") if p.is_file()} == before
 
 

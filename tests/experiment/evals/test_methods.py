@@ -59,6 +59,11 @@ def test_plan_groups_a_method_s_lengths_by_its_options():
                     ("yarn", {"model.attention": "dense"}, (32, 64)),
                     ("yarn", {"model.attention": "dense", "posenc.rope.yarn_scale": "2"}, (128,)),
                     ("yarn", {"model.attention": "dense", "posenc.rope.yarn_scale": "4"}, (256,))]
+    # a --set of an option the method sets itself was silently replaced by the method's value (issue 45's rules)
+    with pytest.raises(ValueError, match=r"^--set posenc.rope.yarn_scale=8: --methods yarn sets posenc.rope.yarn_scale "
+                                         r"itself \(2 at L=128\); drop the --set"):
+        methods.plan(("yarn",), (64, 128), 64, {"posenc.rope.yarn_scale": "8"})
+    assert methods.plan(("yarn+logn",), (128,), 64, {"posenc.name": "logn"})[0][1]["posenc.name"] == "logn"  # the same
 
 
 def test_unknown_methods_are_refused_naming_the_valid_ones():
