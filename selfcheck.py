@@ -13,6 +13,8 @@ if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 an
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
     signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
                                                    file=sys.stderr), os._exit(130)))
+    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
 
 import sys
 

@@ -121,6 +121,7 @@ def test_every_entry_point_sets_its_start_up_handler_before_any_import(entry):
     assert code.startswith('if __name__ == "__main__":'), entry
     block = code.split("\n\n", 1)[0]
     assert "signal.signal(signal.SIGINT" in block and "os._exit(130)" in block, entry
+    assert "signal.signal(signal.SIGTERM" in block and "os._exit(143)" in block, entry  # issue 45: SIGTERM alike
 
 
 def test_ctrl_c_while_the_training_step_compiles_saves_nothing_and_says_so(tmp_path):
