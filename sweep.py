@@ -32,7 +32,7 @@ from ml_collections import config_flags
 
 from experiment.cli import check_scheme_options, config_file, define_numbers, parse_flags, run_cleanly
 from experiment.pipeline.run import run_config, sweep
-from experiment.pipeline.table import build as build_table
+from experiment.pipeline.table import build as build_table, rows as table_rows
 from posenc.domains import at_least
 
 config_flags.DEFINE_config_file("config", None, "experiment config file[:arg]", lock_config=True)
@@ -67,8 +67,9 @@ def main(argv):
             if not callable(get_table):
                 raise ValueError(f"--table: {config_path} has no get_table() (the table's rows); give a config that "
                                  f"has one: --config configs/all_schemes.py")
-            paths = build_table(FLAGS.config, get_table(), FLAGS.workdir, FLAGS.out, FLAGS.schemes,
-                                where=f"{config_path}: get_table()", seeds=FLAGS.seeds, keep=FLAGS.keep)
+            table = table_rows(get_table(), f"{config_path}: get_table()")
+            paths = build_table(FLAGS.config, table, FLAGS.workdir, FLAGS.out, FLAGS.schemes, seeds=FLAGS.seeds,
+                                keep=FLAGS.keep)
             print(f"table: {paths['md']}, {paths['png']}, {paths['json']}")
             if paths["failed"]:
                 raise ValueError(f"{len(paths['failed'])} run(s) failed (their cells say so; see the log above): "

@@ -7,6 +7,8 @@ one given for no kind it evaluates), the check of its request, its scoring and i
 record. `evaluate_kinds(workdir, kinds, request)` opens the run and holds it once, checks every
 kind's request before any of them runs (a bad passkey depth or --set value is refused before the
 perplexity evaluation, not after it), restores the checkpoint once and hands it to each kind.
+Whether a length is already evaluated is each kind's `recorded` (`unscored`), asked before the
+checkpoint is restored, so that a command with nothing left to score restores nothing.
 """
 from __future__ import annotations
 
@@ -19,6 +21,7 @@ import posenc
 from experiment.config import Config
 from experiment.evals import methods
 from experiment.evals.common import Scoring, apply_overrides, eval_spec, load_checkpoint, opened_for_scoring
+from experiment.model import abstract_model
 from experiment.store import records
 from experiment.store.run import RunDir
 from posenc.domains import Domain
@@ -55,6 +58,9 @@ class Request:
     options: dict = dataclasses.field(default_factory=dict)
     methods: tuple[str, ...] = ()  # training-free methods (experiment/evals/methods.py), each evaluated in turn
     skip_done: bool = False        # lengths this checkpoint's records already hold with the same settings: skipped
+    # ((overrides, lengths), ...): evaluated in turn on the one checkpoint in place of `lengths` and
+    # `overrides` (the table of every scheme: each row's eval-time options at its lengths)
+    groups: tuple[tuple[dict, tuple[int, ...]], ...] = ()
 
     def option(self, option: Option):
         value = self.options.get(option.name)
@@ -147,6 +153,12 @@ def _groups(run: RunDir, config: Config, entries: list[EvalKind],
     and set of options it takes at the lengths (experiment/evals/methods.py, relative to the run's
     training length), each checked. A method's name in its records is followed by the command's own
     --set options where there are any ("yarn [model.attention=dense]"): another curve."""
+    if request.groups:
+        if request.methods:
+            raise ValueError("a request of groups of overrides and lengths takes no methods")
+        return [(None, *_checked(run, config, entries, dataclasses.replace(
+            request, lengths=tuple(lengths), overrides=dict(overrides), groups=())))
+            for overrides, lengths in request.groups]
     if not request.methods:
         return [(None, *_checked(run, config, entries, request))]
     methods.check_run(request.methods, posenc.used_schemes(config.posenc), str(run.path))
@@ -184,6 +196,8 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
         what = " and ".join(e.what for e in entries)
         scoring = None
         for method, target, settings in groups:
+            if request.skip_done and not _left(run, entries, method, target, settings, request.skip_impossible):
+                continue  # every record there: the checkpoint is not restored for it
             if scoring is None:
                 scoring = load_checkpoint(run, config, target.lengths, target.overrides,
                                           skip_impossible=request.skip_impossible, what=what)
@@ -197,8 +211,7 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
                 if entry.recorded is not None:
                     header, recs = scoring.header(), run.records(entry.name)
                     if request.skip_done:
-                        done = entry.recorded(recs, header, settings[entry.name])
-                        lengths = [n for n in lengths if n not in done]
+                        lengths = unscored(entry, recs, header, settings[entry.name], lengths)
                     if method is not None:  # the same options as an evaluation recorded: its records, relabelled
                         same = _identical(entry, recs, header, settings[entry.name], lengths)
                         lengths = [n for n in lengths if n not in {int(r["eval_length"]) for r in same}]
@@ -211,6 +224,37 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
                 for record in new if say else ():
                     say(entry.line(record))
     return results
+
+
+def unscored(entry: EvalKind, recs: list[dict], header: dict, settings, lengths) -> list[int]:
+    """The lengths of `lengths` that `recs` hold no evaluation of with `header`'s checkpoint step,
+    method and overrides and with `settings` (the kind's `recorded`): THE definition of "already
+    evaluated", for --skip_done, a resumed sweep and the table of every scheme."""
+    done = entry.recorded(recs, header, settings) if entry.recorded is not None else {}
+    return [n for n in lengths if n not in done]
+
+
+def _left(run: RunDir, entries: list[EvalKind], method: str | None, target: Target, settings: dict,
+          skip_impossible: bool) -> bool:
+    """Whether any kind has a length of `target` left to score on the run's newest checkpoint, asked
+    before restoring it. A length the scheme cannot encode is left where it is refused (its error
+    comes at the restore), not where it is skipped."""
+    lengths = list(target.lengths)
+    if skip_impossible:
+        config = apply_overrides(target.config, target.overrides)
+        scheme = abstract_model(config, run.tokenizer(config.data, write=False).vocab_size).scheme
+        lengths = [n for n in lengths if _encodes(scheme, n)]
+    header = {"step": run.latest_step(), "method": method,
+              **({"overrides": target.overrides} if target.overrides else {})}
+    return any(unscored(entry, run.records(entry.name), header, settings[entry.name], lengths) for entry in entries)
+
+
+def _encodes(scheme, length: int) -> bool:
+    try:
+        scheme.check_length(length)
+    except posenc.LengthError:
+        return False
+    return True
 
 
 def _identical(entry: EvalKind, recs: list[dict], header: dict, settings, lengths: list[int]) -> list[dict]:

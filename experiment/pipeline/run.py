@@ -4,7 +4,8 @@
 alibi_L64_seed1), so that the config's own seed keeps the name a sweep without seeds gives it.
 
 Runs of a sweep that are already complete (trained to config.train.steps and evaluated at every
-length) are skipped; interrupted ones resume from their last checkpoint. Every set of runs (a sweep,
+length) restore nothing; interrupted ones resume from their last checkpoint, and a trained run is
+evaluated at the lengths it lacks (evaluate_kinds' `skip_done`: what "evaluated" means, once). Every set of runs (a sweep,
 the table of every scheme: experiment/pipeline/table.py) goes through the same two steps: every
 config resolved before any run starts (`resolve_runs`), then the runs in turn (`run_each`).
 """
@@ -22,28 +23,39 @@ import ml_collections
 import posenc
 from experiment import config as config_lib
 from experiment.config import Config
-from experiment.evals.common import eval_spec
-from experiment.evals.perplexity import evaluate
+from experiment.evals.common import parse_overrides
+from experiment.evals.kinds import Request, evaluate_kinds
 from experiment.report import write_report
 from experiment.runtime import distributed, interrupts
-from experiment.store import output, records
-from experiment.store.run import RunDir, opened
+from experiment.store import output
+from experiment.store.run import opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
 
 
-def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | None = None) -> dict:
+def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | None = None,
+                       skip_done: bool = False) -> dict:
     """Train (or resume) the run in `workdir`; once training is complete, evaluate it as
     `config.eval` says (lengths the scheme cannot encode are skipped with a warning). The run
     directory is held from the first step to the last record; the config is checked before it is
-    created."""
+    created. `skip_done` (a sweep going on): a run already trained is not trained again, and only
+    the lengths whose records it lacks are evaluated, so a complete run restores nothing."""
     config = config_lib.resolve(config)
     with opened(workdir, "training") as run:
-        summary = train(config, run, max_steps=max_steps)
+        trained = skip_done and is_trained(run, config)
+        summary = ({"workdir": str(run.path), "step": run.latest_step(), "done": True} if trained
+                   else train(config, run, max_steps=max_steps))
         if summary["done"]:
-            summary["eval"] = evaluate(run, skip_impossible=True)
+            summary["eval"] = evaluate_kinds(run, ("perplexity",), evaluation(config, skip_done))["perplexity"]
     return summary
+
+
+def evaluation(config: Config, skip_done: bool = False) -> Request:
+    """What `config.eval` asks of a trained run: perplexity at its lengths with its overrides."""
+    ev = config.eval
+    return Request(tuple(ev.lengths), parse_overrides(ev.overrides), skip_impossible=True, skip_done=skip_done,
+                   options={"stride": ev.stride, "split": ev.split, "max_tokens": ev.max_tokens})
 
 
 def run_config(base: ml_collections.ConfigDict, scheme: str, train_length: int | None,
@@ -98,19 +110,6 @@ def seed_settings(seeds: list[int] | None, base_seed: int) -> list[dict[str, str
                          f"(--seeds {','.join(map(str, sorted(set(seeds))))})")
     ordered = sorted(seeds or [], key=lambda s: int(s) != int(base_seed))  # stable: the rest as given
     return [{"seed": str(int(s))} for s in ordered] if seeds else [{}]
-
-
-def is_evaluated(workdir: pathlib.Path, config: Config) -> bool:
-    """Every record config.eval asks for is there, from the newest checkpoint."""
-    run = RunDir(workdir)
-    if not run.exists() or run.latest_step() is None:
-        return False
-    spec = eval_spec(config)
-    latest = run.latest_step()
-    done = {records.record_key(r) for r in run.records("perplexity") if r.get("step") == latest}
-    wanted = [{"split": spec.split, "eval_length": length, "stride": spec.stride or length,
-               "max_tokens": spec.max_tokens, "overrides": spec.overrides} for length in spec.lengths]
-    return all(records.record_key(w) in done for w in wanted)
 
 
 def resolve_runs(base: ml_collections.ConfigDict, root: pathlib.Path,
@@ -177,10 +176,7 @@ def sweep(base: ml_collections.ConfigDict, schemes: list[str], train_lengths: li
                  instead="move it away (the sweep writes its report there), or use another --workdir")
 
     def work(workdir: pathlib.Path, config: Config) -> None:
-        if is_trained(workdir, config) and is_evaluated(workdir, config):
-            log.info("complete, skipping")
-            return
-        train_and_evaluate(config, workdir)
+        train_and_evaluate(config, workdir, skip_done=True)
     run_each(root, configs, work)
     distributed.barrier("lengthx_sweep")  # every run's results written before the report reads them
     return write_report(list(configs), root / "report") if distributed.is_writer() else {}

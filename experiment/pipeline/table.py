@@ -13,9 +13,10 @@ and, for an option switched on at evaluation, its `overrides`: a rule of RULES w
 which sets the option at each evaluation length (PI's factor L / L_valid, Self-Extend's group, ...).
 
 The runs go through the pipeline's own loop (experiment/pipeline/run.py: every config resolved
-first, then each run in turn). It resumes at every step: a run trained to config.train.steps is not
+first, then each run in turn); every row of a run is evaluated in one call of evaluate_kinds, which
+restores its checkpoint once. It resumes at every step: a run trained to config.train.steps is not
 trained again, an interrupted one resumes from its checkpoint, and an evaluation whose records are
-there (same length, overrides and checkpoint) is not redone. A length a scheme cannot encode (a
+there (same length, overrides, settings and checkpoint: evaluate_kinds' `skip_done`) is not redone. A length a scheme cannot encode (a
 learned table) is not evaluated and its cells say why; a run that fails is logged, its cells say so,
 and the others go on. The manifest (ROOT/rows.json), the times (ROOT/timings.json) and the report
 are rewritten after every run.
@@ -34,12 +35,12 @@ import ml_collections
 import posenc
 from experiment.config import Config
 from experiment.evals.common import apply_overrides, eval_spec
-from experiment.evals.passkey import PasskeySpec, evaluate_passkey
-from experiment.evals.perplexity import evaluate
+from experiment.evals.kinds import Request, evaluate_kinds
+from experiment.evals.passkey import PasskeySpec, spec_options
 from experiment.model import abstract_model
 from experiment.pipeline.run import resolve_runs, run_each, seed_settings
 from experiment.report import schemes as report
-from experiment.store import output, records
+from experiment.store import output
 from experiment.store.files import write_atomically
 from experiment.store.run import RunDir, RunError, opened
 from experiment.train import is_trained, train
@@ -144,28 +145,7 @@ def describe_row(row: Row, config: Config) -> dict:
             "overrides": {str(n): row.overrides_at(n, config.train.seq_len) for n in config.eval.lengths}}
 
 
-# --- what is done already ---------------------------------------------------------------------
-
-def _latest(run: RunDir, kind: str) -> list[dict]:
-    """The run's records of one kind from its newest checkpoint."""
-    step = run.latest_step()
-    return [r for r in run.records(kind) if r.get("step") == step]
-
-
-def missing_perplexity(run: RunDir, config: Config, overrides: dict, lengths) -> list[int]:
-    spec = eval_spec(config)
-    done = {records.record_key(r) for r in _latest(run, "perplexity")}
-    return [n for n in lengths if records.record_key(
-        {"split": spec.split, "eval_length": n, "stride": spec.stride or n, "max_tokens": spec.max_tokens,
-         "overrides": overrides}) not in done]
-
-
-def missing_passkey(run: RunDir, config: Config, overrides: dict, lengths, spec: PasskeySpec) -> list[int]:
-    digits = int(config.data.passkey_digits if spec.digits is None else spec.digits)
-    done = {records.passkey_key(r) for r in _latest(run, "passkey")}
-    return [n for n in lengths if any(records.passkey_key(
-        {"eval_length": n, "depth": d, "digits": digits, "overrides": overrides}) not in done for d in spec.depths)]
-
+# --- what a row cannot have -----------------------------------------------------------------
 
 def impossible(run: RunDir, config: Config, overrides: dict, lengths) -> dict[int, str]:
     """{length: the scheme's LengthError} for the lengths the model (with `overrides`) cannot encode."""
@@ -211,41 +191,44 @@ class _Clock:
         return False
 
 
-def evaluate_row(row: Row, run: RunDir, config: Config, spec: PasskeySpec) -> dict[str, str]:
-    """Perplexity and passkey retrieval of one row at every length it lacks; returns {length: why}
-    for the lengths it cannot have. Lengths sharing the row's overrides are evaluated in one call."""
-    L, lengths = config.train.seq_len, config.eval.lengths
-    by_overrides: dict[str, tuple[dict, list[int]]] = {}
-    for n in lengths:
-        overrides = row.overrides_at(n, L)
-        by_overrides.setdefault(json.dumps(overrides, sort_keys=True), (overrides, []))[1].append(n)
-    cannot = {}
-    for overrides, group in by_overrides.values():
-        cannot.update(impossible(run, config, overrides, group))
-        possible = [n for n in group if n not in cannot]
-        todo = missing_perplexity(run, config, overrides, possible)
-        if todo:
-            log.info("%s: perplexity at %s%s", row.name, todo, f" with {overrides}" if overrides else "")
-            evaluate(run.path, todo, overrides=overrides, skip_impossible=True)
-        todo = missing_passkey(run, config, overrides, possible, spec)
-        if todo:
-            log.info("%s: passkey retrieval at %s%s", row.name, todo, f" with {overrides}" if overrides else "")
-            evaluate_passkey(run.path, todo, spec, overrides=overrides, skip_impossible=True)
-    return {str(n): why for n, why in cannot.items()}
+def _key(overrides: dict) -> str:
+    return json.dumps(overrides, sort_keys=True)
 
 
-def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path, out: str | pathlib.Path | None = None,
-          only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(), where: str = "the study",
+def evaluate_run(table: list[Row], run: RunDir, config: Config, spec: PasskeySpec) -> dict[str, dict[str, str]]:
+    """Perplexity and passkey retrieval of the rows of `table` (those of one run) at each length they
+    lack, in one call of evaluate_kinds: the checkpoint restored once, or not at all where nothing
+    is lacking (what is lacking is evaluate_kinds' `skip_done`). Rows sharing overrides at a length
+    share its evaluation. Returns {row: {length: why}} for the lengths a row cannot have."""
+    train_length, lengths = config.train.seq_len, [int(n) for n in config.eval.lengths]
+    groups: dict[str, tuple[dict, set[int]]] = {}
+    for row in table:
+        for n in lengths:
+            overrides = row.overrides_at(n, train_length)
+            groups.setdefault(_key(overrides), (overrides, set()))[1].add(n)
+    why = {key: impossible(run, config, overrides, sorted(ns)) for key, (overrides, ns) in groups.items()}
+    todo = tuple((overrides, tuple(sorted(ns - set(why[key])))) for key, (overrides, ns) in groups.items()
+                 if ns - set(why[key]))
+    if todo:
+        log.info("%s: perplexity and passkey retrieval of %s (%d sets of overrides)", run.path.name,
+                 ", ".join(row.name for row in table), len(todo))
+        evaluate_kinds(run, ("perplexity", "passkey"), Request(groups=todo, skip_done=True, skip_impossible=True,
+                                                                 options=spec_options(spec)))
+    return {row.name: {str(n): why[_key(row.overrides_at(n, train_length))][n] for n in lengths
+                       if n in why[_key(row.overrides_at(n, train_length))]} for row in table}
+
+
+def build(base: ml_collections.ConfigDict, table: list[Row], root: str | pathlib.Path,
+          out: str | pathlib.Path | None = None, only: list[str] | None = None, spec: PasskeySpec = PasskeySpec(),
           seeds: list[int] | None = None, keep: str | pathlib.Path | None = None) -> dict:
-    """Train and evaluate the run of every row of `study` (`rows`) under `root` (only the runs named in
-    `only`, if given; once per seed of `seeds`, a seed other than the config's own in RUN_seed<N>,
-    which the report finds beside RUN), then write the report to `out` (default ROOT/report); with `keep`
-    (an earlier table's all_schemes.json), rows whose runs are not under ROOT keep its numbers.
-    Returns the report's paths and the runs that failed ({run folder: error})."""
+    """Train and evaluate the run of every row of `table` (a study's `rows`) under `root` (only the
+    runs named in `only`, if given; once per seed of `seeds`, a seed other than the config's own in
+    RUN_seed<N>, which the report finds beside RUN), then write the report to `out` (default
+    ROOT/report); with `keep` (an earlier table's all_schemes.json), rows whose runs are not under
+    ROOT keep its numbers. Returns the report's paths and the runs that failed ({run folder: error})."""
     root = pathlib.Path(root)
     out = pathlib.Path(out) if out else root / "report"
     output.claim(out, "report.py")  # before any training
-    table = rows(study, where)
     firsts: dict[str, Row] = {}
     for row in table:  # each run trained with its first row's scheme and settings
         firsts.setdefault(row.run, row)
@@ -277,8 +260,8 @@ def build(base: ml_collections.ConfigDict, study: dict, root: str | pathlib.Path
             with _Clock(root, workdir.name, "train"), opened(workdir, "training") as opened_run:
                 train(config, opened_run)
         with _Clock(root, workdir.name, "eval"):
-            for row in (r for r in table if r.run == run_of[workdir]):
-                cannot_by_row[row.name] = evaluate_row(row, RunDir(workdir), config, spec)
+            cannot_by_row.update(evaluate_run([r for r in table if r.run == run_of[workdir]], RunDir(workdir),
+                                              config, spec))
 
     def write() -> None:
         paths.update(_write(root, out, manifest, table, cannot_by_row, failed, keep))

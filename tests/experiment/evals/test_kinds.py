@@ -62,6 +62,21 @@ def test_one_command_of_every_kind_restores_the_checkpoint_once(trained, monkeyp
     assert lines[3].startswith("attention L=32")
 
 
+def test_groups_of_overrides_share_one_restore_and_a_repeat_restores_nothing(trained, monkeypatch):
+    """Request.groups (the table of every scheme: each row's overrides at its lengths) on one restored
+    checkpoint; with skip_done, a command whose every record is there restores nothing."""
+    restores = []
+    real = checkpoints.restore
+    monkeypatch.setattr(checkpoints, "restore", lambda *a, **k: restores.append(a[0].path) or real(*a, **k))
+    request = Request(groups=(({}, (16,)), ({"model.attention": "dense"}, (16,))), skip_done=True,
+                      options={"max_tokens": 256})
+    out = evaluate_kinds(trained, ("perplexity",), request)
+    assert restores == [trained]
+    assert [r.get("overrides", {}) for r in out["perplexity"]] == [{}, {"model.attention": "dense"}]
+    restores.clear()
+    assert evaluate_kinds(trained, ("perplexity",), request) == {"perplexity": []} and restores == []
+
+
 def test_a_bad_option_of_one_kind_is_refused_before_any_kind_scores(trained, monkeypatch):
     monkeypatch.setattr(checkpoints, "restore", lambda *a, **k: pytest.fail("restored before the request was checked"))
     before = {kind: RunDir(trained).records(kind) for kind in records.KINDS}

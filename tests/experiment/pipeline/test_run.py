@@ -50,7 +50,8 @@ def test_seeds_are_a_sweep_axis_one_folder_each_the_configs_own_seed_keeping_its
     others in <name>_seed<N>; every point's first seed before any second one; complete runs skipped."""
     trained, reported = [], []
 
-    def fake_train(config, workdir):
+    def fake_train(config, workdir, skip_done=False):
+        assert skip_done  # a sweep going on: what a run lacks, no more (test_a_resumed_sweep_...)
         trained.append((pathlib.Path(workdir).name, config.seed))
     monkeypatch.setattr(pipeline, "train_and_evaluate", fake_train)
     monkeypatch.setattr(pipeline, "write_report", lambda workdirs, out: reported.append(
@@ -66,11 +67,23 @@ def test_seeds_are_a_sweep_axis_one_folder_each_the_configs_own_seed_keeping_its
     base.seed = 3  # a config whose own seed is 3: that seed keeps the plain name
     assert [p.name for p in resolve_runs(base, tmp_path, [(None, "alibi", None, {"seed": "3"})])] == ["alibi_L16"]
 
+
+def test_a_resumed_sweep_trains_no_trained_run_and_asks_only_for_what_it_lacks(tmp_path, monkeypatch):
+    """A trained run is evaluated through evaluate_kinds with skip_done (which restores nothing where
+    every record is there: tests/experiment/evals/test_kinds.py), as config.eval says."""
+    asked = []
     monkeypatch.setattr(pipeline, "is_trained", lambda workdir, config: True)
-    monkeypatch.setattr(pipeline, "is_evaluated", lambda workdir, config: True)
-    trained.clear()
-    sweep(tiny_config("alibi"), ["alibi"], [], tmp_path, seeds=[0, 1])  # resumed: complete runs are skipped
-    assert trained == []
+    monkeypatch.setattr(pipeline, "train", lambda *a, **k: pytest.fail("a trained run was trained again"))
+    monkeypatch.setattr(pipeline, "evaluate_kinds", lambda run, kinds, request: asked.append((kinds, request)) or {
+        "perplexity": []})
+    monkeypatch.setattr(pipeline, "write_report", lambda workdirs, out: {})
+    base = tiny_config("alibi")
+    base.eval.overrides = "model.attention=dense"
+    sweep(base, ["alibi"], [], tmp_path, seeds=[0, 1])
+    assert [kinds for kinds, _ in asked] == [("perplexity",)] * 2
+    request = asked[0][1]
+    assert request.skip_done and request.skip_impossible and request.lengths == (16, 32)
+    assert request.overrides == {"model.attention": "dense"}
 
 
 def test_seeds_given_twice_or_as_a_grid_are_refused_before_any_run(tmp_path):

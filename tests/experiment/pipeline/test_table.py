@@ -11,6 +11,8 @@ from experiment.evals.passkey import PasskeySpec
 from experiment.pipeline import table as scheme_table
 from experiment.pipeline.run import run_config
 from experiment.report import schemes as report
+from experiment.store import checkpoints
+from experiment.store.run import RunDir
 from tests.conftest import REPO, run_entry, tiny_config
 from tests.experiment.test_cli import assert_clean_error
 
@@ -87,9 +89,13 @@ def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot
     base.data.update(dict(source="local", path=str(data), passkey_fraction=0.5))
     base.train.update(dict(seq_len=32, steps=2))
     spec = PasskeySpec(depths=(0.0, 1.0), per_cell=2)
-    paths = scheme_table.build(base, ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
-                               ["alibi", "learned", "rope"], spec)
+    restores = []
+    real = checkpoints.restore
+    monkeypatch.setattr(checkpoints, "restore", lambda *a, **k: restores.append(a[0].path.name) or real(*a, **k))
+    table = scheme_table.rows(ALL_SCHEMES.get_table())
+    paths = scheme_table.build(base, table, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
     assert paths["failed"] == {}
+    assert sorted(restores) == ["alibi", "learned", "rope"]  # every row of a run from one restore
     rows = {r["name"]: r for r in json.loads(open(paths["json"]).read())["rows"]}
     assert set(rows["alibi"]["ppl"]) == set(rows["alibi"]["passkey"]) == {"32", "64"}
     assert set(rows["learned"]["ppl"]) == {"32"} and "table of 32 positions" in rows["learned"]["missing"]["64"]
@@ -100,14 +106,12 @@ def test_the_table_builds_resumes_without_redoing_anything_and_marks_what_cannot
     timings = json.loads((tmp_path / "runs" / report.TIMINGS).read_text())
     assert set(timings) == {"alibi", "learned", "rope"} and timings["rope"]["train_wall_s"] > 0
 
-    def refuse(*args, **kwargs):
-        raise AssertionError("redone")
-    for name in ("train", "evaluate", "evaluate_passkey"):
-        monkeypatch.setattr(scheme_table, name, refuse)
-    again = scheme_table.build(base, ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
-                               ["alibi", "learned", "rope"], spec)
+    monkeypatch.setattr(scheme_table, "train", lambda *args, **kwargs: pytest.fail("trained again"))
+    restores.clear()
+    again = scheme_table.build(base, table, tmp_path / "runs", tmp_path / "out", ["alibi", "learned", "rope"], spec)
     assert again["failed"] == {} and json.loads(open(again["json"]).read())["rows"] == list(
         json.loads(open(paths["json"]).read())["rows"])
+    assert restores == []  # nothing lacking: no checkpoint restored
 
 
 def test_the_table_trains_the_runs_it_is_asked_for_once_per_seed(tmp_path, monkeypatch):
@@ -117,11 +121,37 @@ def test_the_table_trains_the_runs_it_is_asked_for_once_per_seed(tmp_path, monke
     monkeypatch.setattr(scheme_table, "is_trained", lambda workdir, config: False)
     monkeypatch.setattr(scheme_table, "opened", lambda workdir, purpose: __import__("contextlib").nullcontext(workdir))
     monkeypatch.setattr(scheme_table, "train", lambda config, run: trained.append((run.name, config.seed)))
-    monkeypatch.setattr(scheme_table, "evaluate_row", lambda row, run, config, spec: evaluated.append(
-        (row.name, run.path.name)) or {})
-    paths = scheme_table.build(tiny_config("alibi"), ALL_SCHEMES.get_table(), tmp_path / "runs", tmp_path / "out",
-                               ["rope", "fox"], seeds=[0, 1])
+    monkeypatch.setattr(scheme_table, "evaluate_run", lambda table, run, config, spec: evaluated.extend(
+        (row.name, run.path.name) for row in table) or {})
+    paths = scheme_table.build(tiny_config("alibi"), scheme_table.rows(ALL_SCHEMES.get_table()), tmp_path / "runs",
+                               tmp_path / "out", ["rope", "fox"], seeds=[0, 1])
     assert paths["failed"] == {}
     assert trained == [("fox", 0), ("rope", 0), ("fox_seed1", 1), ("rope_seed1", 1)]
     assert ("rope + YaRN", "rope_seed1") in evaluated and ("fox", "fox_seed1") in evaluated
     assert len(evaluated) == 2 * (1 + 1 + len(ALL_SCHEMES.EXTENSIONS))  # fox; rope and its extensions; twice
+
+
+def test_every_row_of_a_run_is_evaluated_in_one_call_that_skips_what_is_there(tmp_path, monkeypatch):
+    """One evaluate_kinds call per run (one restore: tests/experiment/evals/test_kinds.py): each set of
+    overrides at its lengths, a length two rows share asked once, what a row cannot have left out and
+    returned as its cells' reason."""
+    calls = []
+    monkeypatch.setattr(scheme_table, "impossible", lambda run, config, overrides, lengths: {
+        n: f"no {n}" for n in lengths if n > 32 and not overrides})
+    monkeypatch.setattr(scheme_table, "evaluate_kinds", lambda run, kinds, request: calls.append((kinds, request)))
+    table = scheme_table.rows({"rows": [
+        {"name": "rope", "run": "rope", "scheme": "rope"},
+        {"name": "rope + PI", "run": "rope", "scheme": "rope", "overrides": ("inverse_ratio", "posenc.rope.pi_factor")},
+        {"name": "rope + dense", "run": "rope", "scheme": "rope", "overrides": ("fixed", {"model.attention": "dense"})},
+        {"name": "rope again", "run": "rope", "scheme": "rope"}]})
+    base = tiny_config("alibi")
+    base.eval.length_multipliers = (1, 2, 4)
+    config = run_config(base, "rope", None)  # L = 16
+    cannot = scheme_table.evaluate_run(table, RunDir(tmp_path / "rope"), config, PasskeySpec(per_cell=3))
+    assert len(calls) == 1 and calls[0][0] == ("perplexity", "passkey")
+    request = calls[0][1]
+    assert request.skip_done and request.skip_impossible and request.options["passkey_per_cell"] == 3
+    assert request.groups == (({}, (16, 32)), ({"posenc.rope.pi_factor": "1"}, (16,)),
+                              ({"posenc.rope.pi_factor": "0.5"}, (32,)), ({"posenc.rope.pi_factor": "0.25"}, (64,)),
+                              ({"model.attention": "dense"}, (16, 32, 64)))
+    assert cannot == {"rope": {"64": "no 64"}, "rope again": {"64": "no 64"}, "rope + PI": {}, "rope + dense": {}}
