@@ -84,7 +84,8 @@ def pretrained_tokenizer(folder: pathlib.Path, config: dict, tokenizer=None, lin
                       f"it with --tokenizer PATH (its tokenizer.json, or a folder holding one)")
     vocab = int(config["vocab_size"])
     if tokenizer.get_vocab_size() > vocab:
-        log.warning("the tokenizer has %d tokens, the model's vocabulary %d: ids past it cannot be scored",
+        log.warning("the tokenizer has %d tokens, the model's vocabulary %d: text that encodes to an id past it "
+                    "is refused when it is encoded (experiment/store/run.py: stream)",
                     tokenizer.get_vocab_size(), vocab)
     eos = eos_id_of(folder, config, tokenizer, config_path)
     try:

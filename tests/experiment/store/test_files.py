@@ -117,3 +117,18 @@ def test_a_full_device_while_a_token_stream_is_written_is_one_line_naming_the_fi
     monkeypatch.setattr(files.shutil, "disk_usage", lambda path: shutil._ntuple_diskusage(10**9, 10**9 - 1000, 1000))
     with pytest.raises(NoSpace, match=rf"^no space left on device: {run.stream_path('valid')} \({needed}\)$"):
         run.stream(None, "valid", tokenizer, lines)  # refused before writing
+
+
+def test_a_tokenizer_that_encodes_past_the_models_vocabulary_is_refused_not_clipped(tmp_path):
+    """A --tokenizer larger than the model's embedding: the first evaluation scored its ids clipped to
+    the last row (a JAX gather clips), the next refused the cached stream as damaged."""
+    class TooLarge:  # a pretrained tokenizer of 300 tokens for a model of 256 rows
+        vocab_size = 256
+
+        def encode_lines(self, lines):
+            return np.array([5, 299, 7])
+    run = RunDir(tmp_path / "run")
+    with pytest.raises(RunError, match=r"^the valid split encodes to token id 299, past the model's vocabulary of 256: "
+                                       r"the tokenizer \(.*tokenizer.json\) does not fit the model"):
+        run.stream(None, "valid", TooLarge(), ["a line"])
+    assert not run.streams_dir.exists()
