@@ -269,7 +269,7 @@ class RunDir:
                 raise self._data_error(e, data_cfg) if self.has_checkpoint() else e from None
         stream, words = tokenizer.encode_lines(lines), corpora.count_words(lines)
         past = int(np.max(stream)) if len(stream) else -1
-        if past >= tokenizer.vocab_size:  # a lookup past the embedding would be clipped, not refused
+        if past >= tokenizer.vocab_size:  # a lookup past the embedding gives NaN: a record of nothing measured
             raise RunError(f"the {split} split encodes to token id {past:,}, past the model's vocabulary of "
                            f"{tokenizer.vocab_size:,}: the tokenizer ({self.tokenizer_path}) does not fit the model; "
                            f"give the checkpoint's own tokenizer (import_hf.py --tokenizer)")

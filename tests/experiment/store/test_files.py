@@ -120,8 +120,8 @@ def test_a_full_device_while_a_token_stream_is_written_is_one_line_naming_the_fi
 
 
 def test_a_tokenizer_that_encodes_past_the_models_vocabulary_is_refused_not_clipped(tmp_path):
-    """A --tokenizer larger than the model's embedding: the first evaluation scored its ids clipped to
-    the last row (a JAX gather clips), the next refused the cached stream as damaged."""
+    """A --tokenizer larger than the model's embedding: the first evaluation recorded a NaN perplexity (a
+    lookup past the embedding gives NaN), the next refused the cached stream as damaged."""
     class TooLarge:  # a pretrained tokenizer of 300 tokens for a model of 256 rows
         vocab_size = 256
 
