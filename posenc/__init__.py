@@ -7,10 +7,8 @@ Importing this package loads no JAX: the names, defaults and config checks come 
 declarations (posenc/registry.py, posenc/options/); the scheme classes and the functions below that
 compute with JAX are imported on first use (`get(name)` imports the scheme's module).
 """
-import importlib
-import importlib.util
-
 from posenc.domains import DomainError
+from posenc.lazy import lazy_attributes
 from posenc.registry import (LEGACY_NAMES, canonical_config, canonical_name, check_option_key, check_options,
                              default_config, get, names, register, used_schemes, wrapped, wrapper_names)
 from posenc.traits import Traits
@@ -31,13 +29,5 @@ __all__ = ["DomainError", "LEGACY_NAMES", "Traits", "canonical_config", "canonic
            "check_options", "default_config", "get", "names", "register", "used_schemes", "wrapped",
            "wrapper_names", *_LAZY]
 
-
-def __getattr__(name: str):
-    """The JAX parts of the public face (and submodules such as `posenc.rope_scaling`), on first use."""
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    if not name.startswith("_") and importlib.util.find_spec(f"{__name__}.{name}") is not None:
-        return importlib.import_module(f"{__name__}.{name}")
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+# the JAX parts of the public face (and submodules such as `posenc.rope_scaling`), on first use
+__getattr__ = lazy_attributes(__name__, _LAZY, submodules=True)

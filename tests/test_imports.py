@@ -19,8 +19,9 @@ PACKAGES = ("configs", "corpora", "experiment", "models", "posenc", "benchmarks"
 ENTRY_POINTS = ("train", "eval_extrapolate", "report", "sweep", "import_hf", "export_hf", "selfcheck")
 SCORING = ("experiment.evals", "experiment.train", "experiment.pipeline")
 ACCELERATOR_LIBRARIES = ("jax", "flax", "orbax", "optax")
-# What a config file, the typed config and the reports reach must load none of ACCELERATOR_LIBRARIES.
-JAX_FREE = ("configs", "experiment.config", "experiment.report", "experiment.store")
+# What a config file, the typed config, the reports and the training-free methods' table reach must load
+# none of ACCELERATOR_LIBRARIES.
+JAX_FREE = ("configs", "experiment.config", "experiment.report", "experiment.store", "experiment.evals.methods")
 
 
 def module_name(path: pathlib.Path) -> str:
@@ -136,7 +137,7 @@ def test_configs_the_typed_config_the_store_and_reports_reach_no_accelerator_lib
     (package __init__ edges included) imports none of jax, flax, orbax, optax, anywhere in it."""
     graph, outside = import_graph()
     starts = [name for name in graph if name.startswith(JAX_FREE) and name != "experiment.store.checkpoints"]
-    assert {"configs.demo", "experiment.config", "experiment.report.schemes"} <= set(starts)
+    assert {"configs.demo", "experiment.config", "experiment.report.schemes", "experiment.evals.methods"} <= set(starts)
     offenders = {}
     for start in starts:
         for name in sorted(reached_by_importing(graph, start)):
@@ -147,7 +148,7 @@ def test_configs_the_typed_config_the_store_and_reports_reach_no_accelerator_lib
         f"{', '.join(sorted(by)[:4])}{' ...' if len(by) > 4 else ''}" for name, by in sorted(offenders.items()))
 
 
-@pytest.mark.parametrize("module", ["experiment.config", "configs.demo"])
+@pytest.mark.parametrize("module", ["experiment.config", "configs.demo", "experiment.evals.methods"])
 def test_importing_a_config_loads_no_jax(module):
     """What the import statements above cannot see (a library that imports JAX itself) shows here."""
     code = (f"import sys; import {module}; loaded = [m for m in sys.modules if m.split('.')[0] in "

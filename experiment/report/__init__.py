@@ -9,16 +9,10 @@ Every report starts from the perplexity records (the runs, their curves); each o
 `write_report` and `PAPER_MODES` are imported from their modules on first use, so that a config
 reading paper.py loads no other module of the package.
 """
-import importlib
+from posenc.lazy import lazy_attributes
 
 _LAZY = {"write_report": "experiment.report.write", "PAPER_MODES": "experiment.report.perplexity"}
 
 __all__ = ["PAPER_MODES", "write_report"]
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(_LAZY[name]), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _LAZY)

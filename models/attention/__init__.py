@@ -5,7 +5,7 @@ NEG_INF and the hooks' tile logits are in tiles.py (re-exported by dense.py), fo
 stickbreaking.py holds the stick-breaking weights and lambda_mask.py LM-Infinite's Lambda mask,
 which the dense and blockwise paths apply. The names below are imported from their modules on first
 use, so that importing one module of the package loads no other path."""
-import importlib
+from posenc.lazy import lazy_attributes
 
 _LAZY = {"blockwise_attention": "blockwise",
          "attention_path": "choice", "choose": "choice", "is_long": "choice", "runs_per_device": "choice",
@@ -20,10 +20,4 @@ _LAZY = {"blockwise_attention": "blockwise",
 
 __all__ = sorted(_LAZY)
 
-
-def __getattr__(name: str):
-    if name in _LAZY:
-        value = getattr(importlib.import_module(f"{__name__}.{_LAZY[name]}"), name)
-        globals()[name] = value
-        return value
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, {name: f".{module}" for name, module in _LAZY.items()})
