@@ -210,10 +210,10 @@ def evaluate_run(table: list[Row], run: RunDir, config: Config, spec: PasskeySpe
     todo = tuple((overrides, tuple(sorted(ns - set(why[key])))) for key, (overrides, ns) in groups.items()
                  if ns - set(why[key]))
     if todo:
-        log.info("%s: perplexity and passkey retrieval of %s (%d sets of overrides)", run.path.name,
-                 ", ".join(row.name for row in table), len(todo))
-        evaluate_kinds(run, ("perplexity", "passkey"), Request(groups=todo, skip_done=True, skip_impossible=True,
-                                                                 options=spec_options(spec)))
+        new = evaluate_kinds(run, ("perplexity", "passkey"), Request(groups=todo, skip_done=True, skip_impossible=True,
+                                                                       options=spec_options(spec)))
+        log.info("%s (rows %s): %d perplexity and %d passkey records new", run.path.name,
+                 ", ".join(row.name for row in table), len(new["perplexity"]), len(new["passkey"]))
     return {row.name: {str(n): why[_key(row.overrides_at(n, train_length))][n] for n in lengths
                        if n in why[_key(row.overrides_at(n, train_length))]} for row in table}
 

@@ -138,7 +138,8 @@ def test_every_row_of_a_run_is_evaluated_in_one_call_that_skips_what_is_there(tm
     calls = []
     monkeypatch.setattr(scheme_table, "impossible", lambda run, config, overrides, lengths: {
         n: f"no {n}" for n in lengths if n > 32 and not overrides})
-    monkeypatch.setattr(scheme_table, "evaluate_kinds", lambda run, kinds, request: calls.append((kinds, request)))
+    monkeypatch.setattr(scheme_table, "evaluate_kinds", lambda run, kinds, request: calls.append((kinds, request)) or {
+        "perplexity": [], "passkey": []})
     table = scheme_table.rows({"rows": [
         {"name": "rope", "run": "rope", "scheme": "rope"},
         {"name": "rope + PI", "run": "rope", "scheme": "rope", "overrides": ("inverse_ratio", "posenc.rope.pi_factor")},
