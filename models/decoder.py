@@ -89,22 +89,40 @@ class Attention(nnx.Module):
             self.q_norm = norm_layer(cfg, rngs, self.head_dim)
             self.k_norm = norm_layer(cfg, rngs, self.head_dim)
 
-    def project(self, x_BxTxD):
-        """q, k, v, each B x T x num_heads x head_dim (k and v repeated under grouped-query attention;
-        q and k normed per head where `qk_norm`)."""
+    kv = None  # generation's LayerCache of this layer, on its copy of the model (models/generate.py)
+
+    def project_grouped(self, x_BxTxD):
+        """q (B x T x num_heads x head_dim), k and v (B x T x kv_heads x head_dim); q and k normed
+        per head where `qk_norm`."""
         b, t, _ = x_BxTxD.shape
         h, kv = self.cfg.num_heads, self.cfg.kv_heads
         qkv = self.qkv(x_BxTxD).reshape(b, t, h + 2 * kv, self.head_dim)
         q, k, v = qkv[:, :, :h], qkv[:, :, h:h + kv], qkv[:, :, h + kv:]
         if self.cfg.qk_norm:
             q, k = self.q_norm(q), self.k_norm(k)
+        return q, k, v
+
+    def project(self, x_BxTxD):
+        """q, k, v, each B x T x num_heads x head_dim (k and v repeated under grouped-query attention,
+        as Hugging Face's repeat_kv)."""
+        return self._repeated(*self.project_grouped(x_BxTxD))
+
+    def _repeated(self, q, k, v):
+        h, kv = self.cfg.num_heads, self.cfg.kv_heads
         if kv != h:
             k, v = jnp.repeat(k, h // kv, axis=2), jnp.repeat(v, h // kv, axis=2)
         return q, k, v
 
     def __call__(self, x_BxTxD, positions_BxT, key=None):
         b, t, _ = x_BxTxD.shape
-        q, k, v = self.project(x_BxTxD)
+        q, k, v = self.project_grouped(x_BxTxD)
+        if self.kv is not None:  # generating (models/generation/attend.py)
+            from models.generation import attend
+            if t == 1:  # a decoding step: one new token per row against the cache
+                out = attend.decode(self.kv, self.scheme, q, k, v, positions_BxT)
+                return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
+            attend.prefill(self.kv, self.scheme, q, k, v, positions_BxT)  # a prompt: its path as usual, cached
+        q, k, v = self._repeated(q, k, v)
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
         call = Call(positions_BxT, positions_BxT, self.scheme, drop,

@@ -117,6 +117,18 @@ class Scheme(nnx.Module):
         by this tile: (bias, carry). Key tiles are visited right to left. Only where `traits.carries_bias`."""
         raise NotImplementedError(f"positional scheme {self.name!r} has no carried_bias")
 
+    def decode_refusal(self) -> str | None:
+        """Why the scheme cannot generate one token at a time against a key / value cache
+        (models/generation/), or None where it can: its hooks must be functions of each token, its
+        position and the cached keys' positions, each key rotated once, at its own position."""
+        if self.traits.normalization != "softmax":
+            return (f"positional scheme {self.name!r} ({self.traits.normalization} attention) weighs the keys "
+                    f"by a recurrence over the whole row; generation with a cache does not implement it")
+        if self.traits.reads_input:
+            return (f"positional scheme {self.name!r} reads a running sum over the layer's input (its token "
+                    f"context), which the cache does not carry; generation with a cache does not implement it")
+        return None
+
     def check_length(self, length: int) -> None:
         """Raise `LengthError` if positions 0 .. length-1 cannot be encoded."""
 

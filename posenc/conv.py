@@ -62,5 +62,10 @@ class CausalConv(Scheme):
         fan_in = k if options.depthwise else k * d
         self.kernel = nnx.Param(nnx.initializers.normal(stddev=fan_in ** -0.5)(rngs.params(), shape, jnp.float32))
 
+    def decode_refusal(self):
+        return (f"positional scheme 'conv' convolves each token's embedding with the previous "
+                f"{self.options.kernel_size - 1}, which the cache does not keep; generation with a cache does not "
+                f"implement it")
+
     def embed(self, x_BxTxD, positions_BxT):
         return x_BxTxD + causal_conv(x_BxTxD, self.kernel[...]).astype(x_BxTxD.dtype)

@@ -212,6 +212,12 @@ class Rope(Scheme):
             raise ValueError(f"NTK scaling needs more than 2 rotated features per head, got "
                              f"{self.rotary_dim}; raise rope.fraction")
 
+    def decode_refusal(self):
+        if self.options.xpos and self.rotary_dim:
+            return (f"positional scheme {self.name!r}: xPos scales q and k about the centre of each call's positions, "
+                    f"which differs between a prompt and each new token; generation with a cache does not implement it")
+        return super().decode_refusal()
+
     @property
     def original_length(self) -> int:
         return self.options.original_length or self.dims.train_length

@@ -79,6 +79,9 @@ class Wrapper(Scheme):
     def check_length(self, length):
         self.inner.check_length(length)
 
+    def decode_refusal(self):
+        return super().decode_refusal() or self.inner.decode_refusal()
+
     def sample_positions(self, positions_BxT, key, training=True):
         return self.inner.sample_positions(positions_BxT, key, training)
 
@@ -218,6 +221,12 @@ class Randomized(Wrapper):
                 f"but length {length} was requested; train with --config.posenc.randomized.max_length={length} "
                 f"(or larger), or evaluate with --set posenc.randomized.eval_positions=consecutive")
         self.inner.check_length(max(length, self.max_length))
+
+    def decode_refusal(self):
+        if self.options.eval_positions != "consecutive":
+            return ("positional scheme 'randomized' evaluates at positions drawn per window; generation runs at "
+                    "0, 1, 2, ...: set --set posenc.randomized.eval_positions=consecutive")
+        return super().decode_refusal()
 
     def sample_positions(self, positions_BxT, key, training=True):
         if not training and self.options.eval_positions == "consecutive":

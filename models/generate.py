@@ -1,0 +1,104 @@
+"""Text generation with a key / value cache: `generate(model, prompts, max_new_tokens, ...)`.
+
+    from models import hf
+    from models.generate import generate
+    model, tokenizer = hf.load("smollm2")
+    ids = generate(model, [tokenizer.encode("The capital of France is").ids], 16)[0]
+    print(tokenizer.decode(ids))
+
+Works on what `models.hf.load` returns and on a run's model (experiment/generation.py opens one with
+its eval-time options and a training-free method). The prompts of a batch may differ in length. Each
+prompt goes through the model's usual attention paths once (blockwise for a long one: memory
+bounded as in evaluation), filling a cache in every layer; each new token then reads the cache: O(T)
+work per token, nothing recomputed. Every scheme and every training-free method applies while
+decoding as in a full forward pass over the same tokens (models/generation/attend.py; the tests
+compare the logits of every step). Caches: one slot per token, or for a windowed layer (Mistral's
+sliding window, Gemma 3's local layers, LM-Infinite) a ring of its window, plus LM-Infinite's sinks:
+its memory is bounded by the window, not the length. Dynamic NTK, dynamic YaRN and LongRoPE, whose
+frequencies follow the length: a cached key keeps the frequencies of the step it entered at, and a
+new token's query and key use the current length (transformers' convention, models/generation/cache.py).
+"""
+from __future__ import annotations
+
+import time
+from typing import Sequence
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+
+from models.generation.session import Session, padded_length
+from models.generation.stops import Stops
+
+SLOT_ROUND = 128  # cache slots per row: the padded prompt plus the new tokens, rounded up to this
+
+
+def _checked(prompts, max_new_tokens: int, vocab_size: int) -> list[list[int]]:
+    if not isinstance(prompts, (list, tuple)) or not prompts:
+        raise ValueError("prompts: give a non-empty list of prompts, each a list of token ids")
+    out = []
+    for i, prompt in enumerate(prompts):
+        ids = [int(t) for t in np.asarray(prompt).ravel()]
+        if not ids:
+            raise ValueError(f"prompt {i} is empty; every prompt needs at least one token")
+        bad = [t for t in ids if not 0 <= t < vocab_size]
+        if bad:
+            raise ValueError(f"prompt {i} holds token id {bad[0]}, outside the model's vocabulary of {vocab_size}")
+        out.append(ids)
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    return out
+
+
+def sample(logits_BxV: jax.Array, key: jax.Array, temperature: float, top_p: float) -> jax.Array:
+    """The next token of each row: the most likely one at temperature 0, else a draw from
+    softmax(logits / temperature) restricted to the smallest set of most likely tokens whose
+    probability reaches `top_p` (nucleus sampling; 1 keeps every token)."""
+    if temperature == 0.0:
+        return jnp.argmax(logits_BxV, axis=-1).astype(jnp.int32)
+    logits = logits_BxV / temperature
+    if top_p < 1.0:
+        order = jnp.argsort(-logits, axis=-1)
+        sorted_logits = jnp.take_along_axis(logits, order, axis=-1)
+        before = jnp.cumsum(jax.nn.softmax(sorted_logits, axis=-1), axis=-1) - jax.nn.softmax(sorted_logits, axis=-1)
+        sorted_logits = jnp.where(before < top_p, sorted_logits, -jnp.inf)  # the first token always stays
+        logits = jnp.full_like(logits, -jnp.inf).at[jnp.arange(logits.shape[0])[:, None], order].set(sorted_logits)
+    return jax.random.categorical(key, logits, axis=-1).astype(jnp.int32)
+
+
+_sample = jax.jit(sample, static_argnums=(2, 3))
+
+
+def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
+             top_p: float = 1.0, seed: int = 0, stop: Sequence[int | str] | None = None,
+             tokenizer=None, stats: dict | None = None) -> list[list[int]]:
+    """The new token ids of each prompt (without the prompt): greedy at temperature 0, else sampled
+    (`temperature`, `top_p`, draws from `seed`). `stop`: token ids and / or strings that end a row;
+    the stop is not returned (a string: the tokens from the one in which it begins are dropped;
+    strings need `tokenizer`, a `tokenizers.Tokenizer` or anything with `decode(ids)`). A row also
+    ends after `max_new_tokens`. `stats`, where given, receives the seconds of the prefill and of the
+    decoding steps (compilations included) and the number of tokens of each."""
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
+    prompts = _checked(prompts, max_new_tokens, model.cfg.vocab_size)
+    stops = Stops(stop, tokenizer, len(prompts))
+    longest = max(len(p) for p in prompts)
+    model.scheme.check_length(longest + max_new_tokens)
+    slots = -(-(padded_length(longest) + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
+    start = time.perf_counter()
+    session = Session.start(model, len(prompts), slots)
+    logits = session.prefill(prompts)
+    key = jax.random.key(seed)
+    steps, prefilled = 0, None
+    for step in range(max_new_tokens):
+        ids = np.asarray(_sample(logits, jax.random.fold_in(key, step), float(temperature), float(top_p)))
+        prefilled = prefilled or time.perf_counter()
+        stops.add(ids)
+        if stops.all_done() or step == max_new_tokens - 1:
+            break
+        logits = session.step(ids)
+        steps += 1
+    if stats is not None:
+        stats.update(prefill_seconds=prefilled - start, prefill_tokens=sum(len(p) for p in prompts),
+                     decode_seconds=time.perf_counter() - prefilled, decode_steps=steps * len(prompts))
+    return stops.outputs()

@@ -1,0 +1,69 @@
+"""Attention of a layer while generating: the prompt through the layer's usual path with its cache
+filled on the way (`prefill`), then one new token per row against the cache (`decode`).
+
+A decoding step computes what a full forward pass over the same tokens computes at the last
+position (tests/models/test_generate.py holds every method and architecture to that): the new
+query, rotated at its position, against every cached key at its own position, with every hook of
+the scheme (`tile_logits`: its bias, logit scale and transforms; its value term), causal by token
+index, within the layer's window where it has one, and LM-Infinite's sink branch (the first keys
+seen from the window's distance: models/attention/lambda_mask.py) in the same softmax. O(cached
+keys) work per token; nothing of the prompt is recomputed.
+"""
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+
+from models.attention.tiles import NEG_INF, tile_logits
+from models.generation.cache import LayerCache
+from posenc import Scheme
+
+
+def repeat_heads(x_BxSxGxK: jax.Array, heads: int) -> jax.Array:
+    """Grouped-query keys or values repeated for their query heads (HF's repeat_kv)."""
+    groups = x_BxSxGxK.shape[2]
+    return x_BxSxGxK if groups == heads else jnp.repeat(x_BxSxGxK, heads // groups, axis=2)
+
+
+def grouped(x_BxTxHxK: jax.Array, kv_heads: int) -> jax.Array:
+    """The first head of each group of a repeated key (the inverse of `repeat_heads`)."""
+    heads = x_BxTxHxK.shape[2]
+    return x_BxTxHxK if heads == kv_heads else x_BxTxHxK[:, :, ::heads // kv_heads]
+
+
+def prefill(cache: LayerCache, scheme: Scheme, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, positions_BxT) -> None:
+    """Fill the cache with a prompt batch's keys (rotated as the layer's path rotates them: the
+    scheme's `rotate` over the whole row) and values; the rows' prompt lengths are the cache's
+    `length`, set before the call."""
+    heads, groups = q_BxTxHxK.shape[2], k_BxTxGxK.shape[2]
+    _, k_rot = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), positions_BxT, positions_BxT)
+    cache.fill(grouped(k_rot, groups), v_BxTxGxK, positions_BxT, k_BxTxGxK, cache.length[...])
+
+
+def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, positions_Bx1) -> jax.Array:
+    """One new token per row: written into the cache, then attended over it. Returns B x 1 x H x K."""
+    heads, groups = q_Bx1xHxK.shape[2], k_Bx1xGxK.shape[2]
+    q, k_new = scheme.rotate(q_Bx1xHxK, repeat_heads(k_Bx1xGxK, heads), positions_Bx1, positions_Bx1)
+    i_B = cache.append(grouped(k_new, groups)[:, 0], v_Bx1xGxK[:, 0], positions_Bx1[:, 0], k_Bx1xGxK[:, 0])
+    k_pos, v = cache.pos[...], cache.v[...]
+    local = tile_logits(q, repeat_heads(cache.k[...], heads), positions_Bx1, k_pos, scheme)
+    logits = [jnp.where(cache.visible(i_B)[:, None, None, :], local, NEG_INF)]
+    values = [(repeat_heads(v, heads), positions_Bx1, k_pos)]
+    if cache.sinks:  # LM-Infinite's sink keys, seen from the window's distance (lambda_mask.sink_branch)
+        n, first = cache.sinks, cache.first[...][:, None]
+        sink_q_pos, sink_k_pos = first + cache.mask.limit, jnp.broadcast_to(first, (first.shape[0], n))
+        sink_q, sink_k = scheme.rotate(q_Bx1xHxK, repeat_heads(cache.sink_k[...], heads), sink_q_pos, sink_k_pos)
+        far = tile_logits(sink_q, sink_k, sink_q_pos, sink_k_pos, scheme)
+        far_sinks = i_B[:, None] - jnp.arange(n)[None, :] >= cache.mask.window  # beyond the row's window
+        logits.append(jnp.where(far_sinks[:, None, None, :], far, NEG_INF))
+        values.append((repeat_heads(cache.sink_v[...], heads), sink_q_pos, sink_k_pos))
+    probs = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
+    out, start = 0.0, 0
+    for (v_BxSxHxK, q_pos, k_pos) in values:
+        p = probs[..., start:start + v_BxSxHxK.shape[1]]
+        start += v_BxSxHxK.shape[1]
+        out = out + jnp.einsum("bhts,bshk->bthk", p.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+        value_term = scheme.value_bias(p, q_pos, k_pos)
+        if value_term is not None:
+            out = out + value_term.astype(out.dtype)
+    return out

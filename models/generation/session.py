@@ -1,0 +1,123 @@
+"""A model made ready to generate: its copy with a cache in every attention layer, and two compiled
+programs, `prefill` (a batch of prompts, right-padded, through the model's usual paths, caches
+filled) and `step` (one new token per row against the caches), each giving the next token's logits.
+
+The copy shares the model's parameters (nothing is copied); the caches live in `nnx.Cache`
+variables that each program takes in and gives back updated (donated: written in place).
+Programs are compiled once per model structure and shapes (rows, prompt bucket, cache slots).
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+from flax import nnx
+
+from models.attention.lambda_mask import lambda_mask
+from models.generation.cache import CacheShape, LayerCache
+
+PROMPT_BUCKET = 128  # prompts are right-padded to a multiple of this (few compilations across prompts)
+
+
+def refusal(model) -> str | None:
+    """Why `model` cannot generate with a cache (None: it can): a scheme whose hooks are not
+    functions of each token and its position (its `decodes` class attribute says why)."""
+    for block in model.blocks:
+        why = block.attn.scheme.decode_refusal()
+        if why:
+            return why
+    return None
+
+
+def padded_length(longest: int) -> int:
+    """The length a batch of prompts is right-padded to: a power of two up to PROMPT_BUCKET (at least
+    2: one token alone is a decoding step), then multiples of it."""
+    if longest <= PROMPT_BUCKET:
+        return max(2, 1 << (longest - 1).bit_length())
+    return -(-longest // PROMPT_BUCKET) * PROMPT_BUCKET
+
+
+def _layer_cache(attn, batch: int, slots: int) -> LayerCache:
+    cfg, scheme = attn.cfg, attn.scheme
+    mask = lambda_mask(cfg, scheme.dims.train_length)
+    kv, k = cfg.kv_heads, attn.head_dim
+    q = jax.ShapeDtypeStruct((1, 1, cfg.num_heads, k), jnp.dtype(cfg.dtype))
+    positions = jax.ShapeDtypeStruct((1, 1), jnp.int32)
+    _, rotated = jax.eval_shape(scheme.rotate, q, q, positions, positions)  # a scheme may widen q and k
+    shape = CacheShape(batch, mask.window if mask is not None else slots, kv, rotated.shape[-1], k, k,
+                       jnp.dtype(cfg.dtype))
+    return LayerCache(shape, mask)
+
+
+@functools.lru_cache(maxsize=8)
+def _programs(graphdef):
+    def prefill(rest, caches, tokens_BxT, positions_BxT, lengths_B):
+        model = nnx.merge(graphdef, rest, caches)
+        for block in model.blocks:
+            block.attn.kv.length[...] = lengths_B
+        hidden_BxTxD = model.hidden(tokens_BxT, positions_BxT)
+        last_BxD = hidden_BxTxD[jnp.arange(tokens_BxT.shape[0]), lengths_B - 1]
+        return model.head(last_BxD), nnx.state(model, nnx.Cache)
+
+    def step(rest, caches, tokens_B, positions_B):
+        model = nnx.merge(graphdef, rest, caches)
+        hidden_Bx1xD = model.hidden(tokens_B[:, None], positions_B[:, None])
+        return model.head(hidden_Bx1xD[:, 0]), nnx.state(model, nnx.Cache)
+
+    return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
+
+
+@dataclasses.dataclass
+class Session:
+    """A batch of rows being generated: `prefill(prompts)` then `step(tokens)`, each returning the
+    logits of every row's next token (B x V, float32, on the device); `lengths` is each row's number
+    of tokens so far (host)."""
+    graphdef: nnx.GraphDef
+    rest: nnx.State
+    caches: nnx.State
+    lengths: np.ndarray
+    slots: int
+
+    @classmethod
+    def start(cls, model, batch: int, slots: int) -> "Session":
+        """Caches of `slots` tokens per row (ring layers: their window) for `batch` rows of `model`."""
+        why = refusal(model)
+        if why:
+            raise ValueError(why)
+        model = nnx.merge(*nnx.split(model))  # a copy of the structure; the arrays are shared
+        for block in model.blocks:
+            block.attn.kv = _layer_cache(block.attn, batch, slots)
+        graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
+        return cls(graphdef, rest, caches, np.zeros(batch, np.int64), slots)
+
+    def prefill(self, prompts: list[list[int]]) -> jax.Array:
+        """The prompts (one per row, each at least one token), right-padded: a pad takes its row's last
+        position, so that nothing of a row depends on its padding (attention is causal by index, and a
+        length-dependent scaling sees the row's own last position)."""
+        lengths = np.array([len(p) for p in prompts])
+        if lengths.max() > self.slots:
+            raise ValueError(f"a prompt of {lengths.max()} tokens does not fit caches of {self.slots} tokens per row")
+        t = padded_length(int(lengths.max()))
+        tokens = np.zeros((len(prompts), t), np.int32)
+        for row, prompt in enumerate(prompts):
+            tokens[row, :len(prompt)] = prompt
+            tokens[row, len(prompt):] = prompt[-1]
+        positions = np.minimum(np.arange(t)[None, :], lengths[:, None] - 1).astype(np.int32)
+        run, _ = _programs(self.graphdef)
+        logits, self.caches = run(self.rest, self.caches, jnp.asarray(tokens), jnp.asarray(positions),
+                                  jnp.asarray(lengths, jnp.int32))
+        self.lengths = lengths.astype(np.int64)
+        return logits
+
+    def step(self, tokens_B) -> jax.Array:
+        """One new token per row (at position `lengths`), cached; the logits after it."""
+        if self.lengths.max() >= self.slots:
+            raise ValueError(f"the caches hold {self.slots} tokens per row; a row has that many already")
+        _, run = _programs(self.graphdef)
+        logits, self.caches = run(self.rest, self.caches, jnp.asarray(tokens_B, jnp.int32),
+                                  jnp.asarray(self.lengths, jnp.int32))
+        self.lengths = self.lengths + 1
+        return logits

@@ -1,0 +1,193 @@
+"""Generation with a key / value cache (models/generate.py, models/generation/): every decoding step
+gives the logits a full forward pass over the same tokens gives at that position, for every
+training-free method, every architecture we load and the schemes trained here; transformers'
+`generate` on the tiny checkpoints (tests/fixtures/generate/tiny.npz) for the conventions a full
+forward pass cannot show (dynamic NTK, LongRoPE, Mistral's window); the cache of a windowed layer is
+its window; stops, sampling and bad input."""
+import dataclasses
+import json
+import shutil
+
+import jax
+import jax.numpy as jnp
+import numpy as np
+import pytest
+
+import posenc
+from experiment.evals import methods
+from models import compiled
+from models.config import ModelConfig
+from models.decoder import build_model
+from models.formats import hf
+from models.generate import generate
+from models.generation.session import Session
+from tests.models.test_gemma3 import gemma3_config, gemma3_tensors, hf_folder
+
+FIXTURES = "tests/fixtures"
+TINY = np.load(f"{FIXTURES}/generate/tiny.npz")
+L = 16  # the training length of the models built here
+LLAMA_BLOCK = dict(vocab_size=50, num_layers=2, d_model=32, num_heads=4, mlp_dim=64, num_kv_heads=2, norm="rmsnorm",
+                   mlp="gated", activation="silu", scale_embeddings=False)
+PROMPTS = [[3, 1, 4, 1, 5, 9, 2], [int(x) for x in np.random.RandomState(1).randint(0, 50, 30)]]  # 7 and 30 > L
+NEW = 12
+
+
+def model_with(overrides: dict[str, str], scheme: str = "rope", **block):
+    """A randomly initialised model (training length L) with `--set`-style overrides applied:
+    posenc.<scheme>.<option>, posenc.name=logn (a wrapper around the scheme), model.<option>."""
+    cfg = posenc.default_config(scheme)
+    model_options = {}
+    for key, value in overrides.items():
+        section, *rest = key.split(".")
+        if key == "posenc.name":
+            cfg = posenc.wrapped(cfg, value)
+        elif section == "posenc":
+            default = cfg[rest[0]][rest[1]]
+            cfg[rest[0]][rest[1]] = value == "true" if isinstance(default, bool) else type(default)(float(value))
+        else:
+            model_options[rest[0]] = int(value)
+    return build_model(ModelConfig(**{**LLAMA_BLOCK, **block, **model_options}), cfg, L, 0)
+
+
+def decoded_and_full(model, prompts=PROMPTS, new=NEW):
+    """(the logits of each decoding step, new x B x V; a full forward pass's logits at the same
+    positions), greedy from `prompts`."""
+    longest = max(len(p) for p in prompts)
+    session = Session.start(model, len(prompts), longest + new + 8)
+    logits, rows, steps = session.prefill(prompts), [list(p) for p in prompts], []
+    for _ in range(new):
+        steps.append(np.asarray(logits))
+        ids = steps[-1].argmax(-1)
+        for row, token in zip(rows, ids):
+            row.append(int(token))
+        logits = session.step(ids)
+    rows = [r[:-1] for r in rows]  # the tokens whose logits were compared (the last one is never read)
+    width = max(len(r) for r in rows)  # one pass for every row: right-padded, a pad at its row's last position
+    positions = np.minimum(np.arange(width)[None], np.array([len(r) for r in rows])[:, None] - 1)
+    full = np.asarray(compiled.call(model, jnp.asarray([r + [r[-1]] * (width - len(r)) for r in rows]),
+                                    jnp.asarray(positions, jnp.int32)))
+    expected = np.stack([full[b, len(p) - 1:len(p) - 1 + new] for b, p in enumerate(prompts)], axis=1)
+    return np.stack(steps), expected
+
+
+STATIC = [m for m in methods.METHODS if m not in ("dynamic_ntk", "dynamic_yarn")]
+DEFAULT_RUN = ("direct", "lm_infinite")  # the others in the slow run (~10 s each)
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=() if m in DEFAULT_RUN else pytest.mark.slow)
+                                    for m in STATIC + [m + methods.LOGN for m in ("yarn", "self_extend")]])
+def test_every_decoding_step_equals_the_full_forward_pass(method):
+    """Prompts of 7 and 30 tokens (the second past L = 16), 12 new tokens each, in one batch: the
+    method's options at the final length (k = 42 / 16), as eval_extrapolate.py --methods sets them."""
+    model = model_with(methods.options(method, 42, L))
+    got, expected = decoded_and_full(model)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("method", ["dynamic_ntk", pytest.param("dynamic_yarn", marks=pytest.mark.slow)])
+def test_length_dependent_methods_decode_exactly_within_the_window_and_prefill_past_it(method):
+    """Dynamic NTK and dynamic YaRN follow the length: within L every step equals the full pass (they
+    are plain RoPE there); past it the prompt's logits do (each step after them keeps the cached keys
+    as they were rotated: transformers' convention, held to transformers below)."""
+    model = model_with(methods.options(method, 42, L))
+    got, expected = decoded_and_full(model, [[3, 1, 4], [2, 7, 1, 8, 2]], new=8)  # at most 13 <= L tokens
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+    got, expected = decoded_and_full(model, PROMPTS, new=1)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def tiny_checkpoint(tmp_path, name: str, rope_parameters=None):
+    if name == "mistral":  # llama's weights under Mistral's config (its sliding window of 16)
+        shutil.copy(f"{FIXTURES}/hf_tiny/mistral/config.json", tmp_path)
+        shutil.copy(f"{FIXTURES}/hf_tiny/llama/model.safetensors", tmp_path)
+        return hf.load(tmp_path, rope_parameters)[0]
+    return hf.load(f"{FIXTURES}/hf_tiny/{name}", rope_parameters)[0]
+
+
+@pytest.mark.parametrize("case", ["llama_dynamic"] + [pytest.param(c, marks=pytest.mark.slow) for c in
+                                                     ("llama_default", "mistral_default", "llama_longrope")])
+def test_generation_equals_transformers_generate(tmp_path, case):
+    """Greedy decoding of 16 tokens from an 80-token prompt (past the 64-token window): the tokens and
+    the logits of every step equal those of transformers' `generate` (tiny.npz: float32, eager)."""
+    name, rope = case.split("_")
+    params = {"default": None, "dynamic": {"rope_type": "dynamic", "factor": 2.0},
+              "longrope": json.loads(open(f"{FIXTURES}/hf_tiny/llama/rope_parameters.json").read())["longrope"]}[rope]
+    model = tiny_checkpoint(tmp_path, name, params)
+    session = Session.start(model, 1, 128)
+    logits, got = session.prefill([TINY["prompt"].tolist()]), []
+    for token in TINY[f"{case}_tokens"]:
+        got.append(np.asarray(logits[0]))
+        logits = session.step(np.asarray([token]))  # transformers' token, so that one near-tie cannot diverge
+    np.testing.assert_allclose(np.stack(got), TINY[f"{case}_logits"], atol=2e-4, rtol=1e-4)
+    assert generate(model, [TINY["prompt"].tolist()], 16) == [TINY[f"{case}_tokens"].tolist()]
+
+
+@pytest.mark.parametrize("name", ["gemma3", pytest.param("qwen2", marks=pytest.mark.slow),
+                                  pytest.param("gpt_neox", marks=pytest.mark.slow)])
+def test_every_architecture_decodes_as_its_full_forward_pass(tmp_path, name):
+    """Gemma 3: windowed layers (a ring of their window) beside global ones at their own RoPE base,
+    q / k norms; Qwen2: biases; GPT-NeoX: partial rotary, parallel residual. Prompts past the window."""
+    if name == "gemma3":
+        model, _ = hf.load(hf_folder(tmp_path / "gemma3", gemma3_config(), gemma3_tensors()))
+    else:
+        model = tiny_checkpoint(tmp_path, name)
+    prompts = [TINY["prompt"][:70].tolist(), TINY["prompt"][:9].tolist()]
+    got, expected = decoded_and_full(model, prompts, new=6)
+    np.testing.assert_allclose(got, expected, atol=2e-4, rtol=1e-4)
+
+
+@pytest.mark.parametrize("scheme", [pytest.param(s, marks=() if s == "alibi" else pytest.mark.slow)
+                                    for s in posenc.names() if not posenc.get(s).traits.wrapper or s == "logn"])
+def test_schemes_trained_here_decode_or_say_why_not(scheme):
+    """A scheme decodes as its full forward pass, or refuses with a reason (Session.start)."""
+    model = model_with({}, scheme, num_kv_heads=0)
+    why = model.scheme.decode_refusal()
+    if why:
+        with pytest.raises(ValueError, match=scheme):
+            Session.start(model, 1, 64)
+        return
+    got, expected = decoded_and_full(model, new=6)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+def test_a_windowed_layer_caches_its_window_only():
+    """LM-Infinite (10 sinks, window L) and a sliding window: ring caches of the window, whatever the
+    length asked for; the other layers one slot per token."""
+    model = model_with(methods.options("lm_infinite", 10 * L, L))
+    session = Session.start(model, 2, 4096)
+    shapes = {leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(session.caches)
+              if str(path[-2]) in (".k", "['k']") or getattr(path[-2], "key", None) == "k"}
+    assert shapes == {(2, L, 2, 8)}
+    assert all(x.shape[1] in (L, 10) for x in jax.tree.leaves(session.caches) if x.ndim >= 2)
+    gemma = dataclasses.replace(model.cfg, attention_sinks=0, attention_window=8, global_every=2,
+                                local_rope_base=10000.0)
+    mixed = build_model(gemma, posenc.default_config("rope"), L, 0)
+    slots = sorted({x.shape[1] for x in jax.tree.leaves(Session.start(mixed, 1, 4096).caches) if x.ndim >= 2})
+    assert slots == [8, 4096]
+
+
+def test_stops_sampling_and_bad_input():
+    model = model_with({})
+    greedy = generate(model, PROMPTS, 6)
+    assert [len(g) for g in greedy] == [6, 6]
+    stopped = generate(model, PROMPTS, 6, stop=[greedy[0][2]])
+    assert stopped[0] == greedy[0][:greedy[0].index(greedy[0][2])]  # the stop token itself is not returned
+    sampled = generate(model, PROMPTS, 6, temperature=1.0, seed=3)
+    assert sampled == generate(model, PROMPTS, 6, temperature=1.0, seed=3)
+    assert sampled != generate(model, PROMPTS, 6, temperature=1.0, seed=4)
+    assert generate(model, PROMPTS, 6, temperature=1.0, top_p=1e-6, seed=5) == greedy  # only the top token left
+
+    class Digits:  # a tokenizer whose token t is the text str(t % 10)
+        @staticmethod
+        def decode(ids):
+            return "".join(str(t % 10) for t in ids)
+    text = Digits.decode(greedy[1])
+    cut = generate(model, PROMPTS, 6, stop=[text[3:5]], tokenizer=Digits)[1]
+    assert Digits.decode(cut) == text[:text.index(text[3:5])]
+    for bad, match in (([], "non-empty"), ([[1, 2], []], "prompt 1 is empty"), ([[1, 99]], "outside the model's"),):
+        with pytest.raises(ValueError, match=match):
+            generate(model, bad, 4)
+    with pytest.raises(ValueError, match="tokenizer"):
+        generate(model, PROMPTS, 4, stop=["x"])
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        generate(model, PROMPTS, 0)
