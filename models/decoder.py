@@ -128,7 +128,8 @@ class Attention(nnx.Module):
         call = Call(positions_BxT, positions_BxT, self.scheme, drop,
                     context=self.scheme.token_context(x_BxTxD, positions_BxT),  # None unless it reads its input (FoX)
                     mask=lambda_mask(self.cfg, self.scheme.dims.train_length),  # None unless LM-Infinite's is on
-                    block=self.cfg.attention_block, launch=launch(kind, self.scheme, q.dtype))
+                    block=self.cfg.attention_block,
+                    launch=launch(kind, self.scheme, q.dtype, self.cfg, positions_BxT, drop.active))
         out = PATHS[kind].run(q, k, v, call)
         return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
 

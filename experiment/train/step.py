@@ -10,6 +10,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 
 from experiment.config import ConfigError
 from experiment.runtime import sharding
+from models.attention.choice import training_calls
 
 def micro_batching(batch_size: int, seq_len: int, device_batch_tokens: int, devices: int) -> int:
     """Micro-steps per update: the fewest that divide each device's share of the batch into pieces of
@@ -65,11 +66,13 @@ def make_train_step(graphdef, tx, dropout_seed: int, *, micro_steps: int = 1,
             if gathered is not None:
                 p = jax.lax.with_sharding_constraint(p, gathered)
             model = nnx.merge(graphdef, p)
-            if not per_example_keys:
-                return model.token_nll(inputs_BxT, targets_BxT, dropout_key=step_key).mean()
-            keys_B = jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
-            row_nll = lambda x, y, k: model.token_nll(x[None], y[None], dropout_key=k)[0]
-            return jax.vmap(row_nll)(inputs_BxT, targets_BxT, keys_B).mean()
+            # attention's calls are a training step's (its kernel search and race): choice.training_calls
+            with training_calls(inputs_BxT.shape[0], per_row=per_example_keys):
+                if not per_example_keys:
+                    return model.token_nll(inputs_BxT, targets_BxT, dropout_key=step_key).mean()
+                keys_B = jax.vmap(lambda r: jax.random.fold_in(step_key, r))(rows_B)
+                row_nll = lambda x, y, k: model.token_nll(x[None], y[None], dropout_key=k)[0]
+                return jax.vmap(row_nll)(inputs_BxT, targets_BxT, keys_B).mean()
         return jax.value_and_grad(loss_fn)(params)
 
     if per_device_mesh is not None:

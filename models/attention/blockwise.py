@@ -7,6 +7,7 @@ import dataclasses
 import jax
 import jax.numpy as jnp
 
+from models.attention.call import Call
 from models.attention.lambda_mask import LambdaMask, sink_branch, sink_logits
 from models.attention.stickbreaking import stickbreaking_blockwise
 from models.attention.tiles import NEG_INF, context_tiles, map_after, tile_logits, to_blocks
@@ -32,9 +33,16 @@ def _softmax_update(state, s_BxHxQxS, v_BxHxSxK, value_term):
 
 
 def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme,
-                        block_size: int = 512, *, context_BxTxC: jax.Array | None = None,
-                        mask: LambdaMask | None = None) -> jax.Array:
-    """Causal self-attention in (query block, key block) tiles with an online softmax.
+                        block_size: int = 512, *, context_BxTxC: jax.Array | None = None) -> jax.Array:
+    """`blockwise_call` of a causal call at these positions, tiles of `block_size` (and the scheme's token
+    context): what the paths' callers without a `Call` use."""
+    call = Call(q_pos_BxT, k_pos_BxT, scheme, context=context_BxTxC, block=block_size)
+    return blockwise_call(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, call)
+
+
+def blockwise_call(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, call: Call) -> jax.Array:
+    """Causal self-attention in (query block, key block) tiles of `call.block` positions with an
+    online softmax (no attention dropout: its row in paths.py refuses it).
 
     Memory is O(T * block) instead of O(T^2): only one B x H x block x block tile of logits exists
     at a time. Key blocks after the query block's diagonal are skipped and only the diagonal block
@@ -48,12 +56,14 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     from the diagonal down to the first (the online softmax does not mind the order), with a
     per-query carry that starts at zero. A scheme that reads the layer's input gets its
     `token_context` (`context_BxTxC`, computed once over the whole sequence) cut into the same
-    tiles. Under LM-Infinite's Lambda `mask` (lambda_mask.py) only the key tiles that meet each
+    tiles. Under LM-Infinite's Lambda mask (`call.mask`, lambda_mask.py) only the key tiles that meet each
     query tile's window are visited, then one tile of the sink keys. A stick-breaking scheme runs
     its own recurrence (stickbreaking.py). Numerically equal to `dense_attention` up to float32
     rounding. What it refuses (a whole-row bias it cannot carry; under the mask, schemes without
     a window to cut) is its row in paths.py.
     """
+    q_pos_BxT, k_pos_BxT, scheme, block_size = call.q_pos, call.k_pos, call.scheme, call.block
+    context_BxTxC, mask = call.context, call.mask
     if scheme.traits.normalization == "stickbreaking":
         return stickbreaking_blockwise(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, block_size,
                                        context_BxTxC)
@@ -61,8 +71,7 @@ def blockwise_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, s
     if mask is not None and mask.sinks:
         sinks = sink_branch(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, mask, context_BxTxC)
     q_BxTxHxK, k_BxTxHxK = scheme.rotate(q_BxTxHxK, k_BxTxHxK, q_pos_BxT, k_pos_BxT)
-    tiles = _Tiles.cut(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme, block_size, context_BxTxC,
-                       mask)
+    tiles = _Tiles.cut(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, call)
     sink_tiles = None if sinks is None else (sinks, to_blocks(sinks.q, block_size), to_blocks(sinks.q_pos, block_size),
                                              jnp.swapaxes(sinks.v, 1, 2))
     out_NBxBxHxQxK = map_after(lambda i: _query_block(tiles, i, sink_tiles), jnp.arange(tiles.nb), tiles.q)
@@ -95,12 +104,14 @@ class _Tiles:
         return self.scheme.traits.needs_full_rows  # and so `carries_bias`
 
     @staticmethod
-    def cut(q, k, v, q_pos, k_pos, scheme, block, context, mask) -> "_Tiles":
+    def cut(q, k, v, call: Call) -> "_Tiles":
+        """q, k (rotated) and v of `call` in its tiles."""
         # padded keys get a position after every query, so that a carried bias (gates) ignores them
-        fill = jnp.iinfo(jnp.int32).max if scheme.traits.needs_full_rows else 0
+        fill = jnp.iinfo(jnp.int32).max if call.scheme.traits.needs_full_rows else 0
+        block = call.block
         return _Tiles(to_blocks(q, block), to_blocks(k, block), jnp.swapaxes(to_blocks(v, block), 2, 3),
-                      to_blocks(q_pos, block), to_blocks(k_pos, block, fill=fill), context_tiles(context, block),
-                      scheme, mask, q.shape[1], block)
+                      to_blocks(call.q_pos, block), to_blocks(call.k_pos, block, fill=fill),
+                      context_tiles(call.context, block), call.scheme, call.mask, q.shape[1], block)
 
     def visit(self, i, j, carry, masked: bool):
         """The online softmax's state after key tile j of query tile i; `masked`: the causal mask (and

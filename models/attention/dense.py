@@ -1,38 +1,28 @@
 """Dense attention (one call of each hook over the whole T x S matrix) and what the other paths
-share with it: NEG_INF and the logits of one tile (from tiles.py), the attention-dropout pair, values
-padded to the head size of q and k."""
+share with it: NEG_INF and the logits of one tile (from tiles.py), the attention-dropout pair (from
+call.py), values padded to the head size of q and k."""
 from __future__ import annotations
-
-import dataclasses
 
 import jax
 import jax.numpy as jnp
 
+from models.attention.call import NO_DROPOUT, Call, Dropout
 from models.attention.stickbreaking import stickbreaking_dense
 from models.attention.tiles import NEG_INF, tile_logits
 from posenc import Scheme
 
-__all__ = ["NEG_INF", "NO_DROPOUT", "Dropout", "dense_attention", "padded_values", "tile_logits"]
+__all__ = ["NEG_INF", "NO_DROPOUT", "Dropout", "dense_attention", "dense_call", "padded_values", "tile_logits"]
 
 
-@dataclasses.dataclass(frozen=True)
-class Dropout:
-    """Attention dropout: the rate, and the key to draw its mask from (None: evaluation, no dropout)."""
-    rate: float = 0.0
-    key: jax.Array | None = None
-
-    @property
-    def active(self) -> bool:
-        return self.key is not None and self.rate > 0
-
-
-NO_DROPOUT = Dropout()
-
-
-def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
-                    mask_TxS: jax.Array, dropout: Dropout = NO_DROPOUT,
+def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme, mask_TxS: jax.Array, *,
                     context_BxTxC: jax.Array | None = None) -> jax.Array:
-    """softmax(scale * q k^T / sqrt(K) + bias) v (+ value bias), with one call of each hook.
+    """`dense_call` of a call at these positions without dropout (and the scheme's token context)."""
+    return dense_call(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, Call(q_pos_BxT, k_pos_BxS, scheme, context=context_BxTxC), mask_TxS)
+
+
+def dense_call(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, call: Call, mask_TxS: jax.Array) -> jax.Array:
+    """softmax(scale * q k^T / sqrt(K) + bias) v (+ value bias), with one call of each hook, the
+    probabilities dropped as `call.dropout` says.
 
     `mask_TxS` is True where a query may attend to a key (the causal order of the sequence, which
     is independent of the position values a scheme is given). Logits and softmax are float32.
@@ -40,6 +30,7 @@ def dense_attention(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, schem
     reads one. A stick-breaking scheme (`traits.normalization`) runs its own causal recurrence instead
     (stickbreaking.py; causal self-attention, no dropout: paths.py refuses it).
     """
+    q_pos_BxT, k_pos_BxS, scheme, dropout, context_BxTxC = call.q_pos, call.k_pos, call.scheme, call.dropout, call.context
     if scheme.traits.normalization == "stickbreaking":
         return stickbreaking_dense(q_BxTxHxK, k_BxSxHxK, v_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme, context_BxTxC)
     q_BxTxHxK, k_BxSxHxK = scheme.rotate(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS)

@@ -20,11 +20,14 @@ Schemes without a bias (the RoPE family, absolute embeddings, NoPE) use the same
 one; a per-query logit scale (log-n) is folded into the queries.
 
 Attention dropout is drawn inside the kernel from a counter-based hash of (seed, sequence, head,
-query index, key index), so the backward pass regenerates the same mask without storing it.
+query index, key index), so the backward pass regenerates the same mask without storing it
+(pallas_kernels.keep_mask: one hash per query and one per key, and 5 integer operations per logit).
+A lookup table of any size (T5's buckets) is padded to a power of 2, as Triton's arrays must be.
 
-On GPU the kernels lower through Triton, with the tile size, warps and pipelining stages chosen
-for the device (models/attention/tuning.py); head dimensions the compiled kernel cannot take are
-refused (`head_dim_refusal`). Elsewhere they run in Pallas' interpreter (slow; what the CPU tests
+On GPU the kernels lower through Triton, with the tiles, warps and pipelining stages of the forward
+and of the backward kernels chosen for the device and the workload (models/attention/tuning.py);
+head dimensions the compiled kernel cannot take (`head_dim_refusal`) are refused by its row in
+paths.py, before it runs. Elsewhere they run in Pallas' interpreter (slow; what the CPU tests
 use to check them against dense attention), so `auto` picks this path only on GPU, and only after
 the kernel has passed its numerical check there (models/attention/verify.py). The kernels
 themselves are in pallas_kernels.py.
@@ -52,16 +55,16 @@ HEAD_DIMS = (16, 256)  # the head dimensions the compiled kernel takes: powers o
 class Launch:
     """How the kernels run: query rows per tile (`block`) and key rows per tile (`key_block`, None:
     `block`), and on GPU Triton's warps per program and software-pipelining stages of the loop over
-    tiles (chosen per device: models/attention/tuning.py); `interpret`: whether in Pallas' interpreter
-    (None: wherever the backend is not a GPU, `interpreted`); `forward_stages`: the forward kernel's
-    own stages where its smaller need of shared memory allows more than the backward kernels' (None:
-    `num_stages`)."""
+    tiles; `interpret`: whether in Pallas' interpreter (None: wherever the backend is not a GPU,
+    `interpreted`); `backward`: the two backward kernels' own tiles, warps and stages (None: the
+    forward's; its `interpret` and `backward` are not read). Chosen per device and workload by
+    models/attention/tuning.py (the forward's and the backward's searched apart)."""
     block: int = BLOCK
     num_warps: int = 4
     num_stages: int = 2
     interpret: bool | None = None
-    forward_stages: int | None = None
     key_block: int | None = None
+    backward: "Launch | None" = None
 
     @property
     def keys(self) -> int:
@@ -69,16 +72,36 @@ class Launch:
         return self.key_block or self.block
 
     @property
-    def label(self) -> str:
-        own = self.forward_stages not in (None, self.num_stages)
-        forward = f" ({self.forward_stages} in the forward)" if own else ""
-        tiles = f"block {self.block}" if self.keys == self.block else f"blocks {self.block} x {self.keys}"
-        return f"{tiles}, {self.num_warps} warps, {self.num_stages} stages{forward}"
+    def bwd(self) -> "Launch":
+        """The backward kernels' configuration."""
+        return self.backward or self
 
-    def compiler_params(self, forward: bool = False):
+    def with_backward(self, backward: "Launch | None") -> "Launch":
+        """This forward with `backward`'s tiles, warps and stages for the backward kernels (None
+        where they are this configuration's own)."""
+        same = backward is None or backward.tiles_label == self.tiles_label
+        return dataclasses.replace(self, backward=None if same else dataclasses.replace(backward, backward=None))
+
+    @property
+    def tiles(self) -> tuple[int, ...]:
+        """Every tile size of the three kernels (the sequence is padded to a multiple of the largest)."""
+        return self.block, self.keys, self.bwd.block, self.bwd.keys
+
+    @property
+    def tiles_label(self) -> str:
+        """This configuration's own tiles, warps and stages, in words."""
+        tiles = f"block {self.block}" if self.keys == self.block else f"blocks {self.block} x {self.keys}"
+        return f"{tiles}, {self.num_warps} warps, {self.num_stages} stages"
+
+    @property
+    def label(self) -> str:
+        if self.backward is None or self.backward.tiles_label == self.tiles_label:
+            return self.tiles_label
+        return f"forward {self.tiles_label}; backward {self.backward.tiles_label}"
+
+    def compiler_params(self):
         # Triton (not Mosaic GPU, JAX's other GPU backend for Pallas, which needs other kernels)
-        stages = self.forward_stages if forward and self.forward_stages is not None else self.num_stages
-        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=stages)
+        return pl_triton.CompilerParams(num_warps=self.num_warps, num_stages=self.num_stages)
 
 
 def head_dim_refusal(head_dim: int) -> str | None:
@@ -122,17 +145,18 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
         scale_BxTx1x1 = jnp.broadcast_to(scale, (b, 1, t, 1)).reshape(b, t, 1, 1)
         q_BxTxHxK = (q_BxTxHxK * scale_BxTx1x1).astype(k_BxTxHxK.dtype)
     bias = scheme.bias_fn()
-    treedef, shared, per_head, by_distance = None, [], [], None
+    treedef, shared, per_head, by_distance, table_size = None, [], [], None, 0
     if bias is not None:
         shared, shared_def = jax.tree.flatten(bias.shared)
         per_head, head_def = jax.tree.flatten(bias.per_head)
         treedef = None if bias.fn is None else (shared_def, head_def, bias.fn)
-        if bias.table is not None:  # the lookup table travels as the last per-head leaf
-            per_head = per_head + [bias.table]
+        if bias.table is not None:  # the lookup table travels as the last per-head leaf, padded to a power
+            table_size = bias.table.shape[-1]  # of 2 (Triton's arrays are; its gradient is cut back by the pad's)
+            per_head = per_head + [jnp.pad(bias.table, ((0, 0), (0, _power_of_2(table_size) - table_size)))]
         by_distance = bias.by_distance()
         if by_distance is not None:  # then its values by distance (the forward's lookup), after it
             per_head = per_head + [by_distance]
-    block = max(launch.block, launch.keys)  # both powers of 2: a multiple of either tile
+    block = max(launch.tiles)  # all powers of 2: a multiple of every tile
     pad = -t % block
     if pad:  # padded queries and keys come after every real query; their positions continue the rows
         grow = lambda x: jnp.pad(x, ((0, 0), (0, pad), (0, 0), (0, 0)))
@@ -148,26 +172,52 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
             _WARNED.add("interpreter")
             print(f"model.attention=pallas on {jax.default_backend()}: the kernel runs in Pallas' interpreter, "
                   f"which is for tests and very slow; use model.attention=auto here")
-    if not interpret and head_dim_refusal(d):
-        raise ValueError(f"model.attention=pallas: {head_dim_refusal(d)}")
     config = _Config(launch=dataclasses.replace(launch, interpret=interpret), rate=rate,
                      treedef=treedef, num_shared=len(shared), learned=bias is not None and bias.learned,
                      constant_beyond=None if bias is None else bias.constant_beyond,
                      lookup=None if bias is None or bias.table is None else bias.index,
-                     by_distance=by_distance is not None)
+                     by_distance=by_distance is not None, table_size=table_size)
     out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, ([_kernel_shape(x) for x in shared],
                                                      [_kernel_shape(x, per_head=True) for x in per_head]))
     return out[:, :t, :, :value_dim]
 
 
-class _Config:
-    """The static arguments of one call (hashable by identity, as custom_vjp needs nothing more)."""
+def _power_of_2(n: int) -> int:
+    return 1 << max(0, n - 1).bit_length()
 
-    def __init__(self, launch, rate, treedef, num_shared, learned, constant_beyond, lookup, by_distance=False):
-        self.launch, self.block, self.key_block, self.interpret = launch, launch.block, launch.keys, launch.interpret
-        self.rate, self.treedef, self.num_shared, self.learned = rate, treedef, num_shared, learned
-        self.constant_beyond, self.lookup, self.by_distance = constant_beyond, lookup, by_distance
+
+@dataclasses.dataclass(eq=False)  # hashed by identity, as custom_vjp's static argument needs nothing more
+class _Config:
+    """The static arguments of one call: the launch whose tiles the kernels use (`for_backward`: the
+    backward kernels'), the dropout rate, and the bias's structure (`table_size`: the lookup table's
+    real entries, before its padding)."""
+    launch: Launch
+    rate: float
+    treedef: tuple | None
+    num_shared: int
+    learned: bool
+    constant_beyond: int | None
+    lookup: object | None
+    by_distance: bool = False
+    table_size: int = 0
+
+    @property
+    def block(self) -> int:
+        return self.launch.block
+
+    @property
+    def key_block(self) -> int:
+        return self.launch.keys
+
+    @property
+    def interpret(self) -> bool:
+        return self.launch.interpret
+
+    def for_backward(self) -> "_Config":
+        """This configuration with the backward kernels' tiles, warps and stages."""
+        return dataclasses.replace(self, launch=dataclasses.replace(self.launch.bwd, interpret=self.interpret,
+                                                                    backward=None))
 
     @property
     def has_bias(self) -> bool:
@@ -229,7 +279,7 @@ class _Config:
             grads = [] if self.treedef is None else list(jax.vjp(lambda p: self._call(p, q_Qx1, k_1xS), p)[1](ds_QxS)[0])
             if self.lookup is not None:
                 index, table = self.lookup(q_Qx1, k_1xS), jnp.zeros(entries.shape, jnp.float32)
-                for n in range(entries.shape[0]):
+                for n in range(self.table_size):  # the padding's entries are never read
                     table = table + jnp.where(entries == n, jnp.where(index == n, ds_QxS, 0.0).sum(), 0.0)
                 grads.append(table)
             return grads + by_distance
@@ -284,7 +334,7 @@ def _forward(cfg, q, k, v, q_pos, k_pos, seed, bias_leaves):
         in_specs=[sp["rows"], sp["whole"], sp["whole"], sp["pos_rows"], sp["pos_whole"], sp["seed"], *sp["leaves"]],
         out_specs=[sp["rows"], sp["stat_rows"]],
         out_shape=[jax.ShapeDtypeStruct(q.shape, q.dtype), jax.ShapeDtypeStruct((b, h, t), jnp.float32)],
-        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(forward=True), name="attention_forward",
+        interpret=cfg.interpret, compiler_params=cfg.launch.compiler_params(), name="attention_forward",
     )(q, k, v, q_pos, k_pos, seed, *shared, *per_head)
     return out, lse
 
@@ -301,6 +351,7 @@ def _flash_forward(cfg, q, k, v, q_pos, k_pos, seed, bias_leaves):
 
 def _flash_backward(cfg, residuals, d_out):
     q, k, v, q_pos, k_pos, seed, (shared, per_head), out, lse = residuals
+    cfg = cfg.for_backward()
     b, t, h, d = q.shape
     nb = t // cfg.block
     sp, key_sp = _specs(cfg.block, b, t, h, d, shared, per_head), _specs(cfg.key_block, b, t, h, d, shared, per_head)

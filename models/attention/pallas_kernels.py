@@ -27,10 +27,20 @@ def _mix(x):
 
 
 def keep_mask(seed, sequence, head, num_heads, q_idx_Qx1, k_idx_1xS, rate: float):
-    """True where dropout keeps the probability of (query index, key index) of one sequence and head."""
+    """True where dropout keeps the probability of (query index, key index) of one sequence and head.
+
+    A full hash per query (Q x 1) and per key (1 x S), both from the (seed, sequence, head) stream, so
+    that their cost is spread over a tile's row or column; per logit only their xor, a multiply, an
+    xor-shift and a multiply (the comparison reads the top bits, which the last multiply fills from
+    every bit), 5 integer operations where a full hash per logit took 10. One multiply alone leaves
+    pairs of rows whose masks correlate (tests/models/attention/test_dropout_mask.py measures the
+    correlations, the keep rate and 2 x 2 parities against independent draws). Each key is kept with
+    probability exactly 1 - rate (to 2^-32): the product of a uniform word by an odd constant is uniform."""
     stream = _mix(seed ^ _mix((sequence * num_heads + head).astype(jnp.uint32) + jnp.uint32(0x9E3779B9)))
     row = _mix(stream ^ (q_idx_Qx1.astype(jnp.uint32) * jnp.uint32(0x9E3779B1)))
-    bits = _mix(row + k_idx_1xS.astype(jnp.uint32) * jnp.uint32(0x85EBCA77))
+    column = _mix((stream + jnp.uint32(0x632BE5AB)) ^ (k_idx_1xS.astype(jnp.uint32) * jnp.uint32(0x85EBCA77)))
+    bits = (row ^ column) * jnp.uint32(0x9E3779B1)
+    bits = (bits ^ (bits >> 16)) * jnp.uint32(0x85EBCA6B)
     return bits >= jnp.uint32(min(int(rate * 2.0 ** 32), 2 ** 32 - 1))
 
 

@@ -1,28 +1,26 @@
-"""The Pallas kernel's launch configuration per device, chosen by a small search the first time a
-(device kind, scheme with its options, head dimension, dtype) is met, and cached.
+"""The Pallas kernel's launch configuration per device and workload, chosen by a small search the
+first time it is met, and the race that tells `auto` whether the kernel beats XLA's path there.
 
-A fixed tile of 64 rows with 4 warps and 2 pipelining stages fits some GPUs and head dimensions
-and not others: a tile's operands live in the multiprocessor's shared memory (99 KB on consumer
-GPUs, 163 KB on an A100, 227 KB on an H100), and what runs fastest differs by device. Candidates:
-tiles of 32, 64 or 128 rows (queries and keys alike; 16 where none of those fits; and 128 query rows
-with 64-key tiles, flash attention 2's usual shape), 4 or 8 warps (8
-for tiles of 64 rows or more), 2 or 3 stages (1 where 2 does not fit), kept where the kernels'
-shared memory (`shared_memory_need`, an estimate) fits the device's (`shared_memory_limit`); where
-the backward kernels fit only 1 stage, the forward kernel, which holds no dO tiles and one block x
-block tile, keeps 2 if they fit it (`forward_shared_memory_need`: 128-row tiles at head size 128
-on an H100). Each is compiled and timed on a forward and
-backward pass (`SEARCH_SHAPE`); one that fails to compile is dropped with its error; from the
-fastest down, the first that passes the numerical check (verify.py) is chosen (each timed as
-repeats inside one compiled loop, `loop_seconds`, so that dispatch does not decide). Head dimensions the
-kernel cannot take, or for which no candidate fits, are refused with the reason (`refusal`).
+A `Workload` says how the calls run: rows x length, training (forward and backward: the gradients
+of q, k, v and the scheme's parameters) or evaluation (forward only), the attention-dropout rate,
+and whether vmapped per row (training with per-row dropout keys, experiment/train/step.py: each call
+sees one row) or as one call. models/attention/choice.py makes it from the call and from the training
+step's `training_calls`.
 
-The result is cached like the check's verdicts (in memory and in JAX's compilation cache folder,
-verify.cache_folder), so the search (a few seconds per candidate on a GPU) runs once per machine.
+The search (`search`): the forward kernel's candidates (launches.forward_candidates) timed on the
+forward pass alone, the fastest kept; then, in training, the backward kernels' candidates
+(launches.backward_candidates) timed forward and backward with that forward; from the fastest down,
+the first configuration that passes the device check (verify.py) is chosen. It runs at the
+workload's shape (`Workload.searched`: the rows cut to SEARCH_TOKENS tokens, the length rounded up to
+a power of 2, so that an evaluation at many lengths searches once per octave); with one candidate of
+each (LX_LAUNCH_CANDIDATES=1) nothing is timed. Each timing repeats the pass inside one compiled loop
+(`loop_seconds`), so that dispatch does not decide. The race (`race`): the kernel with the searched
+launch against the XLA path `auto` would take instead, at the workload's own shape (rows cut to
+RACE_TOKENS tokens). Searches and races are kept per machine like the check's verdicts (verdicts.py).
 """
 from __future__ import annotations
 
 import dataclasses
-import os
 import time
 
 import jax
@@ -30,91 +28,59 @@ import jax.numpy as jnp
 import numpy as np
 from flax import nnx
 
-from models.attention import pallas, verify
+from models.attention import launches, pallas, verdicts, verify
+from models.attention.dense import Dropout
 from models.attention.pallas import Launch
 from models.attention.paths import PATHS, Call
 from models.attention.verify import Verdict
 from posenc import Scheme
 
-BLOCKS, WARPS, STAGES = (32, 64, 128), (4, 8), (2, 3)
-SMALLEST_BLOCK = 16  # where no tile of BLOCKS fits (wide heads in float32): Triton's smallest product
-# Shared memory a block may use (opt-in maximum), KB, by CUDA compute capability
-SHARED_MEMORY_KB = {(7, 0): 96, (7, 5): 64, (8, 0): 163, (8, 6): 99, (8, 7): 163, (8, 9): 99, (9, 0): 227,
-                    (10, 0): 227, (10, 3): 227, (12, 0): 99}
-DEFAULT_SHARED_MEMORY_KB = 99  # a device not in the table: the smallest of current GPUs
-SEARCH_SHAPE = (2, 1024)  # sequences and tokens of the timed forward and backward pass
+SEARCH_TOKENS = 65536  # a search times at most this many tokens per pass (rows x length)
+RACE_TOKENS = 65536  # and so does a race
 LOOP_SECONDS = 0.05  # each timing repeats the pass inside one compiled loop for at least this long
+
+
+@dataclasses.dataclass(frozen=True)
+class Workload:
+    """How the attention calls of a run go: `rows` x `length` tokens, differentiated (`training`) or
+    not, with attention dropout at `dropout` (0: none), vmapped `per_row` or one call."""
+    rows: int
+    length: int
+    training: bool = True
+    dropout: float = 0.0
+    per_row: bool = False
+
+    def _cut(self, length: int, tokens: int) -> "Workload":
+        return dataclasses.replace(self, length=length, rows=max(1, min(self.rows, tokens // max(length, 1))))
+
+    def raced(self) -> "Workload":
+        """The shape a race times: the length as it is, the rows cut to RACE_TOKENS tokens (both paths
+        scale alike with rows), at least one."""
+        return self._cut(self.length, RACE_TOKENS)
+
+    def searched(self) -> "Workload":
+        """The shape a search times: the length rounded up to a power of 2, the rows cut to SEARCH_TOKENS."""
+        return self._cut(1 << max(0, self.length - 1).bit_length(), SEARCH_TOKENS)
+
+    @property
+    def slug(self) -> str:
+        kind = "train" if self.training else "eval"
+        return (f"{kind}{f'-drop{self.dropout:g}' if self.dropout else ''}{'-perrow' if self.per_row else ''}"
+                f"-r{self.rows}-L{self.length}")
+
+
+DEFAULT_WORK = Workload(2, 1024)  # where a caller names none (a training pass of 2 x 1,024 tokens)
 
 
 @dataclasses.dataclass(frozen=True)
 class Tuned:
     """A search's outcome: the launch to use (None: none compiled), the check's verdict on it, the
-    time of every candidate (ms per forward and backward) or the error that dropped it, and the
-    faster candidates that failed the check, with why."""
+    time of every candidate timed (ms) or the error that dropped it, and the faster configurations
+    that failed the check, with why."""
     launch: Launch | None
     verdict: Verdict
     timings: dict = dataclasses.field(default_factory=dict)
     rejected: dict = dataclasses.field(default_factory=dict)
-
-
-def shared_memory_limit(device: jax.Device | None = None) -> int:
-    """Bytes of shared memory a program may use on `device` (default: the first); LX_SHARED_MEMORY_KB
-    overrides. From the CUDA compute capability; DEFAULT_SHARED_MEMORY_KB where it is unknown."""
-    if os.environ.get("LX_SHARED_MEMORY_KB"):
-        return int(float(os.environ["LX_SHARED_MEMORY_KB"]) * 1024)
-    capability = getattr(device or jax.devices()[0], "compute_capability", None)
-    try:
-        major, minor = (int(x) for x in str(capability).split(".")[:2])
-    except ValueError:
-        return DEFAULT_SHARED_MEMORY_KB * 1024
-    return SHARED_MEMORY_KB.get((major, minor), DEFAULT_SHARED_MEMORY_KB) * 1024
-
-
-def shared_memory_need(block: int, head_dim: int, itemsize: int, stages: int, keys: int | None = None) -> int:
-    """Bytes of shared memory the largest of the three kernels (dK / dV) needs, estimated: its key
-    and value tiles (`keys` rows, default `block`), `stages` buffered query and dO tiles (the loop's
-    pipelined loads, `block` rows), and P and dS as operands of its products, block x keys each."""
-    keys = keys or block
-    return itemsize * (2 * keys * head_dim + 2 * stages * block * head_dim + 2 * block * keys)
-
-
-def forward_shared_memory_need(block: int, head_dim: int, itemsize: int, stages: int, keys: int | None = None) -> int:
-    """Bytes of shared memory the forward kernel needs, estimated: its query tile, `stages` buffered
-    key and value tiles (`keys` rows, default `block`), and P as an operand of its product."""
-    keys = keys or block
-    return itemsize * (block * head_dim + 2 * stages * keys * head_dim + block * keys)
-
-
-def candidates(head_dim: int, dtype, limit: int) -> list[Launch]:
-    """The launch configurations the search tries for `head_dim` in `dtype`, within `limit` bytes of
-    shared memory (stage 1 for a tile where 2 stages do not fit)."""
-    itemsize = jnp.dtype(dtype).itemsize
-    out = []
-    for block in BLOCKS:
-        out += _fitting(block, head_dim, itemsize, limit)
-    out += _fitting(BLOCKS[-1], head_dim, itemsize, limit, keys=BLOCKS[-1] // 2)
-    return out or _fitting(SMALLEST_BLOCK, head_dim, itemsize, limit)
-
-
-def _fitting(block: int, head_dim: int, itemsize: int, limit: int, keys: int | None = None) -> list[Launch]:
-    stages = [s for s in STAGES if shared_memory_need(block, head_dim, itemsize, s, keys) <= limit]
-    forward = None
-    if not stages and shared_memory_need(block, head_dim, itemsize, 1, keys) <= limit:
-        stages = [1]
-        forward = 2 if forward_shared_memory_need(block, head_dim, itemsize, 2, keys) <= limit else None
-    return [Launch(block=block, num_warps=warps, num_stages=s, interpret=False, forward_stages=forward, key_block=keys)
-            for warps in WARPS if warps == 4 or block >= 64 for s in stages]
-
-
-def refusal(head_dim: int, dtype, limit: int) -> str | None:
-    """Why the compiled kernel cannot take `head_dim` in `dtype` with `limit` bytes of shared memory,
-    or None."""
-    why = pallas.head_dim_refusal(head_dim)
-    if why is None and not candidates(head_dim, dtype, limit):
-        need = shared_memory_need(SMALLEST_BLOCK, head_dim, jnp.dtype(dtype).itemsize, 1)
-        why = (f"the Pallas kernel's smallest tile ({SMALLEST_BLOCK} rows) needs about {need // 1024} KB of shared "
-               f"memory for heads of {head_dim} in {jnp.dtype(dtype).name}; this device has {limit // 1024} KB")
-    return why
 
 
 def loop_seconds(step, args, min_seconds: float = LOOP_SECONDS, max_repeats: int = 1000) -> float:
@@ -139,107 +105,137 @@ def loop_seconds(step, args, min_seconds: float = LOOP_SECONDS, max_repeats: int
     return (time.perf_counter() - start) / repeats
 
 
-def pass_seconds(path: str, scheme: Scheme, dtype, shape: tuple[int, int], launch: Launch | None = None,
-                 block: int | None = None) -> float:
-    """Seconds of one forward and backward pass (gradients of q, k, v and the scheme's parameters) of
-    attention path `path` of PATHS for `scheme` on `shape` (rows, tokens) in `dtype`, `loop_seconds`
+def call_seconds(path: str, scheme: Scheme, dtype, work: Workload, launch: Launch | None = None,
+                 block: int | None = None, forward_only: bool = False) -> float:
+    """Seconds of the attention calls of `work` through `path` of PATHS (in training the forward and
+    backward pass, `forward_only` the forward alone), on random q, k, v in `dtype`, `loop_seconds`
     (raises if it does not compile)."""
-    rows, length = shape
+    rows, length = work.rows, work.length
     with jax.ensure_compile_time_eval():
         scheme = verify.concrete(scheme)
         x = jnp.asarray(np.random.default_rng(0).standard_normal(
             (rows, length, scheme.dims.num_heads, scheme.dims.head_dim)), dtype)
     pos = np.broadcast_to(np.arange(length, dtype=np.int32), (rows, length))  # concrete, even inside a trace
     graphdef, params, rest = nnx.split(scheme, nnx.Param, ...)
-    row = PATHS[path]
-    call = dict(launch=launch, **({"block": block} if block else {}))
+    row, options = PATHS[path], dict(launch=launch, **({"block": block} if block else {}))
 
-    def loss(params, q, k, v):
-        out = row.run(q, k, v, Call(pos, pos, nnx.merge(graphdef, params, rest), **call))
-        return out.astype(jnp.float32).sum()
-    return loop_seconds(jax.grad(loss, argnums=(0, 1, 2, 3)), (params, x, x, x))
+    def attend(params, q, k, v):
+        merged = nnx.merge(graphdef, params, rest)
+
+        def one(q, k, v, pos, key):
+            drop = Dropout(work.dropout, key) if work.dropout else Dropout()
+            return row.run(q, k, v, Call(pos, pos, merged, drop, **options))
+        keys = jax.vmap(lambda r: jax.random.fold_in(jax.random.key(0), r))(jnp.arange(rows))
+        if work.per_row:
+            return jax.vmap(lambda q, k, v, p, key: one(q[None], k[None], v[None], p[None], key)[0])(q, k, v, pos, keys)
+        return one(q, k, v, pos, keys[0])
+    if work.training and not forward_only:
+        step = jax.grad(lambda p, q, k, v: attend(p, q, k, v).astype(jnp.float32).sum(), argnums=(0, 1, 2, 3))
+    else:
+        step = attend
+    return loop_seconds(step, (params, x, x, x))
 
 
-def measure(scheme: Scheme, dtype, launch: Launch) -> float:
-    """Seconds of one forward and backward pass of the kernel with `launch` on SEARCH_SHAPE
-    (`pass_seconds`: repeats in one compiled loop; raises if it does not compile)."""
-    return pass_seconds("pallas", scheme, dtype, SEARCH_SHAPE, launch)
+def _timer(scheme: Scheme, dtype, work: Workload, launch: Launch, forward_only: bool) -> float:
+    return call_seconds("pallas", scheme, dtype, work, launch, forward_only=forward_only)
 
 
-def search(scheme: Scheme, dtype, launches: list[Launch], timer=None) -> Tuned:
-    """Time every launch (`timer(scheme, dtype, launch)` -> seconds, default `measure`), then check
-    them fastest first; the first that passes is chosen. None passing: the fastest, with its
-    failing verdict (used only where the check is off)."""
-    timer = timer or measure
-    seconds, timings, rejected = {}, {}, {}
-    for launch in launches:
-        try:
-            seconds[launch] = timer(scheme, dtype, launch)
-            timings[launch.label] = round(seconds[launch] * 1e3, 4)
-        except Exception as e:  # noqa: BLE001 - a candidate that does not compile (shared memory, registers)
-            timings[launch.label] = f"{type(e).__name__}: {str(e).strip().splitlines()[0][:200] if str(e).strip() else ''}"
+def search(scheme: Scheme, dtype, work: Workload, timer=None) -> Tuned:
+    """The forward candidates timed alone (`timer(scheme, dtype, work, launch, forward_only)` ->
+    seconds, default `call_seconds` of the kernel), then in training the backward candidates with
+    the fastest forward; the configurations checked fastest first, the first that passes chosen.
+    None passing: the fastest, with its failing verdict (used only where the check is off)."""
+    timer, limit, timings, rejected = timer or _timer, launches.shared_memory_limit(), {}, {}
+    forwards = launches.forward_candidates(scheme.dims.head_dim, dtype, limit)
+    backwards = launches.backward_candidates(scheme.dims.head_dim, dtype, limit)
+    shape = work.searched()
+
+    def fastest(options: list[Launch], label, forward_only: bool) -> list[Launch]:
+        if len(options) < 2:
+            return options
+        seconds = {}
+        for launch in options:
+            try:
+                seconds[launch] = timer(scheme, dtype, shape, launch, forward_only)
+                timings[label(launch)] = round(seconds[launch] * 1e3, 4)
+            except Exception as e:  # noqa: BLE001 - a candidate that does not compile (shared memory, registers)
+                timings[label(launch)] = verify.first_line(e)[:200]
+        return sorted(seconds, key=seconds.get)
+
+    first_backward = backwards[0] if backwards else None
+    forward_order = fastest([f.with_backward(first_backward) for f in forwards],
+                            lambda x: f"forward {x.tiles_label}", True)
+    backward_order = backwards
+    if work.training and forward_order:
+        backward_order = [x.bwd for x in fastest([forward_order[0].with_backward(b) for b in backwards],
+                                                 lambda x: f"backward {x.bwd.tiles_label}", False)]
+    if not forward_order or not backward_order:
+        subject = verify.describe("pallas", scheme, dtype, None)
+        return Tuned(None, Verdict(False, "error", f"{subject}: no launch configuration compiles ({timings})",
+                                   subject=subject), timings)
+    order = ([forward_order[0].with_backward(b) for b in backward_order]
+             + [f.with_backward(backward_order[0]) for f in forward_order[1:]])
     failed = None
-    for launch in sorted(seconds, key=seconds.get):
-        verdict = verify.verified("pallas", scheme, dtype, launch)
+    for launch in order:
+        verdict = verdicts.verified("pallas", scheme, dtype, launch)
         if verdict.ok:
             return Tuned(launch, verdict, timings, rejected)
         rejected[launch.label] = verdict.reason
         failed = failed or (launch, verdict)
-    if failed:
-        return Tuned(failed[0], failed[1], timings, rejected)
-    subject = verify.describe("pallas", scheme, dtype, None)
-    return Tuned(None, Verdict(False, "error", f"{subject}: no launch configuration compiles ({timings})",
-                               subject=subject), timings)
+    return Tuned(failed[0], failed[1], timings, rejected)
 
 
 _TUNED: dict[str, Tuned] = {}
 
 
-def tuned(scheme: Scheme, dtype) -> Tuned:
-    """The search's outcome for this device, scheme, head dimension and dtype, once per machine."""
-    key = verify.cache_key("search", scheme, dtype, None)
+def tuned(scheme: Scheme, dtype, work: Workload = DEFAULT_WORK) -> Tuned:
+    """The search's outcome for this device, scheme, head dimension, dtype and workload (its searched
+    shape), once per machine."""
+    key = f"{verdicts.cache_key('search', scheme, dtype, None)}-{work.searched().slug}-n{launches.width()}"
     if key not in _TUNED:
-        saved = verify.read_cached(key)
+        saved = verdicts.read_cached(key)
         if saved is not None:
-            launch = Launch(**saved["launch"])
-            _TUNED[key] = Tuned(launch, verify.verified("pallas", scheme, dtype, launch), saved["timings"],
+            launch = verdicts.launch_of(saved["launch"])
+            _TUNED[key] = Tuned(launch, verdicts.verified("pallas", scheme, dtype, launch), saved["timings"],
                                 saved["rejected"])
         else:
-            result = search(scheme, dtype, candidates(scheme.dims.head_dim, dtype, shared_memory_limit()))
+            result = search(scheme, dtype, work)
             _TUNED[key] = result
             if result.verdict.status in ("passed", "mismatch"):
-                verify.write_cached(key, {"launch": dataclasses.asdict(result.launch), "timings": result.timings,
-                                          "rejected": result.rejected})
+                verdicts.write_cached(key, {"launch": dataclasses.asdict(result.launch), "timings": result.timings,
+                                            "rejected": result.rejected})
     return _TUNED[key]
 
 
-def kernel_verdict(scheme: Scheme, dtype, dropout: bool = False) -> Verdict:
+def kernel_verdict(scheme: Scheme, dtype, work: Workload = DEFAULT_WORK) -> Verdict:
     """Whether the compiled kernel may run `scheme` here: refused for a shape it cannot take, else
-    the check's verdict on the launch the search chose (with `dropout`, the check of its attention
-    dropout too); a search that fails is an "error" verdict (XLA's paths are used), not an exception."""
-    why = refusal(scheme.dims.head_dim, dtype, shared_memory_limit())
+    the check's verdict on the launch the search chose for `work` (with attention dropout there, the
+    check of its dropout too); a search that fails is an "error" verdict (XLA's paths are used)."""
+    why = launches.refusal(scheme.dims.head_dim, dtype, launches.shared_memory_limit())
     if why:
         return Verdict.refused(why)
     try:
-        result = tuned(scheme, dtype)
+        result = tuned(scheme, dtype, work)
     except Exception as e:  # noqa: BLE001 - a search that fails is no kernel, never the end of the run
         subject = verify.describe("pallas", scheme, dtype, None)
         return Verdict(False, "error", f"the launch search for {subject} failed: {verify.first_line(e)}",
                        subject=subject)
-    if dropout and result.verdict.ok:
-        return verify.verified("pallas+dropout", scheme, dtype, result.launch)
+    if work.dropout and result.verdict.ok:
+        return verdicts.verified("pallas+dropout", scheme, dtype, result.launch)
     return result.verdict
 
 
-def device_launch(scheme: Scheme, dtype) -> Launch:
-    """The launch `pallas_attention` uses by default: on GPU the search's choice (the default
-    configuration where there is none: then it fails to compile, or is refused, with its reason),
-    elsewhere Pallas' interpreter."""
+def device_launch(scheme: Scheme, dtype, work: Workload = DEFAULT_WORK) -> Launch:
+    """The launch `pallas_attention` uses for `work`: on GPU the search's choice (the first candidates
+    where there is none: then it fails to compile, or is refused, with its reason), elsewhere Pallas'
+    interpreter."""
     if pallas.interpreted():
         return Launch()
-    if refusal(scheme.dims.head_dim, dtype, shared_memory_limit()):
-        return Launch(interpret=False)
-    return tuned(scheme, dtype).launch or Launch(interpret=False)
+    limit = launches.shared_memory_limit()
+    fallback = launches.default(scheme.dims.head_dim, dtype, limit) or Launch(interpret=False)
+    if launches.refusal(scheme.dims.head_dim, dtype, limit):
+        return fallback
+    return tuned(scheme, dtype, work).launch or fallback
 
 
 # ---- the kernel against XLA's paths, at the shape that runs ------------------------------------------
@@ -247,30 +243,24 @@ def device_launch(scheme: Scheme, dtype) -> Launch:
 _RACES: dict[str, dict] = {}
 
 
-def race_shape(rows: int, length: int, tokens: int = 65536) -> tuple[int, int]:
-    """The (rows, tokens) a race times for calls of `rows` x `length`: the length as it is, the rows
-    cut so that at most `tokens` tokens run (both paths scale alike with rows), at least one."""
-    return max(1, min(rows, tokens // max(length, 1))), length
-
-
-def race(scheme: Scheme, dtype, rows: int, length: int, rival: str, block: int | None = None) -> dict:
-    """{"kernel_ms", "rival_ms", "shape"}: one forward and backward pass of the kernel (with the
-    launch the device search chose) and of XLA's path `rival` (what `auto` runs without the kernel)
-    at `race_shape(rows, length)`, once per key (device, scheme, dtype, sources, shape, rival) in this
-    process and on this machine, like the check's verdicts. A rival that does not run: the kernel wins."""
-    shape = race_shape(rows, length)
-    launch = device_launch(scheme, dtype)
-    key = f"{verify.cache_key('race', scheme, dtype, launch)}-{rival}-r{shape[0]}-L{shape[1]}"
+def race(scheme: Scheme, dtype, work: Workload, rival: str, block: int | None = None) -> dict:
+    """{"kernel_ms", "rival_ms", "workload", "rival", "launch"}: the calls of `work` (`Workload.raced`)
+    through the kernel (with the launch the search chose for `work`) and through XLA's path `rival`
+    (what `auto` runs without the kernel), once per key (device, scheme, dtype, sources, workload,
+    rival) in this process and on this machine. A rival that does not run: the kernel wins."""
+    shape = work.raced()
+    launch = device_launch(scheme, dtype, work)
+    key = f"{verdicts.cache_key('race', scheme, dtype, launch)}-{rival}-{shape.slug}"
     if key not in _RACES:
-        saved = verify.read_cached(key)
+        saved = verdicts.read_cached(key)
         if saved is None:
-            kernel = pass_seconds("pallas", scheme, dtype, shape, launch)
+            kernel = call_seconds("pallas", scheme, dtype, shape, launch)
             try:
-                other = pass_seconds(rival, scheme, dtype, shape, block=block)
+                other = call_seconds(rival, scheme, dtype, shape, block=block)
             except Exception:  # noqa: BLE001 - e.g. out of memory at this length: the kernel runs
                 other = float("inf")
-            saved = {"kernel_ms": kernel * 1e3, "rival_ms": other * 1e3, "shape": list(shape), "rival": rival}
-            verify.write_cached(key, saved)
+            saved = {"kernel_ms": kernel * 1e3, "rival_ms": other * 1e3, "workload": dataclasses.asdict(shape),
+                     "rival": rival, "launch": launch.label}
+            verdicts.write_cached(key, saved)
         _RACES[key] = saved
     return _RACES[key]
-

@@ -7,7 +7,9 @@ train and publish a model without a sign. So wherever a fused kernel would run c
 picking the Pallas kernel; `model.attention=pallas`, or `fused` on a GPU, given explicitly: the rows
 of models/attention/paths.py whose `checked` says so, asked in models/attention/choice.py), it first
 runs forward and backward on small random inputs of the run's heads, head dimension, dtype and
-scheme, on the device, and is compared with XLA's paths (any row of the table can be checked so):
+scheme, on the device, and is compared with XLA's paths (any row of the table can be checked so), at
+a length its row accepts in training (`check_length`: the kernels' ragged one, or one less where the
+row refuses odd lengths: cuDNN's backward pass):
 
   reference  dense attention in float32 at the highest matmul precision, on the same inputs (already
              rounded to the dtype, so that rounding is no error)
@@ -40,27 +42,13 @@ training calls it (experiment/train/step.py): vmapped over the rows, each row wi
 the kernel draws its mask from a hash, so no other path draws the same one). A kernel that gave every
 row the same mask would fail it.
 
-Verdicts are cached per (device kind, scheme and its options, heads, head dimension, dtype, launch
-configuration, jax version, and the source of the kernel, this check and the scheme: `source_digest`,
-so that an edit to any of them is checked again): in memory, and on disk in `kernel_checks/` inside JAX's compilation
-cache folder where one is set (the entry points set it: experiment/runtime/accelerator.py), so a
-check costs once per machine. A mismatch is cached on disk too (it is deterministic); a failure to
-compile or run, of the kernel or of the check itself, only in memory, so that the next process tries
-again; no failure inside the check ends the run (`verified` returns it as a verdict: XLA's paths are
-used, and the reason is said in one line).
+Verdicts are kept per machine (verdicts.py: `verified`, the cached form of `check`), so a check costs
+once per machine; no failure inside the check ends the run.
 """
 from __future__ import annotations
 
 import dataclasses
-import functools
-import hashlib
-import importlib
-import inspect
 import json
-import os
-import pathlib
-import sys
-import tempfile
 
 import jax
 import jax.numpy as jnp
@@ -71,7 +59,7 @@ import posenc
 from models.attention.dense import NEG_INF, Dropout, tile_logits
 from models.attention.pallas import Launch
 from models.attention.pallas_kernels import keep_mask
-from models.attention.paths import PATHS, Call, Shape
+from models.attention.paths import PATHS, Call, CallSpec
 from posenc import Scheme
 
 FLOOR = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}  # the tolerance where XLA's own error is ~0
@@ -172,13 +160,25 @@ def trained_like(scheme: Scheme, seed: int = 1) -> Scheme:
     return scheme
 
 
-def check_inputs(scheme: Scheme, dtype, block: int, seed: int = 0):
+def check_length(path: str, scheme: Scheme, dtype, block: int) -> int:
+    """The length `path` is checked at: CHECK_TILES tiles of `block` + half a tile + 1 token (diagonal,
+    off-diagonal, far and padded tiles), or one token less where its row refuses that length in
+    training (cuDNN: odd lengths), so that each path is checked at a length it must support."""
+    ragged = CHECK_TILES * block + block // 2 + 1
+    row, dropping = _row(path)
+    for length in (ragged, ragged - 1):
+        if row.accepts(scheme.traits, CallSpec.of(scheme, length, dtype, dropping=dropping, training=True)) is None:
+            return length
+    return ragged  # refused either way: `check` says why
+
+
+def check_inputs(scheme: Scheme, dtype, length: int, seed: int = 0):
     """q, k, v (2 x T x H x K in `dtype`), positions (2 x T) and the output's cotangent (float32)."""
-    t, h, d = CHECK_TILES * block + block // 2 + 1, scheme.dims.num_heads, scheme.dims.head_dim
+    t, h, d = length, scheme.dims.num_heads, scheme.dims.head_dim
     rng = np.random.default_rng(seed)
     q, k, v = (jnp.asarray(rng.standard_normal((2, t, h, d)), dtype) for _ in range(3))
     index = np.arange(t)
-    pos = jnp.asarray(np.stack([index, 3 + index + (index >= t // 2) * 5 * block]), jnp.int32)
+    pos = jnp.asarray(np.stack([index, 3 + index + (index >= t // 2) * 5 * (t // (CHECK_TILES + 1))]), jnp.int32)
     return q, k, v, pos, jnp.asarray(rng.standard_normal((2, t, h, d)), jnp.float32)
 
 
@@ -253,12 +253,12 @@ def xla_paths(scheme: Scheme, q, pos, dropout: bool) -> dict:
     own dropout mask (`masked_dense`)."""
     if dropout:
         return {"dense": masked_dense}
-    shape = Shape(scheme.name, q.shape[1])
+    spec = CallSpec.of(scheme, q.shape[1], q.dtype, training=True)
 
     def attend(row):
         return lambda q, k, v, qp, kp, s: row.run(q, k, v, Call(qp, kp, s))
     return {name: attend(row) for name, row in PATHS.items()
-            if row.baseline and row.accepts(scheme.traits, shape) is None}
+            if row.baseline and row.accepts(scheme.traits, spec) is None}
 
 
 def masked_dense(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: Scheme) -> jax.Array:
@@ -275,15 +275,15 @@ def masked_dense(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, scheme: 
     return jnp.einsum("bhts,bshk->bthk", probs.astype(v_BxTxHxK.dtype), v_BxTxHxK)
 
 
-def baseline(scheme: Scheme, dtype, block: int, dropout: bool = False):
+def baseline(scheme: Scheme, dtype, length: int, dropout: bool = False):
     """(a concrete copy of the scheme, the inputs, the reference's outputs, the largest error of
-    XLA's paths per output) for a check with tiles of `block` rows (with `dropout`: under the
-    kernel's dropout mask); kept for the process, as a search checks several launches per tile."""
-    key = json.dumps([posenc_block(scheme), dataclasses.asdict(scheme.dims), dtype, block, dropout], default=str)
+    XLA's paths per output) for a check at `length` tokens (with `dropout`: under the kernel's
+    dropout mask); kept for the process, as a search checks several launches."""
+    key = json.dumps([posenc_block(scheme), dataclasses.asdict(scheme.dims), dtype, length, dropout], default=str)
     if key not in _BASELINES:
         with jax.ensure_compile_time_eval():  # concrete values, even inside a model's trace
             scheme = trained_like(concrete(scheme))
-            inputs = check_inputs(scheme, dtype, block)
+            inputs = check_inputs(scheme, dtype, length)
             wide = [x.astype(jnp.float32) for x in inputs[:3]]
         q, k, v, pos, cotangent = inputs
         paths = xla_paths(scheme, q, pos, dropout)
@@ -322,9 +322,13 @@ def check(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Ver
     XLA's paths, on this device."""
     dtype = jnp.dtype(dtype).name
     subject = describe(path, scheme, dtype, launch)
+    length = check_length(path, scheme, dtype, max(launch.tiles) if launch else 64)
+    row, dropping = _row(path)
+    refusal = row.accepts(scheme.traits, CallSpec.of(scheme, length, dtype, dropping=dropping, training=True))
+    if refusal:
+        return Verdict.refused(refusal)
     try:
-        scheme, (q, k, v, pos, cotangent), reference, xla_errors = baseline(
-            scheme, dtype, launch.block if launch else 64, dropout=path.endswith("+dropout"))
+        scheme, (q, k, v, pos, cotangent), reference, xla_errors = baseline(scheme, dtype, length, dropout=dropping)
     except Exception as e:  # noqa: BLE001 - the check's own reference failed: no verdict on the kernel
         return Verdict(False, "error", f"the check of {subject} could not run its reference: {first_line(e)}",
                        subject=subject)
@@ -340,95 +344,3 @@ def check(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Ver
     reason = (f"{subject} failed its numerical check: {', '.join(wrong)} wrong ({worst}: error "
               f"{errors[worst]:.2g} against XLA's {xla_errors[worst]:.2g}, tolerance {tolerances[worst]:.2g})")
     return Verdict(False, "mismatch", reason, errors, xla_errors, tolerances, subject)
-
-
-# ---- the cache ---------------------------------------------------------------------------------------
-
-_VERDICTS: dict[str, Verdict] = {}
-
-
-def cache_folder() -> pathlib.Path | None:
-    """`kernel_checks/` in JAX's compilation cache folder, or None where none is set (or it is remote)."""
-    folder = jax.config.jax_compilation_cache_dir
-    if not folder or "://" in str(folder):
-        return None
-    return pathlib.Path(folder) / "kernel_checks"
-
-
-CHECKED_SOURCES = ("models.attention.pallas", "models.attention.pallas_kernels", "models.attention.verify",
-                   "models.attention.tuning", "models.attention.paths", "models.attention.dense",
-                   "models.attention.triangular", "models.attention.fused", "posenc.kernel_bias", "posenc.base")
-
-
-@functools.cache
-def _file_digest(file: str) -> str:
-    return hashlib.sha1(pathlib.Path(file).read_bytes()).hexdigest()
-
-
-def source_digest(scheme: Scheme) -> str:
-    """A hash of the source of the kernels and their check (CHECKED_SOURCES) and of the module of
-    every scheme in `scheme`'s chain (a wrapper's inner schemes too): an edit to any of them keys
-    its verdicts anew."""
-    modules = [importlib.import_module(name) for name in CHECKED_SOURCES]  # the same set in every process
-    current = scheme
-    while current is not None:
-        modules.append(sys.modules[type(current).__module__])
-        current = getattr(current, "inner", None)
-    files = sorted({inspect.getsourcefile(m) or "" for m in modules} - {""})
-    return hashlib.sha1("".join(_file_digest(f) for f in files).encode()).hexdigest()
-
-
-def cache_key(kind: str, scheme: Scheme, dtype, launch: Launch | None, path: str = "pallas") -> str:
-    """A file name for one (device kind, scheme with its options, heads, head dimension, dtype,
-    launch configuration, jax version, `source_digest`): readable, with a hash of what is not."""
-    device = jax.devices()[0].device_kind
-    exact = json.dumps([posenc_block(scheme), dataclasses.asdict(launch) if launch else None, jax.__version__,
-                        device, source_digest(scheme)], sort_keys=True, default=str)
-    config = "" if launch is None else (
-        f"-b{launch.block}" + (f"x{launch.keys}" if launch.keys != launch.block else "")
-        + f"w{launch.num_warps}s{launch.num_stages}" + (f"f{launch.forward_stages}" if launch.forward_stages else ""))
-    interp = "-interpreted" if launch is not None and launch.interpret else ""
-    slug = "".join(c if c.isalnum() else "_" for c in device.lower())
-    return (f"{kind}-{path}-{slug}-{scheme.name}-h{scheme.dims.num_heads}-d{scheme.dims.head_dim}-"
-            f"{jnp.dtype(dtype).name}{config}{interp}-{hashlib.sha1(exact.encode()).hexdigest()[:10]}")
-
-
-def read_cached(key: str) -> dict | None:
-    folder = cache_folder()
-    file = folder / f"{key}.json" if folder else None
-    if file is None or not file.exists():
-        return None
-    try:
-        return json.loads(file.read_text())
-    except (OSError, ValueError):  # a damaged file: check again
-        return None
-
-
-def write_cached(key: str, payload: dict) -> None:
-    """One JSON file per key, written to a temporary name and renamed (processes may race)."""
-    folder = cache_folder()
-    if folder is None:
-        return
-    folder.mkdir(parents=True, exist_ok=True)
-    with tempfile.NamedTemporaryFile("w", dir=folder, suffix=".tmp", delete=False) as f:
-        json.dump(payload, f, indent=1)
-    os.replace(f.name, folder / f"{key}.json")
-
-
-def verified(path: str, scheme: Scheme, dtype, launch: Launch | None = None) -> Verdict:
-    """`check`, once per key (see the module docstring) in this process and on this machine."""
-    key = cache_key("check", scheme, dtype, launch, path)
-    if key not in _VERDICTS:
-        saved = read_cached(key)
-        if saved is not None:
-            _VERDICTS[key] = Verdict(**saved)
-        else:
-            try:
-                verdict = check(path, scheme, dtype, launch)
-            except Exception as e:  # noqa: BLE001 - never end a run over its check: XLA's paths instead
-                subject = describe(path, scheme, dtype, launch)
-                verdict = Verdict(False, "error", f"the check of {subject} failed: {first_line(e)}", subject=subject)
-            _VERDICTS[key] = verdict
-            if verdict.status in ("passed", "mismatch"):
-                write_cached(key, dataclasses.asdict(verdict))
-    return _VERDICTS[key]

@@ -12,7 +12,7 @@ import pytest
 from flax import nnx
 
 import posenc
-from models.attention.paths import PATHS, Shape
+from models.attention.paths import PATHS, CallSpec
 from posenc.rope_scaling import RopeOptions, llama3_inverse_frequencies, longrope_mscale
 from tests.posenc.helpers import (CFG, ROPE_TRAIN_LENGTH as TRAIN_LENGTH, build_rope as build, logits_through_hooks,
                                   numpy_rope, qk, rope_cfg, rope_model as model, tokens)
@@ -278,7 +278,7 @@ def test_moved_positions_bias_tile_is_block_of_full_bias(options, length, offset
     (r0, r1), (c0, c1) = rows, cols
     tile = scheme.bias(qr[:, r0:r1], kr[:, c0:c1], pos[:, r0:r1], pos[:, c0:c1])
     np.testing.assert_allclose(full[:, :, r0:r1, c0:c1], tile, atol=1e-5)
-    assert PATHS["pallas"].accepts(scheme.traits, Shape(scheme.name, length))  # a bias without bias_fn: refused
+    assert PATHS["pallas"].accepts(scheme.traits, CallSpec(scheme.name, length, 16, "float32"))  # a bias without bias_fn: refused
 
 
 def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():

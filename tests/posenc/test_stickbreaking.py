@@ -9,7 +9,7 @@ import pytest
 
 import posenc
 from models.attention import blockwise_attention, choice, dense_attention
-from models.attention.paths import PATHS, Shape
+from models.attention.paths import PATHS, CallSpec
 from models.config import ModelConfig
 from tests.posenc.helpers import build_with as build, positions
 
@@ -69,6 +69,6 @@ def test_the_pallas_kernel_refuses_every_scheme_that_is_more_than_a_positional_b
     pos = positions(1, 8)
     for name in ("fox", "dape", "stickbreaking"):
         scheme = build(name, DIMS)
-        assert PATHS["pallas"].accepts(scheme.traits, Shape(name, 8)) is not None
+        assert PATHS["pallas"].accepts(scheme.traits, CallSpec(name, 8, 16, "float32")) is not None
         with pytest.raises(ValueError, match="model.attention=pallas cannot express it"):
             choice.choose(ModelConfig(attention="pallas"), scheme, pos, jnp.float32, dropping=False)

@@ -28,27 +28,33 @@ def model(name, train_length=80, **options):
 
 
 def _scheme(name: str):
-    dims = posenc.ModelDims(d_model=16, num_heads=2, head_dim=8, num_layers=1, train_length=16)
+    dims = posenc.ModelDims(d_model=32, num_heads=2, head_dim=16, num_layers=1, train_length=16)
     return posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0))
+
+
+def _spec(scheme, length, dropping=False, masked=False):
+    return paths.CallSpec(scheme.name, length, 16, "float32", dropping, masked)
 
 
 def test_attention_path_order():
     alibi, deberta, shaw = posenc.get("alibi"), posenc.get("deberta"), posenc.get("shaw")
     usable = lambda: True  # the Pallas kernel compiled and checked here
-    assert choice.attention_path("dense", 8, alibi, 100, kernel=usable) == "dense"  # an explicit path wins
-    assert choice.attention_path("auto", 8, alibi, 100, kernel=usable) == "pallas"
-    assert choice.attention_path("auto", 8, shaw, 100, kernel=usable) == "blockwise"  # the kernel's row refuses shaw
-    assert choice.attention_path("auto", 8, alibi, 17) == "blockwise"  # beyond 2 blocks
-    assert choice.attention_path("auto", 8, alibi, 16) == "triangular"
-    assert choice.attention_path("auto", 8, alibi, 17, dropping=True) == "triangular"
-    assert choice.attention_path("auto", 8, shaw, 17, dropping=True) == "dense"  # a value term: not triangular
+    path = lambda scheme, length, **kw: choice.attention_path("auto", 8, scheme, _spec(scheme, length, **kw))
+    assert choice.attention_path("dense", 8, alibi, _spec(alibi, 100), kernel=usable) == "dense"  # explicit wins
+    assert choice.attention_path("auto", 8, alibi, _spec(alibi, 100), kernel=usable) == "pallas"
+    assert choice.attention_path("auto", 8, shaw, _spec(shaw, 100), kernel=usable) == "blockwise"  # refuses shaw
+    assert path(alibi, 17) == "blockwise"  # beyond 2 blocks
+    assert path(alibi, 16) == "triangular"
+    assert path(alibi, 17, dropping=True) == "triangular"
+    assert path(shaw, 17, dropping=True) == "dense"  # a value term: not triangular
     per_key = type("PerKey", (deberta,), {"traits": deberta.traits.replace(bias_work_per_key=True)})
-    assert choice.attention_path("auto", 8, per_key, 16) == "dense"  # per-key bias work
-    assert choice.attention_path("auto", 8, deberta, 16) == "triangular"
-    assert choice.attention_path("auto", 8, alibi, 17, masked=True) == "blockwise"  # the Lambda mask: blockwise
-    assert choice.attention_path("auto", 8, alibi, 16, masked=True) == "dense"  # or dense
+    assert path(per_key, 16) == "dense"  # per-key bias work
+    assert path(deberta, 16) == "triangular"
+    assert path(alibi, 17, masked=True) == "blockwise"  # the Lambda mask: blockwise
+    assert path(alibi, 16, masked=True) == "dense"  # or dense
+    stickbreaking = posenc.get("stickbreaking")
     with pytest.raises(ValueError, match="stick-breaking attention.*attention_dropout=0"):  # no path: dense's refusal
-        choice.attention_path("auto", 8, posenc.get("stickbreaking"), 16, dropping=True)
+        path(stickbreaking, 16, dropping=True)
 
 
 def test_auto_picks_triangular_where_possible_and_dense_elsewhere():

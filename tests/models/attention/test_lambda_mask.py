@@ -16,7 +16,7 @@ from experiment.evals.common import apply_overrides
 from experiment.train import train
 from models import DecoderLM
 from models.config import ModelConfig
-from models.attention import blockwise_attention, choice
+from models.attention import Call, blockwise_call, choice
 from models.attention.lambda_mask import LambdaMask, lambda_dense_attention, lambda_mask
 from models.config import ModelConfig
 from tests.conftest import tiny_config
@@ -68,7 +68,7 @@ def test_lambda_attention_is_the_references_dense_and_blockwise(sinks, window, l
     mask = LambdaMask(sinks=sinks, window=window, limit=limit)
     expected = _reference_lambda_attention(*(np.asarray(a, np.float64) for a in (q, k, v)), sinks, window, limit)
     np.testing.assert_allclose(lambda_dense_attention(q, k, v, pos, pos, scheme, mask), expected, atol=2e-5)
-    np.testing.assert_allclose(blockwise_attention(q, k, v, pos, pos, scheme, 4, mask=mask), expected, atol=2e-5)
+    np.testing.assert_allclose(blockwise_call(q, k, v, Call(pos, pos, scheme, mask=mask, block=4)), expected, atol=2e-5)
 
 
 def _scan_lengths(jaxpr) -> set[int]:
@@ -90,7 +90,7 @@ def test_blockwise_visits_only_the_window_tiles_and_sinks_are_seen_from_distance
     pos = jnp.arange(64)[None]
     mask = LambdaMask(sinks=2, window=L, limit=L)
     assert mask.window_tiles(4) == 3 and mask.window_tiles(8) == 2 and mask.window_tiles(16) == 2
-    traced = {m: jax.make_jaxpr(lambda q: blockwise_attention(q, q, q, pos, pos, scheme, 4, mask=m))(q).jaxpr
+    traced = {m: jax.make_jaxpr(lambda q: blockwise_call(q, q, q, Call(pos, pos, scheme, mask=m, block=4)))(q).jaxpr
               for m in (None, mask)}
     assert _scan_lengths(traced[None]) == {16}      # 16 query tiles, each against 16 key tiles
     assert _scan_lengths(traced[mask]) == {16, 3}   # ... against the 3 its window reaches

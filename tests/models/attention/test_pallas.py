@@ -12,14 +12,15 @@ from flax import nnx
 import posenc
 from models.attention.dense import NO_DROPOUT as NO_DROP, Dropout, dense_attention
 from models.attention import choice
+from models.attention.launches import lowering_for_a_gpu
 from models.attention.pallas import Launch, pallas_attention
 from models.attention.pallas_kernels import keep_mask
-from models.attention.paths import PATHS, Shape
+from models.attention.paths import PATHS, CallSpec
 from models.config import ModelConfig
 
 B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
 # small option values keep the interpreter's compile time down; the formulas are the same
-SMALL = {"t5": {"num_buckets": 8, "max_distance": 8},  # tiles wholly beyond max_distance take one value "fire": {"hidden": 4, "threshold_init": 8.0},
+SMALL = {"t5": {"num_buckets": 12, "max_distance": 8},  # beyond max_distance one value; 12: a padded table "fire": {"hidden": 4, "threshold_init": 8.0},
          "sandwich": {"dim": 8}}
 
 
@@ -122,10 +123,12 @@ def test_query_and_key_tiles_of_different_sizes_give_the_same_attention(name):
     q, k, v, pos = _inputs(2)
     graphdef, state = nnx.split(scheme)
     results = {}
-    for block, keys in ((8, None), (8, 4), (4, 8)):
+    backward = Launch(block=8, key_block=4)  # the backward kernels' own tiles (tuning searches them apart)
+    for block, keys, own in ((8, None, None), (8, 4, None), (4, 8, backward)):
         for dropout in (NO_DROP, Dropout(rate, jax.random.key(3))):
-            def attend(q, k, v, q_pos, k_pos, scheme, dropout=dropout, launch=Launch(block=block, key_block=keys,
-                                                                                     interpret=True)):
+            launch = Launch(block=block, key_block=keys, interpret=True).with_backward(own)
+
+            def attend(q, k, v, q_pos, k_pos, scheme, dropout=dropout, launch=launch):
                 return pallas_attention(q, k, v, q_pos, k_pos, scheme, dropout, launch)
             results[block, keys, dropout.rate] = jax.jit(jax.value_and_grad(
                 lambda *a: _loss(attend, graphdef, *a), argnums=(0, 1, 2, 3)))(state, q, k, v, pos)
@@ -134,12 +137,34 @@ def test_query_and_key_tiles_of_different_sizes_give_the_same_attention(name):
         for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want)):
             np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-5 * max(1.0, float(jnp.abs(b).max())))
     assert Launch(block=8, key_block=4).label.startswith("blocks 8 x 4")
+    mixed = Launch(block=4, key_block=8).with_backward(backward)
+    assert mixed.label == "forward blocks 4 x 8, 4 warps, 2 stages; backward blocks 8 x 4, 4 warps, 2 stages"
+    assert mixed.tiles == (4, 8, 8, 4) and Launch(8).with_backward(Launch(8)).backward is None
+
+
+def test_a_lookup_table_of_any_size_is_padded_to_a_power_of_2():
+    """Issue 46: T5 with a number of buckets that is no power of 2 failed at Triton's lowering (its
+    arrays must be powers of 2); the table is padded inside the kernel, and its gradient cut back
+    (the tests above run t5 with 12 buckets against dense attention), and the kernels lower for a GPU."""
+    cfg = posenc.default_config("t5")
+    cfg.t5.num_buckets = 48
+    dims = posenc.ModelDims(d_model=H * 16, num_heads=H, head_dim=16, num_layers=1, train_length=64)
+    graphdef, state = nnx.split(posenc.build(cfg, dims, rngs=nnx.Rngs(0)))
+    x = jax.ShapeDtypeStruct((1, 64, H, 16), jnp.bfloat16)
+    p = jnp.arange(64, dtype=jnp.int32)[None]
+    loss = lambda state, q: pallas_attention(q, q, q, p, p, nnx.merge(graphdef, state),
+                                             launch=Launch(16, interpret=False)).astype(jnp.float32).sum()
+    with lowering_for_a_gpu():
+        lowered = jax.jit(jax.grad(loss, argnums=(0, 1))).trace(state, x).lower(lowering_platforms=("cuda",))
+    assert lowered.as_text().count("xla.gpu.triton") == 3
+    assert jax.tree.leaves(lowered.out_info[0])[0].shape == (48, H)  # the table's gradient, its own size
 
 
 def test_schemes_the_kernel_cannot_express_are_refused():
     _, _, _, pos = _inputs()
     for name in ("shaw", "cope", "deberta"):  # a bias from the content, a value term, whole rows
-        assert "model.attention=pallas cannot express" in PATHS["pallas"].accepts(_scheme(name).traits, Shape(name, T))
+        spec = CallSpec(name, T, K, "float32")
+        assert "model.attention=pallas cannot express" in PATHS["pallas"].accepts(_scheme(name).traits, spec)
     with pytest.raises(ValueError, match="'shaw'.*model.attention=pallas cannot express"):
         choice.choose(ModelConfig(attention="pallas"), _scheme("shaw"), pos, jnp.float32, dropping=False)
 
@@ -226,6 +251,7 @@ def test_kernel_lowers_to_triton_for_a_gpu(name):
             def loss(state, q, k, v, keys):
                 return jax.vmap(row, in_axes=(None, 0, 0, 0, 0))(state, q, k, v, keys).sum()
             x = jax.ShapeDtypeStruct((b, t, h, d), jnp.bfloat16)
-            lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
-                state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
+            with lowering_for_a_gpu():
+                lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
+                    state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
             assert lowered.as_text().count("xla.gpu.triton") == 3, (d, t)  # forward, dQ, dK / dV

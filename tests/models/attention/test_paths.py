@@ -13,12 +13,13 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM
-from models.attention import choice, paths, verify
+from models.attention import choice, paths, verdicts
 from models.attention.tiles import NEG_INF, tile_logits
 from models.config import ModelConfig
 
 CFG = ModelConfig(vocab_size=37, num_layers=1, d_model=32, num_heads=4, mlp_dim=64)
-SHAPES = [paths.Shape("x", 24, dropping, masked) for dropping, masked in itertools.product((False, True), repeat=2)]
+SPECS = [paths.CallSpec("x", 24, 16, "float32", dropping, masked, training)
+         for dropping, masked, training in itertools.product((False, True), repeat=3)]
 
 
 def _scheme(name: str):
@@ -29,17 +30,17 @@ def _scheme(name: str):
 @pytest.mark.parametrize("name", posenc.names())
 def test_every_refusal_is_one_line_naming_the_option_and_the_way_out(name):
     traits, refused = posenc.get(name).traits, 0
-    for (path, row), shape in itertools.product(paths.PATHS.items(), SHAPES):
-        shape = dataclasses.replace(shape, scheme=name)
-        refusal = row.accepts(traits, shape)
+    for (path, row), spec in itertools.product(paths.PATHS.items(), SPECS):
+        spec = dataclasses.replace(spec, scheme=name)
+        refusal = row.accepts(traits, spec)
         if refusal is None:
             continue
         refused += 1
-        assert "\n" not in refusal and "model." in refusal, (path, shape, refusal)
-        assert any(fix in refusal for fix in ("set ", "use ", "leave both at 0")), (path, shape, refusal)
+        assert "\n" not in refusal and "model." in refusal, (path, spec, refusal)
+        assert any(fix in refusal for fix in ("set ", "use ", "leave both at 0")), (path, spec, refusal)
         assert name in refusal or f"model.attention={path}" in refusal or "Lambda mask" in refusal
     assert refused  # dropout or the Lambda mask is refused somewhere for every scheme
-    plain = paths.Shape(name, 24)
+    plain = paths.CallSpec(name, 24, 16, "float32")
     assert paths.PATHS["dense"].accepts(traits, plain) is None  # dense takes every scheme
 
 
@@ -50,7 +51,7 @@ def test_every_refusal_is_one_line_naming_the_option_and_the_way_out(name):
 def test_an_explicit_path_raises_its_rows_refusal(name, path, dropping, masked):
     cfg = dataclasses.replace(CFG, attention=path, attention_sinks=2 if masked else 0)
     pos = jnp.arange(12, dtype=jnp.int32)[None]
-    want = paths.PATHS[path].accepts(posenc.get(name).traits, paths.Shape(name, 12, dropping, masked))
+    want = paths.PATHS[path].accepts(posenc.get(name).traits, paths.CallSpec(name, 12, 16, "float32", dropping, masked))
     assert want
     with pytest.raises(ValueError) as refused:
         choice.choose(cfg, _scheme(name), pos, jnp.float32, dropping=dropping)
@@ -68,22 +69,22 @@ def toy_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, call: paths.Call) -> jax.Arra
     return jnp.einsum("bhts,bshk->bthk", probs.astype(v_BxTxHxK.dtype), v_BxTxHxK)
 
 
-def toy_accepts(traits: posenc.Traits, shape: paths.Shape) -> str | None:
-    if shape.dropping or shape.masked:
+def toy_accepts(traits: posenc.Traits, spec: paths.CallSpec) -> str | None:
+    if spec.dropping or spec.masked:
         return "model.attention=toy has no attention dropout and no Lambda mask; use dense"
     if traits.value_term or traits.needs_full_rows or traits.normalization != "softmax":
-        return f"positional scheme {shape.scheme!r} is more than logits and a softmax; model.attention=toy: use dense"
+        return f"positional scheme {spec.scheme!r} is more than logits and a softmax; model.attention=toy: use dense"
     return None
 
 
-TOY = paths.Path(toy_attention, toy_accepts, "toy attention (model.attention=toy)", checked=lambda: True)
+TOY = paths.AttentionPath(toy_attention, toy_accepts, "toy attention (model.attention=toy)", checked=lambda: True)
 
 
 @pytest.fixture
 def checks(monkeypatch, tmp_path):
     """The device check's caches empty, its disk cache in tmp_path."""
-    monkeypatch.setattr(verify, "cache_folder", lambda: tmp_path / "kernel_checks")
-    monkeypatch.setattr(verify, "_VERDICTS", {})
+    monkeypatch.setattr(verdicts, "cache_folder", lambda: tmp_path / "kernel_checks")
+    monkeypatch.setattr(verdicts, "_VERDICTS", {})
     return tmp_path / "kernel_checks"
 
 
@@ -111,9 +112,9 @@ def test_the_device_check_refuses_a_wrong_new_path(monkeypatch, checks):
 
 
 def test_the_self_check_measures_a_new_path(monkeypatch, checks, tmp_path):
-    from experiment.selfcheck import check as selfcheck
+    from experiment.selfcheck import check as selfcheck, measure
     monkeypatch.setitem(paths.PATHS, "toy", TOY)
-    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})  # errors only: throughput is the short table's test
+    monkeypatch.setattr(measure, "timed", lambda *args: {})  # errors only: throughput is the short table's test
     plan = dataclasses.replace(selfcheck.make_plan(short=True, schemes="alibi,shaw", lengths="24"),
                                interpreter_max_length=0)  # Pallas' interpreter: the short table's test
     result, status = selfcheck.run(plan, tmp_path / "out", say=lambda line: None)

@@ -8,7 +8,7 @@ from flax import nnx
 
 import posenc
 from models import DecoderLM
-from models.attention.paths import PATHS, Shape
+from models.attention.paths import PATHS, CallSpec
 from models.attention.triangular import _tile_attention, tile_size
 from models.config import ModelConfig
 
@@ -34,7 +34,7 @@ def test_tile_size_policy():
 def test_triangular_equals_dense_or_refuses_clearly(name):
     dense, tri = pair(name)
     x = tokens()
-    if PATHS["triangular"].accepts(tri.scheme.traits, Shape(name, T)):
+    if PATHS["triangular"].accepts(tri.scheme.traits, CallSpec(name, T, 16, "float32")):
         with pytest.raises(ValueError, match=f"{name}.*triangular cannot express it"):
             tri(x)
         return

@@ -12,11 +12,11 @@ import pytest
 from flax import nnx
 
 import posenc
-from models.attention import choice, pallas, tuning, verify
+from models.attention import choice, launches, pallas, paths, tuning, verdicts, verify
 from models.attention.pallas import Launch
 from models.config import ModelConfig
 
-LAUNCH = Launch(block=8, interpret=True)  # 21-token check inputs: diagonal, off-diagonal and padded tiles
+LAUNCH = Launch(block=8, interpret=True)  # 53-token check inputs: diagonal, off-diagonal and padded tiles
 AUTO = ModelConfig(attention="auto")
 POS = jnp.arange(16, dtype=jnp.int32)[None]
 
@@ -31,12 +31,12 @@ def gpu(monkeypatch, tmp_path):
     """As on a GPU (the kernel 'compiled'), with one launch configuration to search, run in the
     interpreter; caches empty, the disk cache in tmp_path. Returns the disk cache's folder."""
     monkeypatch.setattr(pallas, "interpreted", lambda: False)
-    monkeypatch.setattr(tuning, "candidates", lambda *args: [LAUNCH])
-    monkeypatch.setattr(tuning, "measure", lambda *args: 1e-3)
-    monkeypatch.setattr(tuning, "pass_seconds", lambda path, *args, **kwargs: 1e-3 if path == "pallas" else 2e-3)
+    monkeypatch.setattr(launches, "forward_candidates", lambda *args: [LAUNCH])  # one of each: nothing timed
+    monkeypatch.setattr(launches, "backward_candidates", lambda *args: [LAUNCH])
+    monkeypatch.setattr(tuning, "call_seconds", lambda path, *args, **kwargs: 1e-3 if path == "pallas" else 2e-3)
     monkeypatch.setattr(tuning, "_RACES", {})
-    monkeypatch.setattr(verify, "cache_folder", lambda: tmp_path / "kernel_checks")
-    monkeypatch.setattr(verify, "_VERDICTS", {})
+    monkeypatch.setattr(verdicts, "cache_folder", lambda: tmp_path / "kernel_checks")
+    monkeypatch.setattr(verdicts, "_VERDICTS", {})
     monkeypatch.setattr(tuning, "_TUNED", {})
     monkeypatch.setattr(choice, "_SAID", set())
     return tmp_path / "kernel_checks"
@@ -75,11 +75,13 @@ def test_a_kernel_with_its_bias_one_position_off_fails_and_auto_keeps_xla(gpu, m
 def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatch):
     scheme = _scheme("kerple_log")
     assert _choose_inside_a_trace(AUTO, scheme) == "pallas"
-    assert _choose_inside_a_trace(AUTO, scheme, dropping=True) == "pallas"  # its dropout checked too
+    dropping = dataclasses.replace(AUTO, attention_dropout=0.1)
+    assert _choose_inside_a_trace(dropping, scheme, dropping=True) == "pallas"  # its dropout checked too
     files = {"-".join(p.name.split("-")[:2]): p for p in gpu.iterdir()}
     assert sorted(files) == ["check-pallas", "check-pallas+dropout", "race-pallas", "search-pallas"]
-    raced = json.loads(files["race-pallas"].read_text())  # kernel against triangular at the call's 1 x 16
-    assert raced == {"kernel_ms": 1.0, "rival_ms": 2.0, "shape": [1, 16], "rival": "triangular"}
+    raced = json.loads(sorted(gpu.glob("race-pallas-*-triangular-eval-r1-L16.json"))[0].read_text())
+    assert raced == {"kernel_ms": 1.0, "rival_ms": 2.0, "rival": "triangular", "launch": LAUNCH.label,
+                     "workload": {"rows": 1, "length": 16, "training": False, "dropout": 0.0, "per_row": False}}
     dropped = json.loads(files["check-pallas+dropout"].read_text())
     assert dropped["status"] == "passed" and dropped["errors"]["dv"] < 1e-5
     saved = json.loads(files["check-pallas"].read_text())
@@ -90,17 +92,19 @@ def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatc
 
     def must_not_run(*args):
         raise AssertionError("the cache should have answered")
-    monkeypatch.setattr(verify, "_VERDICTS", {})  # a new process: the disk answers, nothing runs
+    monkeypatch.setattr(verdicts, "_VERDICTS", {})  # a new process: the disk answers, nothing runs
     monkeypatch.setattr(tuning, "_TUNED", {})
     monkeypatch.setattr(verify, "check", must_not_run)
-    monkeypatch.setattr(tuning, "measure", must_not_run)
-    assert tuning.kernel_verdict(scheme, jnp.float32).ok
-    assert tuning.device_launch(scheme, jnp.float32) == LAUNCH
+    monkeypatch.setattr(tuning, "search", must_not_run)
+    eval_16 = tuning.Workload(1, 16, training=False)
+    assert tuning.kernel_verdict(scheme, jnp.float32, eval_16).ok
+    assert tuning.device_launch(scheme, jnp.float32, eval_16) == LAUNCH
 
-    key = verify.cache_key("check", scheme, jnp.float32, LAUNCH)
-    for other in (verify.cache_key("check", scheme, jnp.bfloat16, LAUNCH),
-                  verify.cache_key("check", scheme, jnp.float32, dataclasses.replace(LAUNCH, num_warps=8)),
-                  verify.cache_key("check", _scheme("kerple_log", head_dim=32), jnp.float32, LAUNCH)):
+    key = verdicts.cache_key("check", scheme, jnp.float32, LAUNCH)
+    for other in (verdicts.cache_key("check", scheme, jnp.bfloat16, LAUNCH),
+                  verdicts.cache_key("check", scheme, jnp.float32, dataclasses.replace(LAUNCH, num_warps=8)),
+                  verdicts.cache_key("check", scheme, jnp.float32, LAUNCH.with_backward(Launch(16, interpret=True))),
+                  verdicts.cache_key("check", _scheme("kerple_log", head_dim=32), jnp.float32, LAUNCH)):
         assert other != key
 
 
@@ -109,24 +113,25 @@ def test_head_dimensions_the_compiled_kernel_cannot_take_are_refused_without_run
     scheme = _scheme("alibi", head_dim=24)
     verdict = tuning.kernel_verdict(scheme, jnp.bfloat16)
     assert verdict.status == "refused" and "powers of 2 from 16 to 256, not 24" in verdict.reason
-    assert choice.choose(AUTO, scheme, POS, jnp.bfloat16, dropping=False) == "triangular"
-    assert "not 24" in capsys.readouterr().out
-    with pytest.raises(ValueError, match="not 24"):
+    assert choice.choose(AUTO, scheme, POS, jnp.bfloat16, dropping=False) == "triangular"  # its row refuses
+    with pytest.raises(ValueError, match="model.attention=pallas: the Pallas kernel takes .* not 24"):
         choice.choose(dataclasses.replace(AUTO, attention="pallas"), scheme, POS, jnp.bfloat16, dropping=False)
-    q = jnp.zeros((1, 16, 2, 24), jnp.bfloat16)
-    with pytest.raises(ValueError, match="not 24"):  # the kernel itself, compiled, refuses too
-        pallas.pallas_attention(q, q, q, POS, POS, scheme, launch=Launch(interpret=False))
+    spec = paths.CallSpec.of(scheme, 16, jnp.bfloat16)
+    assert "not 24" in paths.PATHS["pallas"].accepts(scheme.traits, spec)  # the refusal is the row's, up front
+    monkeypatch.setattr(pallas, "interpreted", lambda: True)
+    assert paths.PATHS["pallas"].accepts(scheme.traits, spec) is None  # the interpreter takes any head size
 
 
 def test_auto_keeps_xlas_path_where_the_kernel_is_slower_there_and_says_so_once(gpu, monkeypatch, capsys):
     """A kernel that passes its check but loses the race against the path auto would take otherwise
     at the call's shape (FIRE's in-kernel MLP, say) is not taken; one line says both times."""
-    monkeypatch.setattr(tuning, "pass_seconds", lambda path, *args, **kwargs: 3e-3 if path == "pallas" else 2e-3)
+    monkeypatch.setattr(tuning, "call_seconds", lambda path, *args, **kwargs: 3e-3 if path == "pallas" else 2e-3)
     scheme = _scheme("kerple_log")
     assert _choose_inside_a_trace(AUTO, scheme) == "triangular"
     assert _choose_inside_a_trace(AUTO, scheme) == "triangular"
     out = capsys.readouterr().out
-    assert out.count("\n") == 1 and "takes 3 ms against triangular's 2 ms" in out and out.endswith("using triangular\n")
+    assert out.count("\n") == 1 and "takes 3 ms against triangular's 2 ms (forward, 1 x 16 tokens)" in out
+    assert out.endswith("using triangular\n")
     assert choice.choose(dataclasses.replace(AUTO, attention="pallas"), scheme, POS, jnp.float32,
                          dropping=False) == "pallas"  # asked for explicitly: the kernel, however fast
 
@@ -139,8 +144,12 @@ def test_the_race_times_repeats_inside_one_compiled_loop():
         return {"y": jnp.tanh(x) * 2.0}
     seconds = tuning.loop_seconds(step, (jnp.ones((64, 64)),), min_seconds=0.01)
     assert 0 < seconds < 0.01 and len(calls) == 1
-    assert tuning.race_shape(32, 512) == (32, 512) and tuning.race_shape(32, 16384) == (4, 16384)
-    assert tuning.race_shape(1, 131072) == (1, 131072)
+    work = tuning.Workload(32, 16384, dropout=0.1, per_row=True)
+    assert tuning.Workload(32, 512).raced() == tuning.Workload(32, 512)
+    assert work.raced() == tuning.Workload(4, 16384, dropout=0.1, per_row=True)
+    assert tuning.Workload(1, 131072).raced().rows == 1
+    assert tuning.Workload(18, 1000, training=False).searched() == tuning.Workload(18, 1024, training=False)
+    assert tuning.Workload(18, 600).searched() == tuning.Workload(18, 1024)  # an octave: one search
 
 
 def test_a_race_runs_from_inside_a_models_trace():
@@ -149,6 +158,6 @@ def test_a_race_runs_from_inside_a_models_trace():
     scheme = _scheme("alibi")
     graphdef, state = nnx.split(scheme)
     seconds = []
-    jax.jit(lambda state: seconds.append(tuning.pass_seconds("triangular", nnx.merge(graphdef, state), jnp.float32,
-                                                             (1, 16))) or 0.0).trace(state)
+    jax.jit(lambda state: seconds.append(tuning.call_seconds("triangular", nnx.merge(graphdef, state), jnp.float32,
+                                                             tuning.Workload(1, 16))) or 0.0).trace(state)
     assert seconds[0] > 0
