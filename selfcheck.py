@@ -7,7 +7,8 @@ as they come and writes selfcheck_<device>.json and .md to --out as it goes. Sho
 an estimate before the first cell (from an earlier run's times in --out on this device); no cell
 started that would end past --minutes (default 10; those left are named; 0 runs every cell). Exit
 status 1 if a path the framework would use is wrong here, 3 if a kernel was refused here (named in
-the summary, with why), else 0 (experiment/selfcheck/check.py says how each number is taken).
+the summary, with why), 4 if nothing was checked (every row skipped, n/a or not run), else 0
+(experiment/selfcheck/check.py says how each number is taken).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)

@@ -18,7 +18,11 @@ it is marked refused, as the framework refuses it. An error above its bound is W
 device check's rule, relative to XLA's own paths at that length), and any WRONG row makes the exit
 status 1: a path the framework would use (explicitly or as `auto`'s pick) computes something else on
 this machine; else a refused kernel makes it 3 (the summary names each, with why: the framework
-runs XLA's paths instead); else 0.
+runs XLA's paths instead); else a run that checked no row at all (every one skipped, n/a or not run:
+a memory limit too small, say) makes it 4; else 0.
+
+The plan is plan.py's (`make_plan`, from selfcheck.py's flags), one cell is measure.py's (`rows_for`),
+the table table.py's; this module runs the cells in order within the time budget and writes them.
 
 Writes selfcheck_<device>.json (every number) and .md (the table) in the output folder, after every
 (scheme, length) as it goes (`complete` false until the end), so that a crash keeps what was measured.
@@ -30,319 +34,16 @@ import datetime
 import json
 import pathlib
 import time
-from typing import Sequence
 
 import jax
-import jax.numpy as jnp
-import numpy as np
-from flax import nnx
 
-import posenc
-from experiment.config import TrainConfig
-from experiment.runtime.accelerator import device_memory_limit, program_bytes
+from experiment.selfcheck import measure
+from experiment.selfcheck.plan import LENGTHS, MEMORY_GB, MINUTES, Plan, make_plan
 from experiment.selfcheck.table import markdown, one_line, slug
 from experiment.store.files import write_atomically
-from experiment.train.optimizer import make_optimizer
-from experiment.train.step import make_train_step
-from models import DecoderLM
-from models.attention import choice, pallas, paths, verify
-from models.attention.dense import dense_attention
-from models.config import ModelConfig
-from posenc.domains import at_least
+from models.attention import verify
 
-PATHS: tuple[str, ...] = ()  # the attention paths measured; empty: every row of models/attention/paths.py
-REFERENCE_CHUNK = 512  # queries per chunk of the float32 reference
-
-
-@dataclasses.dataclass(frozen=True)
-class Plan:
-    """What one run measures. `model`: ModelConfig options of the timed decoder (its heads and head
-    dimension also shape the attention inputs); `step_tokens`: tokens per timed step (rows =
-    step_tokens // length, at least 1); `memory_limit`: bytes a compiled program may plan."""
-    mode: str
-    schemes: tuple
-    lengths: tuple
-    dtype: str
-    model: dict
-    step_tokens: int
-    repeats: int
-    interpreter_max_length: int
-    timed_max_length: int  # longer sequences: errors only (0: time every length)
-    memory_limit: int
-    minutes: float = 10.0  # no cell is started that would end past this (0: every cell)
-
-    @property
-    def head_dim(self) -> int:
-        return self.model["d_model"] // self.model["num_heads"]
-
-
-LENGTHS = at_least(1)  # selfcheck.py --lengths, each
-MEMORY_GB = at_least(0, note="0 = the default: 90% of the device, a quarter of the available memory on CPU")
-MINUTES = at_least(0, note="0 = no limit: every cell")
-
-
-def _lengths(lengths: str | Sequence[int]) -> tuple[int, ...]:
-    """--lengths as whole numbers >= 1 (comma-separated text, or a sequence); a ValueError names the flag."""
-    items = [x.strip() for x in lengths.split(",") if x.strip()] if isinstance(lengths, str) else list(lengths)
-    out = []
-    for item in items:
-        try:
-            value = int(item) if isinstance(item, str) else item
-        except ValueError:
-            value = None
-        if not isinstance(value, int) or isinstance(value, bool) or not LENGTHS.test(value, {}):
-            raise ValueError(f"flag --lengths={lengths if isinstance(lengths, str) else ','.join(map(str, lengths))}: "
-                             f"{str(item)!r} is not a whole number {LENGTHS.describe({})} (e.g. --lengths=512,4096)")
-        out.append(value)
-    return tuple(out)
-
-
-SHAPES = {  # selfcheck.py --shape: the attention heads of the timed decoder, and the lengths measured
-    "small": {},  # the full plan's own: 4 heads of 64
-    "paper": dict(model=dict(num_layers=2, d_model=1024, num_heads=8, mlp_dim=4096, vocab_size=256),
-                  lengths=(512, 4096, 16384)),  # the ALiBi paper's 8 heads of 128, L = 512 and evaluation
-}
-
-
-def make_plan(short: bool = False, schemes: str = "", lengths: str | Sequence[int] = "", dtype: str = "",
-              memory_gb: float = 0.0, shape: str = "small", minutes: float = 10.0) -> Plan:
-    """The full plan (up to 16k tokens; 16,384 tokens per timed step on an accelerator; on a CPU
-    4,096, fewer repeats, and no timing beyond 4,096 tokens, where one training step takes minutes)
-    or the short one (tiny, for CI's machine), with any of its lists or settings replaced. A length
-    or memory limit outside its domain is a ValueError naming selfcheck.py's flag (a negative
-    limit would skip every row and report a pass)."""
-    if not MEMORY_GB.test(memory_gb, {}):
-        raise ValueError(f"flag --memory_gb={memory_gb:g}: must be {MEMORY_GB.describe({})} (e.g. --memory_gb=8)")
-    if not MINUTES.test(minutes, {}):
-        raise ValueError(f"flag --minutes={minutes:g}: must be {MINUTES.describe({})} (e.g. --minutes=30)")
-    lengths = _lengths(lengths)
-    accelerator = jax.default_backend() in ("gpu", "tpu")
-    if short:
-        base = dict(mode="short", schemes=("alibi", "t5"), lengths=(24, 40), repeats=1, step_tokens=96,
-                    interpreter_max_length=64, timed_max_length=0,
-                    model=dict(num_layers=1, d_model=32, num_heads=2, mlp_dim=64, vocab_size=64, attention_block=16))
-    else:
-        base = dict(mode="full", schemes=("alibi", "rope", "t5", "kerple_log", "fire", "logn"),
-                    lengths=(512, 1000, 4096, 16384), repeats=3 if accelerator else 2,
-                    step_tokens=16384 if accelerator else 4096, interpreter_max_length=1024,
-                    timed_max_length=0 if accelerator else 4096,
-                    model=dict(num_layers=2, d_model=256, num_heads=4, mlp_dim=1024, vocab_size=256))
-    if shape not in SHAPES:
-        raise ValueError(f"flag --shape={shape}: one of {', '.join(SHAPES)}")
-    if not short:
-        base.update(SHAPES[shape])
-    return Plan(schemes=tuple(schemes.split(",")) if schemes else base["schemes"],
-                lengths=lengths or base["lengths"],
-                dtype=dtype or ("bfloat16" if accelerator else "float32"),
-                memory_limit=int(memory_gb * 2**30) if memory_gb else default_memory_limit(), minutes=float(minutes),
-                **{k: v for k, v in base.items() if k not in ("schemes", "lengths")})
-
-
-def default_memory_limit() -> int:
-    """90% of the device's memory; on CPU a quarter of the memory available now (the machine may be
-    shared, and a process takes more than the program XLA plans)."""
-    limit = device_memory_limit()
-    if limit:
-        return int(limit * 0.9)
-    try:
-        with open("/proc/meminfo") as f:
-            available = next(int(line.split()[1]) * 1024 for line in f if line.startswith("MemAvailable"))
-    except (OSError, StopIteration):
-        available = 8 * 2**30
-    return available // 4
-
-
-class Skipped(Exception):
-    """A measurement not taken, with why (too large for the memory limit, interpreted, refused)."""
-
-
-def admit_within(limit: int):
-    def admit(compiled):
-        need = program_bytes(compiled)
-        if need is not None and need > limit:
-            raise Skipped(f"needs {need / 2**30:.1f} GiB (limit {limit / 2**30:.1f})")
-    return admit
-
-
-# ---- attention: errors against the float32 reference ---------------------------------------------
-
-def reference_attention(q, k, v, q_pos, k_pos, scheme):
-    """Dense causal attention, one chunk of queries against all keys at a time, in a loop whose
-    steps are rematerialised in the backward pass: the same numbers as `dense_attention` in
-    O(T x chunk) memory."""
-    b, t, h, d = q.shape
-    n = -(-t // REFERENCE_CHUNK)
-    pad = n * REFERENCE_CHUNK - t  # padded queries (after every real one) are computed, then dropped
-    q_chunks = jnp.pad(q, ((0, 0), (0, pad), (0, 0), (0, 0))).reshape(b, n, REFERENCE_CHUNK, h, d).swapaxes(0, 1)
-    pos_chunks = jnp.pad(q_pos, ((0, 0), (0, pad)), mode="edge").reshape(b, n, REFERENCE_CHUNK).swapaxes(0, 1)
-
-    @jax.checkpoint
-    def chunk(carry, xs):
-        i, q_i, q_pos_i = xs
-        mask = (i * REFERENCE_CHUNK + jnp.arange(REFERENCE_CHUNK))[:, None] >= jnp.arange(t)[None, :]
-        return carry, dense_attention(q_i, k, v, q_pos_i, k_pos, scheme, mask)
-    _, out = jax.lax.scan(chunk, None, (jnp.arange(n), q_chunks, pos_chunks))
-    return out.swapaxes(0, 1).reshape(b, n * REFERENCE_CHUNK, h, d)[:, :t]
-
-
-def measured_paths() -> tuple[str, ...]:
-    return PATHS or tuple(paths.PATHS)
-
-
-def xla_paths() -> set[str]:
-    """XLA's own code on every backend (the rows marked `xla`)."""
-    return {name for name, row in paths.PATHS.items() if row.xla}
-
-
-def path_function(path: str, plan: Plan, launch=None):
-    """The attention function of `path` (its row's `run`), called as `dense_attention` is without its mask."""
-    block = plan.model.get("attention_block", ModelConfig.attention_block)
-    return lambda q, k, v, qp, kp, s: paths.PATHS[path].run(q, k, v, paths.Call(qp, kp, s, block=block, launch=launch))
-
-
-def attention_errors(got: dict, reference: dict) -> dict:
-    errors = verify.compare(got, reference)
-    worst = max((n for n in errors if n != "out"), key=errors.get)
-    return {"forward_error": errors["out"], "gradient_error": errors[worst], "worst_gradient": worst}
-
-
-# ---- models: training and evaluation throughput -------------------------------------------------------
-
-def timed(plan: Plan, scheme_name: str, path: str, length: int, run: bool = True) -> dict:
-    """tokens/s of a training step and of an evaluation, and XLA's planned bytes of each, for the
-    plan's decoder with `model.attention=path` at `length` (not `run`: the bytes only)."""
-    options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
-    cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention=path, dtype=plan.dtype, **options)
-    model = DecoderLM(cfg, posenc.default_config(scheme_name), train_length=length, rngs=nnx.Rngs(0))
-    graphdef, params = nnx.split(model)
-    rows = max(1, plan.step_tokens // length)
-    tokens = jax.random.randint(jax.random.key(0), (rows, length), 0, cfg.vocab_size)
-    tx = make_optimizer(TrainConfig())
-    train = make_train_step(graphdef, tx, dropout_seed=0)
-    score = jax.jit(lambda params, tokens: nnx.merge(graphdef, params).token_nll(tokens, tokens).sum())
-    out = {}
-    copy = jax.tree.map(jnp.copy, params)  # the training step donates its parameters
-    for kind, jitted, args in (("train", train, [copy, tx.init(copy), tokens, tokens, np.int32(0)]),
-                               ("eval", score, [params, tokens])):
-        compiled = jitted.lower(*args).compile()
-        out[f"{kind}_mb"] = (program_bytes(compiled) or 0) / 2**20
-        admit_within(plan.memory_limit)(compiled)
-        if not run:
-            continue
-        seconds = []
-        for _ in range(plan.repeats + 1):  # the first call warms up
-            start = time.perf_counter()
-            result = compiled(*args)
-            jax.block_until_ready(result)
-            seconds.append(time.perf_counter() - start)
-            if kind == "train":  # the step donates its parameters and optimizer state
-                args = [result[0], result[1], *args[2:]]
-        out[f"{kind}_tokens_per_s"] = rows * length / float(np.median(seconds[1:]))
-    return out
-
-
-def auto_picks(plan: Plan, scheme: posenc.Scheme, length: int) -> dict:
-    """`auto`'s path for training and evaluation (no attention dropout), and with attention dropout
-    (None where no path takes the scheme so: stick-breaking with attention dropout)."""
-    options = {k: v for k, v in plan.model.items() if k != "vocab_size"}
-    cfg = ModelConfig(vocab_size=plan.model["vocab_size"], attention="auto", dtype=plan.dtype, **options)
-    pos = jnp.arange(length, dtype=jnp.int32)[None]
-    picks = {}
-    for label, dropping in (("train, eval", False), ("attention dropout", True)):
-        try:
-            picks[label] = choice.choose(cfg, scheme, pos, jnp.dtype(plan.dtype), dropping=dropping)
-        except ValueError:
-            picks[label] = None
-    return picks
-
-
-# ---- one (scheme, length) ---------------------------------------------------------------------------
-
-def rows_for(plan: Plan, scheme_name: str, length: int) -> list[dict]:
-    """One row per attention path: errors, throughput, memory, auto's picks, status."""
-    heads = plan.model["num_heads"]
-    dims = posenc.ModelDims(d_model=plan.model["d_model"], num_heads=heads, head_dim=plan.head_dim,
-                            num_layers=1, train_length=length)
-    scheme = posenc.build(posenc.default_config(scheme_name), dims, rngs=nnx.Rngs(0))
-    rng = np.random.default_rng(0)
-    q, k, v = (jnp.asarray(rng.standard_normal((1, length, heads, plan.head_dim)), plan.dtype) for _ in range(3))
-    pos = jnp.arange(length, dtype=jnp.int32)[None]
-    cotangent = jnp.asarray(rng.standard_normal(q.shape), jnp.float32)
-    admit = admit_within(plan.memory_limit)
-    picks, rows = auto_picks(plan, scheme, length), []
-    try:
-        with jax.default_matmul_precision("highest"):
-            reference = verify.outputs(reference_attention, scheme, *(x.astype(jnp.float32) for x in (q, k, v)),
-                                       pos, cotangent, admit)
-    except Skipped as e:
-        return [{"scheme": scheme_name, "length": length, "path": path, "status": "skipped",
-                 "auto": ", ".join(label for label, pick in picks.items() if pick == path),
-                 "note": f"the reference {e}"} for path in measured_paths()]
-    for path in measured_paths():
-        row = {"scheme": scheme_name, "length": length, "path": path,
-               "auto": ", ".join(label for label, pick in picks.items() if pick == path), "status": "ok", "note": ""}
-        rows.append(row)
-        refusal = paths.PATHS[path].accepts(scheme.traits, paths.Shape(scheme_name, length))
-        if refusal:
-            row.update(status="n/a", note=refusal[:160])
-            continue
-        try:
-            launch, row["note"] = device_guard(plan, path, scheme, length)
-            got = verify.outputs(path_function(path, plan, launch), scheme, q, k, v, pos, cotangent, admit)
-        except Skipped as e:
-            row.update(status="refused" if str(e).startswith("refused") else "skipped", note=str(e))
-            continue
-        except ValueError as e:  # a shape the path cannot take here (its own message says so)
-            row.update(status="n/a", note=str(e).splitlines()[0][:160])
-            continue
-        row.update(attention_errors(got, reference))
-        if row["note"].startswith("refused"):  # ran, but the device check rejects it: never used
-            row["status"] = "refused"
-        if row["status"] == "refused" or (launch is not None and launch.interpret):
-            continue  # not timed: never used / Pallas' interpreter
-        run = not plan.timed_max_length or length <= plan.timed_max_length
-        if not run:
-            row["note"] = f"not timed beyond {plan.timed_max_length:,} tokens here (memory: compiled only)"
-        try:
-            row.update(timed(plan, scheme_name, path, length, run))
-        except Skipped as e:
-            row["note"] = "; ".join(x for x in (row["note"], f"not timed: {e}") if x)
-    judge(rows, plan.dtype)
-    return rows
-
-
-def judge(rows: list[dict], dtype: str) -> None:
-    """Mark WRONG the rows of one (scheme, length) whose forward or gradient error exceeds its
-    bound: the device check's rule (verify.bounds), XLA_FACTOR x the largest error among XLA's own
-    paths here, within [FLOOR, CAP] of the dtype (CAP alone where no XLA path ran). XLA's paths are
-    thereby held to CAP: far off, all of them, is wrong too."""
-    xla = [r for r in rows if r["path"] in xla_paths() and "forward_error" in r]
-    for column in ("forward_error", "gradient_error"):
-        bound = verify.bounds({column: max((r[column] for r in xla), default=float("inf"))}, dtype)[column]
-        for row in rows:
-            row[column.replace("error", "bound")] = bound
-            if row.get(column, 0.0) > bound and row["status"] == "ok":
-                row["status"] = "WRONG"
-
-
-def device_guard(plan: Plan, path: str, scheme, length: int):
-    """(the Pallas launch or None, a note) for a path here; raises Skipped for a kernel not run.
-    Pallas off GPU: the interpreter, up to the plan's length. A kernel the device check guards (on
-    GPU: pallas, fused): 'refused: ...' where the check rejects it (its errors are still measured
-    where it runs), and for pallas the launch the device search chose."""
-    dtype = jnp.dtype(plan.dtype)
-    if path == "pallas" and pallas.interpreted():
-        if length > plan.interpreter_max_length:
-            raise Skipped(f"interpreted (no GPU): checked up to {plan.interpreter_max_length} tokens")
-        return pallas.Launch(interpret=True), "interpreted"
-    if not choice.checked_here(path):
-        return None, ""
-    verdict = choice.device_verdict(path, scheme, dtype)
-    if verdict.status in ("refused", "error"):
-        raise Skipped(f"refused: {verdict.reason}")
-    launch = choice.launch(path, scheme, dtype)
-    label = f"{launch.label}; " if launch is not None else ""
-    return launch, (f"{label}device check passed" if verdict.ok else f"refused: {verdict.reason}")
+__all__ = ["LENGTHS", "MEMORY_GB", "MINUTES", "Plan", "make_plan", "run", "summary"]
 
 
 # ---- the whole run ------------------------------------------------------------------------------------
@@ -356,11 +57,16 @@ def write(result: dict, stem: pathlib.Path) -> None:
 def summary(rows: list[dict]) -> tuple[str, int]:
     """(the closing lines, the exit status): 1 where a path the framework would use is WRONG, else 3
     where a kernel was refused on this device (named, with why: the run uses XLA's paths instead),
-    else 0."""
+    else 4 where no row was checked at all (every one skipped, n/a or not run: a self-check that
+    checked nothing does not pass), else 0."""
     wrong = [r for r in rows if r["status"] == "WRONG"]
     refused = [r for r in rows if r["status"] == "refused"]
+    checked = [r for r in rows if "forward_error" in r]
     lines = ["every path the framework would use is within tolerance" if not wrong else
              f"{len(wrong)} WRONG row(s): " + "; ".join(f"{r['scheme']} L={r['length']} {r['path']}" for r in wrong)]
+    if not checked:
+        lines = [f"nothing was checked: all {len(rows)} row(s) skipped, n/a or not run (see their notes; "
+                 f"--memory_gb, --minutes and --lengths decide what fits)"]
     reasons: dict[str, list[str]] = {}
     for r in refused:
         reasons.setdefault(r["note"].removeprefix("refused: "), []).append(f"{r['scheme']} L={r['length']} {r['path']}")
@@ -369,7 +75,7 @@ def summary(rows: list[dict]) -> tuple[str, int]:
     if left:
         lines.append("not run within --minutes (--minutes=0 runs every cell): "
                      + ", ".join(f"{scheme} L={length}" for scheme, length in left))
-    return "\n".join(lines), 1 if wrong else 3 if refused else 0
+    return "\n".join(lines), 1 if wrong else 3 if refused else 4 if not checked else 0
 
 
 def earlier_seconds(stem: pathlib.Path, plan: Plan) -> dict:
@@ -419,7 +125,7 @@ def not_run(scheme_name: str, length: int, minutes: float) -> list[dict]:
     """The rows of a cell the time budget leaves out, one per path."""
     return [{"scheme": scheme_name, "length": length, "path": path, "auto": "", "status": "not run",
              "note": f"past the time budget (--minutes={minutes:g}; --minutes=0 runs every cell)"}
-            for path in measured_paths()]
+            for path in measure.measured_paths()]
 
 
 def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
@@ -434,20 +140,21 @@ def run(plan: Plan, out_dir: str | pathlib.Path, say=print) -> tuple[dict, int]:
 
     def result(complete: bool) -> dict:
         wrong = [r for r in rows if r["status"] == "WRONG"]
+        checked = sum("forward_error" in r for r in rows)
         return {"device": device.device_kind, "backend": jax.default_backend(), "devices": jax.device_count(),
                 "jax": jax.__version__, "date": datetime.date.today().isoformat(), "seconds": time.time() - started,
                 "plan": dataclasses.asdict(plan), "floor": verify.FLOOR[plan.dtype], "cap": verify.CAP[plan.dtype],
                 "xla_factor": verify.XLA_FACTOR, "complete": complete, "cell_seconds": timings,
                 "rows": rows, "wrong": len(wrong), "refused": sum(r["status"] == "refused" for r in rows),
-                "passed": not wrong}
+                "checked": checked, "passed": not wrong and checked > 0}
     # shortest lengths first, so that what the budget leaves out is the longest cells
     cells = [(scheme_name, length) for length in sorted(plan.lengths) for scheme_name in plan.schemes]
     earlier = earlier_seconds(stem, plan)
-    say(f"{len(cells)} (scheme, length) cells x {len(measured_paths())} paths, shortest first; "
+    say(f"{len(cells)} (scheme, length) cells x {len(measure.measured_paths())} paths, shortest first; "
         + estimate_text(cells, earlier, plan.minutes))
     for done, (scheme_name, length) in enumerate(cells, 1):
         begun = time.time()
-        for row in rows_for(plan, scheme_name, length):
+        for row in measure.rows_for(plan, scheme_name, length):
             rows.append(row)
             say(one_line(row))
         timings.append({"scheme": scheme_name, "length": length, "seconds": time.time() - begun})

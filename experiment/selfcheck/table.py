@@ -37,9 +37,13 @@ def markdown(result: dict) -> str:
     refused; the Pallas launch) below it."""
     plan = result["plan"]
     model = plan["model"]
-    verdict = ("**PASS**: every path the framework would use is within tolerance" if result["passed"] else
-               f"**FAIL**: {result['wrong']} row(s) WRONG: a path the framework would use computes something "
-               f"else on this machine")
+    if result["passed"]:
+        verdict = "**PASS**: every path the framework would use is within tolerance"
+    elif result["wrong"]:
+        verdict = (f"**FAIL**: {result['wrong']} row(s) WRONG: a path the framework would use computes something "
+                   f"else on this machine")
+    else:
+        verdict = "**FAIL**: nothing was checked (every row skipped, n/a or not run: see the notes)"
     lines = [
         f"# Self-check: {result['device']} ({result['backend']}, {result['devices']} device(s))", "",
         f"`python selfcheck.py{' --short' if plan['mode'] == 'short' else ''}`, {result['date']}, jax "

@@ -6,14 +6,14 @@ import json
 import numpy as np
 import pytest
 
-from experiment.selfcheck import check as selfcheck
+from experiment.selfcheck import check as selfcheck, measure
 
 
 def test_the_short_table_on_cpu(tmp_path, monkeypatch):
     """The short plan at one length that is no multiple of any tile, on auto's path there and the
     Pallas kernel (in the interpreter, errors only); every path: tests/experiment/selfcheck/test_check.py's
     slow test."""
-    monkeypatch.setattr(selfcheck, "PATHS", ("blockwise", "pallas"))
+    monkeypatch.setattr(measure, "PATHS", ("blockwise", "pallas"))
     plan = selfcheck.make_plan(short=True, schemes="alibi", lengths="40")
     assert plan.dtype == "float32" and plan.model["attention_block"] == 16 and plan.mode == "short"
     lines = []
@@ -51,16 +51,16 @@ def test_the_short_mode_of_the_command(tmp_path):
 def test_a_wrong_path_fails_the_run(tmp_path, monkeypatch):
     """A path computing something else (here blockwise, made to attend one key too far back) is WRONG,
     in the table and in the exit status."""
-    real = selfcheck.path_function
+    real = measure.path_function
 
     def wrong_blockwise(path, plan, launch=None):
         attend = real(path, plan, launch)
         if path != "blockwise":
             return attend
         return lambda q, k, v, qp, kp, s: attend(q, k, v, qp, kp - 1, s)
-    monkeypatch.setattr(selfcheck, "path_function", wrong_blockwise)
-    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
-    monkeypatch.setattr(selfcheck, "PATHS", ("dense", "blockwise"))
+    monkeypatch.setattr(measure, "path_function", wrong_blockwise)
+    monkeypatch.setattr(measure, "timed", lambda *args: {})
+    monkeypatch.setattr(measure, "PATHS", ("dense", "blockwise"))
     plan = selfcheck.make_plan(short=True, schemes="t5", lengths="24")
     result, status = selfcheck.run(plan, tmp_path, say=lambda line: None)
     assert status == 1 and result["wrong"] == 1
@@ -74,9 +74,10 @@ def test_a_refused_kernel_is_named_with_why_and_makes_the_status_3(tmp_path, mon
     from models.attention import choice, pallas, verify
     monkeypatch.setattr(pallas, "interpreted", lambda: False)
     monkeypatch.setattr(choice, "device_verdict", lambda *args: verify.Verdict(False, "mismatch", "dq wrong (planted)"))
-    monkeypatch.setattr(choice, "launch", lambda *args: pallas.Launch(block=16, interpret=True))
-    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
-    monkeypatch.setattr(selfcheck, "PATHS", ("dense", "pallas"))
+    from models.attention import tuning
+    monkeypatch.setattr(tuning, "device_launch", lambda *args: pallas.Launch(block=16, interpret=True))
+    monkeypatch.setattr(measure, "timed", lambda *args: {})
+    monkeypatch.setattr(measure, "PATHS", ("dense", "pallas"))
     lines = []
     result, status = selfcheck.run(selfcheck.make_plan(short=True, schemes="alibi", lengths="24"), tmp_path,
                                    say=lines.append)
@@ -86,16 +87,16 @@ def test_a_refused_kernel_is_named_with_why_and_makes_the_status_3(tmp_path, mon
 
 
 def test_rows_are_written_as_they_finish_so_a_crash_keeps_them(tmp_path, monkeypatch):
-    real, calls = selfcheck.rows_for, []
+    real, calls = measure.rows_for, []
 
     def crash_on_the_second(plan, scheme, length):
         calls.append(length)
         if len(calls) == 2:
             raise MemoryError("killed")
         return real(plan, scheme, length)
-    monkeypatch.setattr(selfcheck, "rows_for", crash_on_the_second)
-    monkeypatch.setattr(selfcheck, "timed", lambda *args: {})
-    monkeypatch.setattr(selfcheck, "PATHS", ("dense",))
+    monkeypatch.setattr(measure, "rows_for", crash_on_the_second)
+    monkeypatch.setattr(measure, "timed", lambda *args: {})
+    monkeypatch.setattr(measure, "PATHS", ("dense",))
     with pytest.raises(MemoryError):
         selfcheck.run(selfcheck.make_plan(short=True, schemes="alibi", lengths="24,40"), tmp_path, say=lambda x: None)
     saved = json.loads((tmp_path / "selfcheck_cpu_short.json").read_text())
@@ -109,17 +110,17 @@ def test_rows_are_judged_against_xla_paths_within_floor_and_cap():
             dict(path="pallas", status="ok", forward_error=0.011, gradient_error=0.0899),
             dict(path="fused", status="n/a"),
             dict(path="pallas", status="refused", forward_error=0.5, gradient_error=0.5)]
-    selfcheck.judge(rows, "bfloat16")  # bounds: 10 x the largest of XLA's, 0.006 and 0.009
+    measure.judge(rows, "bfloat16")  # bounds: 10 x the largest of XLA's, 0.006 and 0.009
     assert [r["status"] for r in rows] == ["ok", "ok", "ok", "n/a", "refused"]
     assert rows[0]["forward_bound"] == pytest.approx(0.06) and rows[0]["gradient_bound"] == pytest.approx(0.09)
     rows[2]["gradient_error"] = 0.0901
-    selfcheck.judge(rows, "bfloat16")
+    measure.judge(rows, "bfloat16")
     assert rows[2]["status"] == "WRONG"
     far_off = [dict(path="dense", status="ok", forward_error=0.2, gradient_error=0.001)]
-    selfcheck.judge(far_off, "bfloat16")  # XLA's own paths are held to the cap
+    measure.judge(far_off, "bfloat16")  # XLA's own paths are held to the cap
     assert far_off[0]["status"] == "WRONG" and far_off[0]["forward_bound"] == pytest.approx(0.1)
     alone = [dict(path="pallas", status="ok", forward_error=0.0, gradient_error=np.float64(0.004))]
-    selfcheck.judge(alone, "float32")  # no XLA path ran: the cap
+    measure.judge(alone, "float32")  # no XLA path ran: the cap
     assert alone[0]["status"] == "ok" and alone[0]["gradient_bound"] == pytest.approx(0.01)
 
 
@@ -154,8 +155,8 @@ def test_the_time_budget_runs_shortest_first_names_the_cells_left_and_estimates_
         clock[0] += length / 4
         return [{"scheme": scheme, "length": length, "path": "dense", "auto": "", "status": "ok", "note": "",
                  "forward_error": 0.0, "gradient_error": 0.0}]
-    monkeypatch.setattr(selfcheck, "rows_for", rows_taking)
-    monkeypatch.setattr(selfcheck, "PATHS", ("dense",))
+    monkeypatch.setattr(measure, "rows_for", rows_taking)
+    monkeypatch.setattr(measure, "PATHS", ("dense",))
     plan = selfcheck.make_plan(short=True, schemes="alibi,t5", lengths="240,24", minutes=1)  # 60 s
     lines = []
     result, status = selfcheck.run(plan, tmp_path, say=lines.append)
@@ -175,3 +176,15 @@ def test_the_time_budget_runs_shortest_first_names_the_cells_left_and_estimates_
     assert lines[0].endswith("about 2 min by an earlier run on this device; every cell is run (--minutes=0)")
     with pytest.raises(ValueError, match="flag --minutes=-1: must be"):
         selfcheck.make_plan(short=True, minutes=-1)
+
+
+def test_a_self_check_that_checked_nothing_does_not_pass(tmp_path):
+    """Issue 45: --memory_gb=0.000001 skipped every row and wrote PASS with exit status 0; a run that
+    checked no row fails, with exit status 4 and the reason in its closing line and table."""
+    plan = selfcheck.make_plan(short=True, schemes="alibi", lengths="24", memory_gb=0.000001)
+    lines = []
+    result, status = selfcheck.run(plan, tmp_path, say=lines.append)
+    assert status == 4 and not result["passed"] and result["checked"] == 0 and result["wrong"] == 0
+    assert {r["status"] for r in result["rows"]} <= {"skipped", "n/a"}
+    assert "nothing was checked: all 5 row(s) skipped, n/a or not run" in lines[-1]
+    assert "**FAIL**: nothing was checked" in (tmp_path / "selfcheck_cpu_short.md").read_text()
