@@ -24,6 +24,7 @@ from flax import nnx
 
 import posenc
 from models.attention.dense import Dropout
+from models.attention.launches import lowering_for_a_gpu
 from models.attention.pallas import Launch, pallas_attention
 
 LAYOUT = {"tt.splat", "tt.broadcast", "tt.expand_dims", "tt.reshape", "ttg.convert_layout", "tt.trans"}
@@ -79,7 +80,8 @@ def lowered_kernels(name: str, block: int, head_dim: int, dropout: bool) -> list
             return pallas_attention(q, k, v, pos, pos, nnx.merge(graphdef, state), drop, launch).astype(
                 jnp.float32).sum()
         x = jax.ShapeDtypeStruct((1, t, h, head_dim), jnp.bfloat16)
-        jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(state, x, x, x).lower(lowering_platforms=("cuda",))
+        with lowering_for_a_gpu():  # jax 0.11 asks for the target GPU
+            jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(state, x, x, x).lower(lowering_platforms=("cuda",))
     finally:
         registration.lowering.lower_jaxpr_to_triton_module = real
     return captured

@@ -1,7 +1,15 @@
 """The pure parts of the hand-run benchmarks (the benchmarks themselves are not run by CI)."""
+import json
+import os
+import pathlib
+import subprocess
+import sys
+import tarfile
+
 import jax
 import jax.numpy as jnp
 import numpy as np
+import pytest
 from flax import nnx
 
 from benchmarks.step_profile import torch_category, xla_category
@@ -97,13 +105,18 @@ def test_first_contact_tiny_compares_our_kernel_and_jaxs_with_the_reference(monk
     as not here; jax's kernel says it takes no bias for alibi."""
     from benchmarks import first_contact
     monkeypatch.setitem(first_contact.TINY, "shapes", ((2, 64),))
+    monkeypatch.setattr(first_contact, "enable_compilation_cache", lambda: None)  # this process's jax config kept
+    monkeypatch.setenv("LX_LAUNCH_CANDIDATES", "0")
     rows = {(r["scheme"], r["path"]): r for r in first_contact.main(["--tiny", "--schemes", "nope,alibi"])}
+    assert os.environ["LX_LAUNCH_CANDIDATES"] == "0"  # its one candidate only while it runs
     errors = {key: r["error"] for key, r in rows.items() if r["error"] is not None}
     assert set(errors) == {("nope", "ours (pallas)"), ("nope", "jax pallas mha"), ("alibi", "ours (pallas)")}
     assert all(0 < e < 1e-2 for e in errors.values())
     assert errors[("nope", "ours (pallas)")] == errors[("nope", "jax pallas mha")]  # the same rounding
     assert rows[("alibi", "cudnn")]["note"] == rows[("nope", "cudnn")]["note"] == "cuDNN is on NVIDIA GPUs only"
     assert rows[("alibi", "jax pallas mha")]["note"] == "takes no bias"
+    ours = rows[("nope", "ours (pallas)")]
+    assert ours["forward_tflop_per_s"] > 0 and ours["backward_tflop_per_s"] > 0  # timed apart
 
 
 def test_kernel_cost_counts_the_per_logit_operations_of_the_lowered_kernels():
@@ -118,7 +131,8 @@ def test_kernel_cost_counts_the_per_logit_operations_of_the_lowered_kernels():
     dropped = [kernel_cost.tile_ops(m, 64) for m in kernel_cost.lowered_kernels("nope", 64, 64, dropout=True)]
     assert len(plain) == len(dropped) == 3
     assert [c["dot"] for c in plain] == [2, 3, 4] and all(c["transcendental"] == 1 for c in plain)
-    assert all(d["int"] >= p["int"] + 8 for p, d in zip(plain, dropped))  # the hash: ~10 integer ops per logit
+    # the mask: 6 integer operations per logit (xor, multiply, shift, xor, multiply, compare; issue 46: was 10)
+    assert all(d["int"] == p["int"] + 6 for p, d in zip(plain, dropped))
 
 
 def test_throughput_times_each_schemes_logits_forward_and_backward():
@@ -126,3 +140,54 @@ def test_throughput_times_each_schemes_logits_forward_and_backward():
     (DAPE's transform: its MLP) differentiated, at a tiny shape."""
     from benchmarks.throughput import logits_seconds
     assert 0 < logits_seconds("dape", 16, 2, 1) < 5
+
+
+# ---- benchmarks/gpu_first_run.sh: the first GPU run, its dry run on a CPU -----------------------------
+
+GPU_RUN = pathlib.Path(__file__).resolve().parents[1] / "benchmarks" / "gpu_first_run.sh"
+
+
+def _gpu_run(out, *args, timeout=600):
+    return subprocess.run(["bash", str(GPU_RUN), "--dry-run", "--out", str(out), *args], capture_output=True,
+                          text=True, timeout=timeout, env={**os.environ, "PYTHON": sys.executable})
+
+
+def _archive(out) -> dict:
+    """{name: bytes} of the run's archive (what comes back from the GPU machine)."""
+    with tarfile.open(out / "gpu_first_run.tar.gz") as tar:
+        return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
+
+
+def test_gpu_first_run_dry_run_writes_a_summary_and_an_archive_as_each_section_ends(tmp_path):
+    """The script's cheap part in CI (its env section; every section: the slow test below): the
+    summary line per section, the archive of every file, the packages the image lacks unimportable,
+    and the launch command it documents under the device tool's 2,000 characters."""
+    result = _gpu_run(tmp_path, "--sections", "env")
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert summary.splitlines()[0].startswith("gpu_first_run ") and "\nenv: rc=0 " in summary
+    env = json.loads(_archive(tmp_path)["out/env.json"])
+    assert {"datasets", "gguf"} <= set(env["not_importable"]) and env["backend"] == "cpu"
+    launch = next(line.strip("# ").strip() for line in GPU_RUN.read_text().splitlines()
+                  if "bash .gpurun/benchmarks/gpu_first_run.sh" in line)
+    assert len(launch) < 2000 and "--wheels .whl" in launch
+    wrong = subprocess.run(["bash", str(GPU_RUN), "--nosuch"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "--dry-run" in wrong.stderr
+
+
+@pytest.mark.slow  # ~5 minutes on 2 cores: every section of the GPU run on tiny shapes, kernels interpreted
+def test_gpu_first_run_dry_run_runs_every_section(tmp_path):
+    result = _gpu_run(tmp_path, timeout=1800)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    for section in ("env", "check", "contact", "auto", "train", "selfcheck"):
+        assert f"\n{section}: rc=0 " in summary, summary
+    files = _archive(tmp_path)
+    assert {"out/env.json", "out/check_margins.json", "out/check_margins.md", "out/first_contact.json",
+            "out/auto.json", "out/train.json", "out/selfcheck/selfcheck_cpu_short.json"} <= set(files)
+    checks = json.loads(files["out/check_margins.json"])["checks"]
+    assert [(c["path"], c["status"]) for c in checks] == [("pallas", "passed"), ("fused", "passed")]
+    train = json.loads(files["out/train.json"])["rows"][0]
+    assert train["tokens_per_s"] > 0 and 0 < train["mfu"] and "attention_used" in train
+    auto = json.loads(files["out/auto.json"])["schemes"][0]
+    assert auto["train"] and auto["eval 1024"] and "error" not in auto

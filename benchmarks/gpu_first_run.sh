@@ -1,0 +1,132 @@
+#!/usr/bin/env bash
+# The first run on a GPU, in one command of about six minutes (at most nine) on one H100 or H200:
+#
+#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--sections LIST] [--budget SECONDS] [--dry-run]
+#
+# Sections, each in its own process with its own time limit (a crash or a hang ends that section
+# only), results written as each ends: DIR/summary.txt (one line per section: its exit status and
+# seconds) and DIR/gpu_first_run.tar.gz (every section's log and files, remade after each section):
+#   cputests  the CPU tests of the attention package, the self-check and the benchmarks' own (a
+#             subset: JAX_PLATFORMS=cpu, in the background while the GPU sections run)
+#   env       Python, jax and its plugins, the device, cuDNN, shared memory, nvidia-smi (env.json)
+#   check     the device check of every kernel path (pallas, pallas+dropout, fused: cuDNN) for
+#             alibi, t5 and rope at the paper's 8 heads of 128 in bfloat16, with margins
+#             (benchmarks.check_margins --compiled: check_margins.md / .json)
+#   contact   our kernel against jax's Pallas mha and cuDNN at 512 / 4k / 16k, forward and backward
+#             TFLOP/s, each path's verdict (benchmarks.first_contact: first_contact.json)
+#   auto      what model.attention=auto picks for the paper model's training step and why: the
+#             checks, the launch search, the race (benchmarks.gpu_run auto: auto.json)
+#   train     the paper model's training tokens/s and MFU for alibi, rope and t5 (train.json)
+#   selfcheck selfcheck.py --shape paper at 512 tokens for alibi, its exit status (selfcheck/)
+# --sections picks some (e.g. a rerun of what failed); --budget: no section starts after it, and
+# each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the launch search.
+#
+# On the lent machine (no network; Python 3.12 with jax 0.11.2 and its CUDA 13 plugin, Flax,
+# optax, orbax, torch; not ml-collections or tensorboardX): fill a wheel folder beside the tree
+# first, here, with the device README's pip download for Python 3.12 manylinux:
+#   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
+#       --platform manylinux_2_17_x86_64 -d .whl ml-collections tensorboardX
+# and launch (under 2,000 characters; the tree at HEAD in .gpurun, so that edits made meanwhile
+# do not travel):
+#   bash .gpurun/benchmarks/gpu_first_run.sh --wheels .whl --out "$OUT"
+# The wheels go to a folder of their own on PYTHONPATH (--target), the image's jax is used as it is.
+#
+# --dry-run (CI, a CPU): every section on tiny shapes with the kernels in Pallas' interpreter, the
+# packages the image lacks (datasets, gguf) made unimportable, cputests left out unless named.
+set -u
+ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+PY="${PYTHON:-python3}"
+OUT="" WHEELS="" SECTIONS="" DRY=0 BUDGET=390
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --out) OUT="$2"; shift 2 ;;
+    --wheels) WHEELS="$2"; shift 2 ;;
+    --sections) SECTIONS="$2"; shift 2 ;;
+    --budget) BUDGET="$2"; shift 2 ;;
+    --dry-run) DRY=1; shift ;;
+    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
+  esac
+done
+[ -n "$OUT" ] || OUT="$(mktemp -d)"
+if [ -z "$SECTIONS" ]; then
+  if [ "$DRY" = 1 ]; then SECTIONS=env,check,contact,auto,train,selfcheck; else SECTIONS=cputests,env,check,contact,auto,train,selfcheck; fi
+fi
+mkdir -p "$OUT"
+WORK="$(mktemp -d "${TMPDIR:-/tmp}/lx-gpu-run.XXXXXX")"
+START=$(date +%s)
+export PYTHONUNBUFFERED=1 LX_COMPILATION_CACHE="$WORK/xla-cache" LX_LAUNCH_CANDIDATES="${LX_LAUNCH_CANDIDATES:-2}"
+export PYTHONPATH="$ROOT${PYTHONPATH:+:$PYTHONPATH}"
+if [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
+  "$PY" -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$WORK/site" "$WHEELS"/*.whl \
+    && export PYTHONPATH="$PYTHONPATH:$WORK/site" || echo "gpu_first_run.sh: the wheels of $WHEELS did not install" >&2
+fi
+if [ "$DRY" = 1 ]; then
+  export JAX_PLATFORMS=cpu
+  for missing in datasets gguf; do  # not on the lent machine's image: importing them must fail here too
+    mkdir -p "$WORK/missing/$missing"
+    echo "raise ImportError('$missing is not on the GPU image (gpu_first_run.sh --dry-run)')" > "$WORK/missing/$missing/__init__.py"
+  done
+  export PYTHONPATH="$WORK/missing:$PYTHONPATH"
+fi
+cd "$ROOT" || exit 2
+wanted() { case ",$SECTIONS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
+pack() {  # every section's files in one archive, remade after each section (a killed run keeps the last)
+  if [ -d "$LX_COMPILATION_CACHE/kernel_checks" ]; then
+    mkdir -p "$WORK/out/kernel_checks" && cp -r "$LX_COMPILATION_CACHE/kernel_checks/." "$WORK/out/kernel_checks/"
+  fi
+  cp "$WORK/out/summary.txt" "$OUT/summary.txt"
+  tar -czf "$OUT/.gpu_first_run.tar.gz" -C "$WORK" out && mv "$OUT/.gpu_first_run.tar.gz" "$OUT/gpu_first_run.tar.gz"
+}
+mkdir -p "$WORK/out"
+echo "gpu_first_run $(date -u +%FT%TZ) dry_run=$DRY sections=$SECTIONS budget=${BUDGET}s candidates=$LX_LAUNCH_CANDIDATES" | tee "$WORK/out/summary.txt"
+section() {  # section NAME CAP_SECONDS COMMAND...: run it within min(CAP, what the budget has left)
+  local name="$1" cap="$2"; shift 2
+  wanted "$name" || return 0
+  local left=$(( BUDGET - ($(date +%s) - START) ))
+  if [ "$DRY" != 1 ] && [ "$left" -lt 25 ]; then
+    echo "$name: not run (${left}s of the budget left)" | tee -a "$WORK/out/summary.txt"; pack; return 0
+  fi
+  [ "$DRY" != 1 ] && [ "$cap" -gt "$left" ] && cap=$left
+  local began=$(date +%s)
+  echo "== $name (at most ${cap}s): $*"
+  timeout -k 10 "$cap" "$@" > "$WORK/out/$name.log" 2>&1
+  local rc=$?
+  tail -n 25 "$WORK/out/$name.log"
+  echo "$name: rc=$rc $(( $(date +%s) - began ))s$([ $rc = 124 ] && echo " (cut at ${cap}s)")" | tee -a "$WORK/out/summary.txt"
+  pack
+}
+if wanted cputests; then  # in the background, on the CPU only (on half the cores where there are 8 or more)
+  CPU_TESTS="tests/models/attention/test_paths.py tests/models/attention/test_fused.py tests/models/attention/test_dropout_mask.py tests/models/attention/test_tuning.py tests/models/attention/test_choice.py tests/experiment/selfcheck/test_check.py tests/test_imports.py"
+  [ "$DRY" = 1 ] && CPU_TESTS="tests/models/attention/test_dropout_mask.py"
+  CORES=$(nproc 2>/dev/null || echo 1); PIN=""
+  [ "$CORES" -ge 8 ] && command -v taskset >/dev/null && PIN="taskset -c $(( CORES / 2 ))-$(( CORES - 1 ))"
+  ( began=$(date +%s); JAX_PLATFORMS=cpu timeout -k 10 240 $PIN "$PY" -m pytest -q -p no:cacheprovider -m "not slow" -n 6 $CPU_TESTS \
+      > "$WORK/out/cputests.log" 2>&1; echo "cputests: rc=$? $(( $(date +%s) - began ))s ($CPU_TESTS)" > "$WORK/out/cputests.rc" ) &
+  CPU_PID=$!
+fi
+M="$WORK/out"
+if [ "$DRY" = 1 ]; then
+  section env 300 "$PY" -m benchmarks.gpu_run env --out "$M"
+  section check 600 "$PY" -m benchmarks.check_margins --heads 2 --head_dim 16 --block 8 --schemes alibi --paths pallas,fused --out "$M/check_margins.md" --json "$M/check_margins.json"
+  section contact 600 "$PY" -m benchmarks.first_contact --tiny --schemes nope --out "$M/first_contact.json"
+  section auto 600 "$PY" -m benchmarks.gpu_run auto --shrink --schemes alibi --eval_lengths 1024 --out "$M"
+  section train 600 "$PY" -m benchmarks.gpu_run train --shrink --schemes alibi --repeats 1 --out "$M"
+  section selfcheck 600 "$PY" selfcheck.py --short --schemes alibi --lengths 24 --out "$M/selfcheck"
+else
+  section env 30 "$PY" -m benchmarks.gpu_run env --out "$M"
+  section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 --schemes alibi,t5,rope --paths pallas,pallas+dropout,fused --out "$M/check_margins.md" --json "$M/check_margins.json"
+  section contact 110 "$PY" -m benchmarks.first_contact --schemes rope,alibi,t5 --out "$M/first_contact.json"
+  section auto 90 "$PY" -m benchmarks.gpu_run auto --schemes alibi,rope,t5 --out "$M"
+  section train 170 "$PY" -m benchmarks.gpu_run train --schemes alibi,rope,t5 --repeats 10 --out "$M"
+  section selfcheck 100 "$PY" selfcheck.py --shape paper --schemes alibi --lengths 512 --minutes 1 --out "$M/selfcheck"
+fi
+if [ -n "${CPU_PID:-}" ]; then
+  wait "$CPU_PID"
+  cat "$WORK/out/cputests.rc" >> "$WORK/out/summary.txt" 2>/dev/null || echo "cputests: no result" >> "$WORK/out/summary.txt"
+  tail -n 5 "$WORK/out/cputests.log"
+fi
+echo "total: $(( $(date +%s) - START ))s" >> "$WORK/out/summary.txt"
+pack
+echo "== summary ($OUT/summary.txt, every file in $OUT/gpu_first_run.tar.gz)"
+cat "$WORK/out/summary.txt"
+rm -rf "$WORK"
