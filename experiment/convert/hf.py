@@ -5,14 +5,16 @@ config.json is the typed config with the checkpoint's model section, its rope as
 options (posenc), `train.seq_len` = max_position_embeddings (the window it was trained at) and
 `data.tokenizer="pretrained"`, the other sections at their defaults (the demo's built-in corpus
 unless `data` says otherwise); tokenizer.json is the checkpoint's tokenizer (the `pretrained`
-kind, corpora/tokenizers.py); checkpoints/ holds step 0: the parameters, a fresh optimizer state
-and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports and a fine-tune
+kind, corpora/tokenizers.py), with the checkpoint's chat template (chat_template.jinja) and special
+tokens (special_tokens_map.json) beside it where it has them; checkpoints/ holds step 0: the
+parameters, a fresh optimizer state and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports and a fine-tune
 from it (`train.init_from=WORKDIR`) then work on it as on any run.
 
 `export_hf(workdir, out, overrides)` writes the run's newest checkpoint in HF's format
 (models/formats/hf.py), its rope options (with any eval-time overrides) as HF's rope_parameters, and its
-tokenizer as tokenizer.json beside it: an imported run, a fine-tune of one, or a run trained here
-with a Llama-family or GPT-NeoX block (any tokenizer kind).
+tokenizer as tokenizer.json beside it (with the chat template and special tokens import kept): an
+imported run, a fine-tune of one, or a run trained here with a Llama-family or GPT-NeoX block (any
+tokenizer kind). experiment/convert/gguf.py writes the same as a GGUF file.
 """
 from __future__ import annotations
 
@@ -37,10 +39,12 @@ from experiment.store.run import RunDir, RunError
 from experiment.train.optimizer import make_optimizer
 from models.formats import hf
 from models.formats.hf_mapping import HFError, rope_options
+from models.generation.chat import TEMPLATE_FILE
 
 log = logging.getLogger(__name__)
 
 DATA_KEYS = ("source", "path", "name", "hf_config", "text_column")  # what `data` may set
+SPECIAL_TOKENS_FILE = "special_tokens_map.json"  # a run's, as HF names it: {"bos_token": "<s>", ...}
 
 
 # --- the checkpoint's tokenizer ----------------------------------------------------------------
@@ -152,6 +156,57 @@ def check_data(config: Config) -> None:
     raise corpora.DataError(message.replace("--config.data.", "data."))
 
 
+def special_tokens(config: dict, tokenizer, folder: pathlib.Path) -> dict[str, str]:
+    """The checkpoint's BOS, unknown and padding tokens as HF's special_tokens_map.json names them
+    (`bos_token`: its text, ...): from config.json's ids (a GGUF file's tokenizer.ggml.*_token_id), else
+    from `folder`'s tokenizer_config.json."""
+    named = {}
+    extra = pathlib.Path(folder) / "tokenizer_config.json"
+    try:
+        named = json.loads(extra.read_text()) if extra.is_file() else {}
+    except (OSError, ValueError):
+        pass
+    kept = {}
+    for key in ("bos", "unk", "pad"):
+        index = config.get(f"{key}_token_id")
+        index = (index[0] if index else None) if isinstance(index, list) else index
+        token = tokenizer.id_to_token(int(index)) if isinstance(index, int) else None
+        if token is None and isinstance(named, dict):
+            token = named.get(f"{key}_token")
+            token = token.get("content") if isinstance(token, dict) else token
+        if isinstance(token, str) and tokenizer.token_to_id(token) is not None:
+            kept[f"{key}_token"] = token
+    return kept
+
+
+def keep_tokenizer_files(staging: pathlib.Path, config: dict, tokenizer, folder: pathlib.Path,
+                         chat_template: str | None) -> None:
+    """Beside the run's tokenizer.json, what a GGUF export of it needs and the tokenizer does not hold:
+    the chat template (chat_template.jinja, as models/generation/chat.py reads a run's) and the special
+    tokens (special_tokens_map.json, `special_tokens`), each only where the checkpoint has one."""
+    if chat_template:
+        files.write_atomically(staging / TEMPLATE_FILE, chat_template)
+    kept = special_tokens(config, tokenizer, folder)
+    if kept:
+        files.write_atomically(staging / SPECIAL_TOKENS_FILE, json.dumps(kept, indent=1) + "\n")
+
+
+def kept_special_tokens(run: RunDir) -> dict[str, str]:
+    """The run's special_tokens_map.json (`keep_tokenizer_files`), {} where it has none; a damaged one
+    is refused naming it."""
+    path = run.path / SPECIAL_TOKENS_FILE
+    if not path.is_file():
+        return {}
+    try:
+        kept = json.loads(path.read_text())
+    except ValueError as e:
+        raise RunError(f"{path}: not JSON ({e}); delete it to export without its special tokens") from None
+    if not isinstance(kept, dict) or not all(isinstance(v, str) for v in kept.values()):
+        raise RunError(f"{path}: expected {{\"bos_token\": \"<s>\", ...}}; delete it to export without its special "
+                       f"tokens")
+    return kept
+
+
 def _refuse_existing(workdir: pathlib.Path) -> None:
     if RunDir(workdir).exists():
         raise RunError(f"{workdir} already holds a run; import into a new --workdir (or delete this one)")
@@ -171,7 +226,8 @@ def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_paramet
     _refuse_existing(workdir)
     given = given_tokenizer(tokenizer) if tokenizer is not None else None
     # HFError on any bad checkpoint; a GGUF file's metadata comes as config.json's dict
-    model, hf_tokenizer, hf_cfg, folder = hf.load_checkpoint(src, rope_parameters=rope_parameters, dtype=dtype)
+    model, hf_tokenizer, hf_cfg, folder, chat_template = hf.load_checkpoint(src, rope_parameters=rope_parameters,
+                                                                            dtype=dtype)
     config = run_config(hf_cfg, rope_parameters, dtype, data)
     check_data(config)
     hf_tokenizer, tokenizer_folder = given if given is not None else (hf_tokenizer, folder)
@@ -187,6 +243,7 @@ def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_paramet
         run = RunDir(staging, writer=True)
         staging.mkdir()
         corpora.save_tokenizer(tokenizer, run.tokenizer_path)
+        keep_tokenizer_files(staging, hf_cfg, hf_tokenizer, tokenizer_folder, chat_template)
         mngr = checkpoints.manager(staging)
         checkpoints.save(mngr, 0, params, opt_state, {"step": 0, "data_position": 0, "seed": int(config.seed)})
         mngr.close()
@@ -282,11 +339,17 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
         tokenizer = scoring.tokenizer
         hf_tokenizer = tokenizer.hf_tokenizer()
         files.write_atomically(staging / "tokenizer.json", hf_tokenizer.to_str())
+        special = kept_special_tokens(run)
         # the generic fast tokenizer, so that transformers' AutoTokenizer takes tokenizer.json as it is
         files.write_atomically(staging / "tokenizer_config.json", json.dumps(
-            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id)}))
+            {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": hf_tokenizer.id_to_token(tokenizer.eos_id),
+             **special}))
+        if (run.path / TEMPLATE_FILE).is_file():
+            files.write_atomically(staging / TEMPLATE_FILE, (run.path / TEMPLATE_FILE).read_text())
         exported = json.loads((staging / "config.json").read_text())
         exported["eos_token_id"] = tokenizer.eos_id
+        for key, token in special.items():  # bos_token -> bos_token_id, ...
+            exported[f"{key}_id"] = hf_tokenizer.token_to_id(token)
         files.write_atomically(staging / "config.json", json.dumps(exported, indent=2) + "\n")
     log.info("exported %s at step %d to %s", run.path, scoring.step, out)
     return out

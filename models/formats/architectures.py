@@ -45,12 +45,14 @@ class GGUFForm:
     (gguf.py); `rotary_rows_interleaved`: the query and key weights' rows (and biases) reordered so
     that rotary pairs are adjacent (llama.cpp's Llama; HF's pairs lie half a head apart);
     `norm_offset`: stored norm weights = HF's + offset (Gemma's 1 + w); `derived`: config.json keys
-    that follow from the others (read only)."""
+    that follow from the others (read only); `rope_freqs`: llama.cpp reads per-frequency divisors
+    (tensor rope_freqs.weight: Llama 3's scaling) for it (an export of such scaling needs it)."""
     name: str
     keys: tuple[MetadataKey, ...] = (RMS_EPSILON,)
     rotary_rows_interleaved: bool = False
     norm_offset: float = 0.0
     derived: Callable[[dict], dict] | None = None
+    rope_freqs: bool = False
 
 
 @dataclasses.dataclass(frozen=True)
@@ -220,7 +222,7 @@ GEMMA3_GGUF = GGUFForm("gemma3", norm_offset=1.0, derived=gemma3_query_scale, ke
 
 ARCHITECTURES: dict[str, Architecture] = {  # export takes the first row that fits: Llama before Mistral
     "llama": Architecture("LlamaForCausalLM", "llama", llama_block, LLAMA_WEIGHTS, llama_keys,
-                          gguf=GGUFForm("llama", rotary_rows_interleaved=True)),
+                          gguf=GGUFForm("llama", rotary_rows_interleaved=True, rope_freqs=True)),
     "mistral": Architecture("MistralForCausalLM", "mistral", mistral_block, LLAMA_WEIGHTS, mistral_keys),
     "qwen2": Architecture("Qwen2ForCausalLM", "qwen2", qwen2_block, LLAMA_WEIGHTS, llama_keys,
                           unapplied_window=qwen2_unapplied_window, gguf=GGUFForm("qwen2")),

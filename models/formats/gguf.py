@@ -165,10 +165,10 @@ class GGUFCheckpoint:
             "attention_bias": "blk.0.attn_q.bias" in self._tensors, "mlp_bias": False,
             "rope_parameters": {**self._rope_parameters(context), "rope_theta": _f32(self._key("rope.freq_base", 1e4))},
         }
-        for which in ("bos", "eos"):
+        for which, key in (("bos", "bos"), ("eos", "eos"), ("padding", "pad"), ("unknown", "unk")):  # as config.json
             token = self.meta.get(f"tokenizer.ggml.{which}_token_id")
             if token is not None:
-                config[f"{which}_token_id"] = int(token)
+                config[f"{key}_token_id"] = int(token)
         form: GGUFForm = self.row.gguf
         for key in form.keys:  # the architecture's own keys
             value = self._key(key.suffix, key.default) if key.default is not None else self._need(key.suffix)

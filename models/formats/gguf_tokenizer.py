@@ -37,13 +37,14 @@ def _split_then_bytes(pattern: str):
                                     _byte_level(use_regex=False)])
 
 
-# tokenizer.ggml.pre -> (pre-tokenizer, normalizer, BPE's ignore_merges); "gpt2" and "default": GPT-2's
-# own split (ByteLevel's regex); "smollm": every digit alone first; "llama-bpe": Llama 3's split
-# (numbers in threes) and whole words in the vocabulary taken as they are; "qwen2": Qwen2's split
-# (single digits) after NFC, as its tokenizer.json has it.
+# tokenizer.ggml.pre -> (pre-tokenizer, normalizer, BPE's ignore_merges); "gpt-2" (llama.cpp's name),
+# "gpt2" and "default": GPT-2's own split (ByteLevel's regex); "smollm": every digit alone first;
+# "llama-bpe": Llama 3's split (numbers in threes) and whole words in the vocabulary taken as they
+# are; "qwen2": Qwen2's split (single digits) after NFC, as its tokenizer.json has it.
 PRE_TOKENIZERS = {
     "default": lambda: (_byte_level(), None, False),
     "gpt2": lambda: (_byte_level(), None, False),
+    "gpt-2": lambda: (_byte_level(), None, False),  # llama.cpp's name of GPT-2's split (its converter writes it)
     "smollm": lambda: (pre_tokenizers.Sequence([pre_tokenizers.Digits(individual_digits=True), _byte_level()]),
                        None, False),
     "llama-bpe": lambda: (_split_then_bytes(_LLAMA3_SPLIT), None, True),

@@ -30,6 +30,7 @@ from models.formats import packaged
 from models.formats.gguf import GGUFCheckpoint, is_gguf
 from models.formats.hf_mapping import (ARCHITECTURES, RULES, Heads, HFError, architecture, architecture_of,
                                        hf_config, model_config, read_config, rope_options, rows, unapplied_window)
+from models.generation.chat import ChatTemplateError, template_of
 
 __all__ = ["load", "load_checkpoint", "export", "HFError", "ARCHITECTURES", "posenc_config"]
 
@@ -149,6 +150,7 @@ class Loaded(NamedTuple):
     tokenizer: Any   # a tokenizers.Tokenizer, or None (a folder without tokenizer.json)
     config: dict     # config.json's dict; a GGUF file's metadata in that form
     source: Path     # the checkpoint's folder, or the GGUF file
+    chat_template: str | None = None  # the checkpoint's (models/generation/chat.py), None where it has none
 
 
 def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype: str = "float32") -> Loaded:
@@ -192,7 +194,13 @@ def load_checkpoint(path: str | Path, rope_parameters: dict | None = None, dtype
     if flat:
         raise HFError(f"no {row.hf_name} tensor maps to the parameter(s) {', '.join(sorted(flat))}")
     model = nnx.merge(graphdef, nnx.from_flat_state(loaded))
-    return Loaded(model, source.tokenizer if source else tokenizer(folder), config, folder)
+    try:
+        template = source.meta.get("tokenizer.chat_template") if source else template_of(folder)
+    except ChatTemplateError as e:  # a damaged tokenizer_config.json costs the template, not the model
+        log.warning("%s; loaded without its chat template", e)
+        template = None
+    return Loaded(model, source.tokenizer if source else tokenizer(folder), config, folder,
+                  template if isinstance(template, str) else None)
 
 
 def params_by_path(model: nnx.Module) -> dict[str, jax.Array]:
@@ -200,11 +208,9 @@ def params_by_path(model: nnx.Module) -> dict[str, jax.Array]:
     return {".".join(map(str, k)): v.get_value() for k, v in nnx.to_flat_state(nnx.state(model, nnx.Param))}
 
 
-def export(model: DecoderLM, out_dir: str | Path, rope_parameters: dict | None = None) -> Path:
-    """Write `model` (a DecoderLM whose block is that of an exported row of ARCHITECTURES, positional
-    scheme `rope`) in HF's format: config.json and model.safetensors (the weight tables read backwards), in
-    `out_dir`, which is returned. `rope_parameters`: HF's rope dict to record (default
-    {"rope_type": "default"}); rope_theta and partial_rotary_factor come from the model's scheme."""
+def hf_tensors(model: DecoderLM, rope_parameters: dict | None = None) -> tuple[dict, dict[str, jax.Array]]:
+    """(config.json, the tensors by HF name) of `model`, as `export` writes them (the GGUF writer,
+    models/formats/gguf_writer.py, takes them from here too)."""
     if model.scheme.name != "rope":
         raise HFError(f"positional scheme {model.scheme.name!r} has no Hugging Face form; only rope exports")
     cfg, options = model.cfg, model.scheme.options
@@ -219,6 +225,15 @@ def export(model: DecoderLM, out_dir: str | Path, rope_parameters: dict | None =
             tensors.update(zip(names, RULES[rule].to_hf(ours.pop(path), heads)))
     if ours:
         raise HFError(f"no {config['architectures'][0]} tensor holds the parameter(s) {', '.join(sorted(ours))}")
+    return config, tensors
+
+
+def export(model: DecoderLM, out_dir: str | Path, rope_parameters: dict | None = None) -> Path:
+    """Write `model` (a DecoderLM whose block is that of an exported row of ARCHITECTURES, positional
+    scheme `rope`) in HF's format: config.json and model.safetensors (the weight tables read backwards), in
+    `out_dir`, which is returned. `rope_parameters`: HF's rope dict to record (default
+    {"rope_type": "default"}); rope_theta and partial_rotary_factor come from the model's scheme."""
+    config, tensors = hf_tensors(model, rope_parameters)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")

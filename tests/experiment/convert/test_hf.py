@@ -84,7 +84,8 @@ def test_imported_run_gives_the_stored_logits(tmp_path, arch, case):
 
 def test_run_directory_holds_config_tokenizer_and_step_0(tmp_path):
     run = import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run")
-    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "config.json", "tokenizer.json"]
+    assert sorted(p.name for p in run.path.iterdir()) == ["checkpoints", "config.json", "special_tokens_map.json",
+                                                          "tokenizer.json"]  # the fixture's bos_token_id 1 kept
     assert [p.name for p in tmp_path.iterdir() if p.name.startswith(".")] == []  # no staging folder left
     import jax
     from flax import nnx
