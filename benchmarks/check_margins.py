@@ -88,6 +88,7 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--block", type=int, default=16, help="the interpreter's tiles (not --compiled)")
     ap.add_argument("--schemes", default="", help="comma-separated (default: every scheme the kernel takes)")
     ap.add_argument("--paths", default="pallas,pallas+dropout", help="checks: pallas, pallas+dropout, fused")
+    ap.add_argument("--pairs", default="", help="scheme:check,... in this order (instead of --schemes x --paths)")
     ap.add_argument("--compiled", action="store_true", help="the compiled kernels (a GPU)")
     ap.add_argument("--out", default="", help="the markdown table")
     ap.add_argument("--json", default="", help="every verdict")
@@ -101,24 +102,26 @@ def main(argv=None) -> list[dict]:
           f"{args.head_dim}", flush=True)
     print("\n".join(lines), flush=True)
     records = []
-    for name in names:
-        scheme = build(name, args.heads, args.head_dim)
+    pairs = ([tuple(p.split(":")) for p in args.pairs.split(",")] if args.pairs else
+             [(name, path) for name in names for path in args.paths.split(",")])
+    schemes = {}
+    for name, path in pairs:
+        scheme = schemes.setdefault(name, build(name, args.heads, args.head_dim))
         launch = the_launch(args.compiled, scheme, dtype, args.block)
-        for path in args.paths.split(","):
-            checked = launch if PATHS[path.partition("+")[0]].tuned else None
-            # compiled: through the machine's cache of verdicts, which the runs after this one read
-            verdict = (verdicts.verified if args.compiled else verify.check)(path, scheme, dtype, checked)
-            length = verify.check_length(path, scheme, dtype, max(checked.tiles) if checked else 64)
-            line, record = row_of(name, path, verdict, length)
-            record["launch"] = checked.label if checked else None
-            lines.append(line)
-            records.append(record)
-            print(line + (f"  {verdict.reason}" if verdict.reason else ""), flush=True)
-            if args.json:  # as it goes: a run cut short keeps what it checked
-                pathlib.Path(args.json).write_text(json.dumps({"device": jax.devices()[0].device_kind,
-                                                               "jax": jax.__version__, "dtype": dtype.name,
-                                                               "heads": args.heads, "head_dim": args.head_dim,
-                                                               "checks": records}, indent=1, default=str))
+        checked = launch if PATHS[path.partition("+")[0]].tuned else None
+        # compiled: through the machine's cache of verdicts, which the runs after this one read
+        verdict = (verdicts.verified if args.compiled else verify.check)(path, scheme, dtype, checked)
+        length = verify.check_length(path, scheme, dtype, max(checked.tiles) if checked else 64)
+        line, record = row_of(name, path, verdict, length)
+        record["launch"] = checked.label if checked else None
+        lines.append(line)
+        records.append(record)
+        print(line + (f"  {verdict.reason}" if verdict.reason else ""), flush=True)
+        if args.json:  # as it goes: a run cut short keeps what it checked
+            pathlib.Path(args.json).write_text(json.dumps({"device": jax.devices()[0].device_kind,
+                                                           "jax": jax.__version__, "dtype": dtype.name,
+                                                           "heads": args.heads, "head_dim": args.head_dim,
+                                                           "checks": records}, indent=1, default=str))
     if args.out:
         pathlib.Path(args.out).write_text("\n".join(lines) + "\n")
     return records

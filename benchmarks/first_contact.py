@@ -49,13 +49,22 @@ def positions(q) -> jax.Array:
     return jnp.broadcast_to(jnp.arange(q.shape[1], dtype=jnp.int32), q.shape[:2])
 
 
-def reference(q, k, v, scheme):
+_REFERENCES: dict = {}
+
+
+def reference(q, k, v, scheme) -> np.ndarray:
     """Causal dense attention in float32 at the highest precision, in query chunks (experiment's
-    self-check reference): the numbers every path is compared with."""
+    self-check reference): the numbers every path is compared with; once per scheme and shape (every
+    path of a row group gets the same inputs)."""
     from experiment.selfcheck.measure import reference_attention
-    pos = positions(q)
-    with jax.default_matmul_precision("highest"):
-        return reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), pos, pos, scheme)
+    key = (scheme.name, q.shape)
+    if key not in _REFERENCES:
+        pos = positions(q)
+        with jax.default_matmul_precision("highest"):
+            out = reference_attention(*(x.astype(jnp.float32) for x in (q, k, v)), pos, pos, scheme)
+        _REFERENCES.clear()  # one at a time: at 16k tokens it is large
+        _REFERENCES[key] = np.asarray(out, np.float64)
+    return _REFERENCES[key]
 
 
 def ours(q, k, v, scheme, launch):
@@ -107,6 +116,14 @@ def verdict_of(path: str, scheme, dtype, launch: Launch | None, gpu: bool) -> st
     return verdict.status if verdict.ok else f"{verdict.status}: {verdict.reason[:160]}"
 
 
+def cached_verdict(path: str, scheme, dtype, launch: Launch | None, gpu: bool) -> str:
+    """`verdict_of` where the machine's cache has it (an earlier check), else 'not checked here'."""
+    if not gpu or path == "jax pallas mha":
+        return ""
+    key = verdicts.cache_key("check", scheme, dtype, launch, "pallas" if path.startswith("ours") else "fused")
+    return verdict_of(path, scheme, dtype, launch, gpu) if verdicts.read_cached(key) else "not checked here"
+
+
 def measure(name, attend, scheme, shape, dtype, check: str = "") -> dict:
     """One row: the forward error against the reference, forward and backward TFLOP/s."""
     (rows, length), heads, head_dim = shape, scheme.dims.num_heads, scheme.dims.head_dim
@@ -117,7 +134,7 @@ def measure(name, attend, scheme, shape, dtype, check: str = "") -> dict:
     q, k, v = (jnp.asarray(rng.standard_normal((rows, length, heads, head_dim)), dtype) for _ in range(3))
     started = time.perf_counter()
     try:
-        want = np.asarray(reference(q, k, v, scheme), np.float64)
+        want = reference(q, k, v, scheme)
         got = np.asarray(jax.jit(lambda q, k, v: attend(q, k, v, scheme))(q, k, v).astype(jnp.float32), np.float64)
         error = float(np.max(np.abs(got - want)) / np.max(np.abs(want)))
         graphdef, params, rest = nnx.split(scheme, nnx.Param, ...)
@@ -146,6 +163,9 @@ def main(argv=None) -> list[dict]:
     ap.add_argument("--tiny", action="store_true", help="small shapes, any machine (our kernel interpreted off GPU)")
     ap.add_argument("--schemes", default=",".join(SCHEMES))
     ap.add_argument("--candidates", type=int, default=1, help="launch candidates of each kind to time (0: all)")
+    ap.add_argument("--pairs", default="", help="scheme:path,... to run, path one of ours, mha, cudnn (default: all)")
+    ap.add_argument("--shapes", default="", help="rows x tokens,... (default 8x512,1x4096,1x16384)")
+    ap.add_argument("--no_check", action="store_true", help="the verdict column from the machine's cache only")
     ap.add_argument("--out", default="", help="the JSON file (default: benchmarks/results/first_contact_<device>)")
     args = ap.parse_args(argv)
     earlier, os.environ["LX_LAUNCH_CANDIDATES"] = os.environ.get("LX_LAUNCH_CANDIDATES"), str(args.candidates)
@@ -166,6 +186,10 @@ def _run(args) -> list[dict]:
     dtype = jnp.bfloat16
     device = jax.devices()[0].device_kind
     out = pathlib.Path(args.out) if args.out else common.RESULTS / f"first_contact_{slug(device)}.json"
+    if args.shapes:
+        shapes = tuple(tuple(int(x) for x in shape.split("x")) for shape in args.shapes.split(","))
+    wanted = {tuple(p.split(":")) for p in args.pairs.split(",")} if args.pairs else None
+    short = {"ours (pallas)": "ours", "jax pallas mha": "mha", "cudnn": "cudnn"}
     rows = []
     print(f"{device}, jax {jax.__version__}, {heads} heads of {head_dim}, bfloat16", flush=True)
     for name in args.schemes.split(","):
@@ -175,18 +199,23 @@ def _run(args) -> list[dict]:
         tiny = Launch(block=16 if args.tiny else 64, interpret=True)
         launch = (lambda b, t: tuning.device_launch(scheme, dtype, tuning.Workload(b, t))) if gpu else (lambda b, t: tiny)
         for path, attend in paths(name, gpu, launch).items():
+            if wanted is not None and (name, short[path]) not in wanted:
+                continue
             for b, t in shapes:
                 used = launch(b, t) if path.startswith("ours") else None
-                check = verdict_of(path, scheme, dtype, used, gpu) if not isinstance(attend, str) else ""
+                check = ""
+                if not isinstance(attend, str):
+                    check = cached_verdict(path, scheme, dtype, used, gpu) if args.no_check else verdict_of(
+                        path, scheme, dtype, used, gpu)
                 row = measure(path, attend, scheme, (b, t), dtype, check)
                 if used is not None:
                     row["launch"] = used.label
                 rows.append(row)
                 common.print_table([row], COLUMNS)
-        if args.out or not args.tiny:  # as it goes: a run cut short keeps its rows
-            out.parent.mkdir(parents=True, exist_ok=True)
-            out.write_text(json.dumps({"machine": common.machine(), "device": device, "rows": rows,
-                                              "seconds": time.perf_counter() - started}, indent=1))
+                if args.out or not args.tiny:  # as it goes: a run cut short keeps its rows
+                    out.parent.mkdir(parents=True, exist_ok=True)
+                    out.write_text(json.dumps({"machine": common.machine(), "device": device, "rows": rows,
+                                               "seconds": time.perf_counter() - started}, indent=1))
     if args.out or not args.tiny:
         print(f"wrote {out}")
     print(f"\n{time.perf_counter() - started:.0f} s")

@@ -18,8 +18,10 @@
 #             checks, the launch search, the race (benchmarks.gpu_run auto: auto.json)
 #   train     the paper model's training tokens/s and MFU for alibi, rope and t5 (train.json)
 #   selfcheck selfcheck.py --shape paper at 512 tokens for alibi, its exit status (selfcheck/)
-# --sections picks some (e.g. a rerun of what failed); --budget: no section starts after it, and
-# each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the launch search.
+# --sections picks some, run in the order given (e.g. a rerun of what failed, with LX_SCHEMES for auto
+# and train, LX_CHECK_ARGS and LX_CONTACT_ARGS replacing their selections); --budget: no section
+# starts after it, and each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the
+# launch search; LX_CPU_TESTS replaces cputests' list; LX_CAP_<SECTION> (LX_CAP_CHECK=130) its limit.
 #
 # On the lent machine (no network; Python 3.12 with jax 0.11.2 and its CUDA 13 plugin, Flax,
 # optax, orbax, torch; not ml-collections or tensorboardX): fill a wheel folder beside the tree
@@ -82,6 +84,7 @@ echo "gpu_first_run $(date -u +%FT%TZ) dry_run=$DRY sections=$SECTIONS budget=${
 section() {  # section NAME CAP_SECONDS COMMAND...: run it within min(CAP, what the budget has left)
   local name="$1" cap="$2"; shift 2
   wanted "$name" || return 0
+  local override="LX_CAP_${name^^}"; cap="${!override:-$cap}"  # LX_CAP_CHECK=130: another limit
   local left=$(( BUDGET - ($(date +%s) - START) ))
   if [ "$DRY" != 1 ] && [ "$left" -lt 25 ]; then
     echo "$name: not run (${left}s of the budget left)" | tee -a "$WORK/out/summary.txt"; pack; return 0
@@ -96,7 +99,7 @@ section() {  # section NAME CAP_SECONDS COMMAND...: run it within min(CAP, what 
   pack
 }
 if wanted cputests; then  # in the background, on the CPU only (on half the cores where there are 8 or more)
-  CPU_TESTS="tests/models/attention/test_paths.py tests/models/attention/test_fused.py tests/models/attention/test_dropout_mask.py tests/models/attention/test_tuning.py tests/models/attention/test_choice.py tests/experiment/selfcheck/test_check.py tests/test_imports.py"
+  CPU_TESTS="${LX_CPU_TESTS:-tests/models/attention/test_paths.py tests/models/attention/test_fused.py tests/models/attention/test_dropout_mask.py tests/models/attention/test_tuning.py tests/models/attention/test_choice.py tests/experiment/selfcheck/test_check.py tests/test_imports.py}"
   [ "$DRY" = 1 ] && CPU_TESTS="tests/models/attention/test_dropout_mask.py"
   CORES=$(nproc 2>/dev/null || echo 1); PIN=""
   [ "$CORES" -ge 8 ] && command -v taskset >/dev/null && PIN="taskset -c $(( CORES / 2 ))-$(( CORES - 1 ))"
@@ -105,21 +108,27 @@ if wanted cputests; then  # in the background, on the CPU only (on half the core
   CPU_PID=$!
 fi
 M="$WORK/out"
-if [ "$DRY" = 1 ]; then
-  section env 300 "$PY" -m benchmarks.gpu_run env --out "$M"
-  section check 600 "$PY" -m benchmarks.check_margins --heads 2 --head_dim 16 --block 8 --schemes alibi --paths pallas,fused --out "$M/check_margins.md" --json "$M/check_margins.json"
-  section contact 600 "$PY" -m benchmarks.first_contact --tiny --schemes nope --out "$M/first_contact.json"
-  section auto 600 "$PY" -m benchmarks.gpu_run auto --shrink --schemes alibi --eval_lengths 1024 --out "$M"
-  section train 600 "$PY" -m benchmarks.gpu_run train --shrink --schemes alibi --repeats 1 --out "$M"
-  section selfcheck 600 "$PY" selfcheck.py --short --schemes alibi --lengths 24 --out "$M/selfcheck"
-else
-  section env 30 "$PY" -m benchmarks.gpu_run env --out "$M"
-  section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 --schemes alibi,t5,rope --paths pallas,pallas+dropout,fused --out "$M/check_margins.md" --json "$M/check_margins.json"
-  section contact 110 "$PY" -m benchmarks.first_contact --schemes rope,alibi,t5 --out "$M/first_contact.json"
-  section auto 90 "$PY" -m benchmarks.gpu_run auto --schemes alibi,rope,t5 --out "$M"
-  section train 170 "$PY" -m benchmarks.gpu_run train --schemes alibi,rope,t5 --repeats 10 --out "$M"
-  section selfcheck 100 "$PY" selfcheck.py --shape paper --schemes alibi --lengths 512 --minutes 1 --out "$M/selfcheck"
-fi
+run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEMES, LX_CHECK_ARGS, LX_CONTACT_ARGS override)
+  if [ "$DRY" = 1 ]; then case "$1" in
+    env) section env 300 "$PY" -m benchmarks.gpu_run env --out "$M" ;;
+    check) section check 600 "$PY" -m benchmarks.check_margins --heads 2 --head_dim 16 --block 8 --schemes alibi --paths pallas,fused --out "$M/check_margins.md" --json "$M/check_margins.json" ;;
+    contact) section contact 600 "$PY" -m benchmarks.first_contact --tiny --schemes nope --out "$M/first_contact.json" ;;
+    auto) section auto 600 "$PY" -m benchmarks.gpu_run auto --shrink --schemes alibi --eval_lengths 1024 --out "$M" ;;
+    train) section train 600 "$PY" -m benchmarks.gpu_run train --shrink --schemes alibi --repeats 1 --out "$M" ;;
+    selfcheck) section selfcheck 600 "$PY" selfcheck.py --short --schemes alibi --lengths 24 --out "$M/selfcheck" ;;
+  esac; else case "$1" in
+    env) section env 30 "$PY" -m benchmarks.gpu_run env --out "$M" ;;
+    check) section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 \
+             ${LX_CHECK_ARGS:---schemes alibi,t5,rope --paths pallas,pallas+dropout,fused} --out "$M/check_margins.md" --json "$M/check_margins.json" ;;
+    contact) section contact 110 "$PY" -m benchmarks.first_contact ${LX_CONTACT_ARGS:---schemes rope,alibi,t5} --out "$M/first_contact.json" ;;
+    auto) section auto 90 "$PY" -m benchmarks.gpu_run auto --schemes "${LX_SCHEMES:-alibi,rope,t5}" --out "$M" ;;
+    train) section train 170 "$PY" -m benchmarks.gpu_run train --schemes "${LX_SCHEMES:-alibi,rope,t5}" --repeats 10 --out "$M" ;;
+    selfcheck) section selfcheck 100 "$PY" selfcheck.py --shape paper --schemes alibi --lengths 512 --minutes 1 --out "$M/selfcheck" ;;
+  esac; fi
+}
+for name in ${SECTIONS//,/ }; do  # in the order given
+  [ "$name" = cputests ] || run "$name"
+done
 if [ -n "${CPU_PID:-}" ]; then
   wait "$CPU_PID"
   cat "$WORK/out/cputests.rc" >> "$WORK/out/summary.txt" 2>/dev/null || echo "cputests: no result" >> "$WORK/out/summary.txt"

@@ -130,4 +130,5 @@ def lowering_for_a_gpu(device_kind: str = "NVIDIA H100"):
     to Triton without a GPU (tests, benchmarks.kernel_cost): from jax 0.11 Pallas' Triton lowering
     asks for the target GPU, given here as an abstract device of `device_kind`."""
     device = jax.sharding.AbstractDevice(device_kind=device_kind, num_cores=None, platform="gpu")
-    return jax.sharding.use_abstract_mesh(jax.sharding.AbstractMesh((1,), ("lowering",), abstract_device=device))
+    mesh = jax.sharding.AbstractMesh((1,), ("lowering",), (jax.sharding.AxisType.Auto,), abstract_device=device)
+    return jax.sharding.use_abstract_mesh(mesh)  # Auto: jax 0.11's default, Explicit, would type every sharding
