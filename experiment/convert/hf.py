@@ -7,8 +7,8 @@ options (posenc), `train.seq_len` = max_position_embeddings (the window it was t
 unless `data` says otherwise); tokenizer.json is the checkpoint's tokenizer (the `pretrained`
 kind, corpora/tokenizers.py), with the checkpoint's chat template (chat_template.jinja) and special
 tokens (special_tokens_map.json) beside it where it has them; checkpoints/ holds step 0: the
-parameters, a fresh optimizer state and meta {"step": 0, "data_position": 0, "seed"}. Evaluation, passkey, reports and a fine-tune
-from it (`train.init_from=WORKDIR`) then work on it as on any run.
+parameters, a fresh optimizer state and meta {"step": 0, "data_position": 0, "seed"}. Evaluation,
+passkey, reports and a fine-tune from it (`train.init_from=WORKDIR`) then work on it as on any run.
 
 `export_hf(workdir, out, overrides)` writes the run's newest checkpoint in HF's format
 (models/formats/hf.py), its rope options (with any eval-time overrides) as HF's rope_parameters, and its

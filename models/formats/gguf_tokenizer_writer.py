@@ -132,7 +132,8 @@ def tokenizer_metadata(tokenizer: Tokenizer, vocab_size: int, eos_id: int, speci
     bos, eos_added = _ends(tokenizer)
     ids = {"bos": bos, **{k: v for k, v in (special_ids or {}).items() if v is not None}, "eos": eos_id}
     special = {f"tokenizer.ggml.{name}_token_id": int(i) for name, i in ids.items() if i is not None}
-    special.update({"tokenizer.ggml.add_bos_token": bos is not None, "tokenizer.ggml.add_eos_token": eos_added is not None})
+    special.update({"tokenizer.ggml.add_bos_token": bos is not None,
+                    "tokenizer.ggml.add_eos_token": eos_added is not None})
     if spec["model"].get("byte_fallback"):
         meta = _sentencepiece(tokenizer, spec, tokens, types)
     else:

@@ -30,6 +30,7 @@ llama.cpp then runs at by default); it is otherwise the length the model was tra
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
 from pathlib import Path
 from typing import Any, Callable
@@ -164,6 +165,7 @@ class Prepared:
 
     def write(self, path: str | Path, progress: Callable[[int, int], None] | None = None) -> None:
         """Write the file at `path`, tensors one at a time; `progress(done, total)` after each."""
+        logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)  # its lines of what it writes: ours say it
         writer = gguf.GGUFWriter(str(path), self.arch)
         try:
             for key, value in self.metadata.items():
@@ -184,7 +186,8 @@ class Prepared:
 def _shape_metadata(config: dict, head_dim: int) -> dict[str, Any]:
     """The `{arch}.*` keys every architecture has, from config.json's dict (hf.py's export form)."""
     d, heads = config["hidden_size"], config["num_attention_heads"]
-    keys = {"vocab_size": config["vocab_size"], "embedding_length": d, "feed_forward_length": config["intermediate_size"],
+    keys = {"vocab_size": config["vocab_size"], "embedding_length": d,
+            "feed_forward_length": config["intermediate_size"],
             "block_count": config["num_hidden_layers"], "attention.head_count": heads,
             "attention.head_count_kv": config["num_key_value_heads"], "rope.dimension_count": head_dim,
             "rope.freq_base": float(config["rope_parameters"]["rope_theta"])}
@@ -215,7 +218,8 @@ def prepare(model, rope_parameters: dict, tokenizer_meta: dict[str, Any], tensor
                                                config["max_position_embeddings"])
     own = {key.suffix: config[key.config_key] for key in form.keys}
     arch_keys = {"context_length": context, **_shape_metadata(config, head_dim), **own, **scaling}
-    metadata = {"general.type": "model", **({"general.name": name} if name else {}), "general.file_type": int(file_type),
+    metadata = {"general.type": "model", **({"general.name": name} if name else {}),
+                "general.file_type": int(file_type),
                 "general.quantization_version": gguf.GGML_QUANT_VERSION,
                 **{f"{form.name}.{k}": v for k, v in arch_keys.items()}, **tokenizer_meta}
     names = gguf.get_tensor_name_map(gguf.MODEL_ARCH[form.name.upper()], config["num_hidden_layers"])
