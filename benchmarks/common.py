@@ -294,7 +294,10 @@ def cpu_model() -> dict:
     name = next((line.split(":", 1)[1].strip() for line in text.splitlines() if line.startswith("model name")), "")
     flags = next((line.split(":", 1)[1].split() for line in text.splitlines() if line.startswith("flags")), [])
     vector = next((f for f in ("avx512f", "avx2", "avx") if f in flags), "")
-    return {"cpu": name, "cores": os.cpu_count(), "vector": vector}
+    numbers = {key: next((line.split(":", 1)[1].strip() for line in text.splitlines()
+                          if line.split(":", 1)[0].strip() == key), "") for key in ("cpu family", "model")}
+    return {"cpu": name, "cpu_family": numbers["cpu family"], "cpu_model": numbers["model"], "cores": os.cpu_count(),
+            "vector": vector}
 
 
 def machine() -> dict:

@@ -99,9 +99,10 @@ class Source:
 def open_source(source: str | pathlib.Path) -> Source:
     """A run folder, a Hugging Face folder, a GGUF file or a packaged model's name, opened (module
     docstring). A run is read, not locked: generation writes nothing into it."""
-    run = RunDir(source)
-    if run.exists() and not (run.path / "model.safetensors").exists() and not (
-            run.path / "model.safetensors.index.json").exists():  # a Hugging Face folder has a config.json too
+    folder = pathlib.Path(source)
+    hf_folder = (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists()
+    if folder.is_dir() and (folder / "config.json").exists() and not hf_folder:  # (an HF folder has one too)
+        run = RunDir(folder)
         run.require_checkpoint()
         config = run.load_config()
         scoring = load_checkpoint(run, config, [int(config.train.seq_len)], {})

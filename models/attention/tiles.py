@@ -13,14 +13,16 @@ NEG_INF = -1e30  # the logit of a masked (query, key) pair, for every attention 
 
 
 def tile_logits(q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS, scheme: Scheme,
-                bias: jax.Array | None = None, context: tuple | None = None) -> jax.Array:
+                bias: jax.Array | None = None, context: tuple | None = None,
+                scores: jax.Array | None = None) -> jax.Array:
     """Logits of one (query block, key block) tile, float32 B x H x T x S: q k^T / sqrt(K), times
     the scheme's `logit_scale`, plus its `bias` (added after the scaling, as ALiBi specifies), or
     plus `bias` when given (a carried bias, computed by the caller), plus its `context_bias` where
     `context` = (the queries' token context, the keys') is given; a scheme that `transforms_logits`
-    turns the scaled scores and that total bias into the logits instead (DAPE)."""
-    logits_BxHxTxS = jnp.einsum("bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK,
-                                preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
+    turns the scaled scores and that total bias into the logits instead (DAPE). `scores`: q k^T /
+    sqrt(K) where the caller computed it (grouped-query keys, models/generation/attend.py)."""
+    logits_BxHxTxS = scores if scores is not None else jnp.einsum(
+        "bthk,bshk->bhts", q_BxTxHxK, k_BxSxHxK, preferred_element_type=jnp.float32) * q_BxTxHxK.shape[-1] ** -0.5
     scale = scheme.logit_scale(q_pos_BxT, k_pos_BxS)
     if scale is not None:
         logits_BxHxTxS = logits_BxHxTxS * scale

