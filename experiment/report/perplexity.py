@@ -9,7 +9,7 @@ import json
 import pathlib
 from collections import defaultdict
 
-from experiment.report import paper, plots
+from experiment.report import bands, paper, plots
 from experiment.report.runs import describe, label_runs, title, unit_names
 from experiment.store import files, records
 from experiment.store.run import RunDir
@@ -281,10 +281,11 @@ def _cell(value) -> str:
 
 
 def write(runs: list[dict], out: pathlib.Path, paper_mode: str = "auto") -> dict:
-    """OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md of `load_runs`' runs."""
+    """OUT/ppl_vs_length.png, OUT/loss_by_position.png and OUT/ppl_vs_length.md of `load_runs`' runs, and
+    OUT/ppl_by_band.md where records hold the loss by position band (experiment/report/bands.py)."""
     plots.save(perplexity_figure(runs, paper_mode), out / "ppl_vs_length.png")
     plots.save(positions_figure(runs), out / "loss_by_position.png")
     files.write_atomically(out / "ppl_vs_length.md", "# Perplexity vs. evaluation length\n\n"
                            + "Runs: " + ", ".join(_runs_note(r) for r in runs) + "\n\n" + table(runs, paper_mode))
     return {"png": str(out / "ppl_vs_length.png"), "md": str(out / "ppl_vs_length.md"),
-            "positions_png": str(out / "loss_by_position.png")}
+            "positions_png": str(out / "loss_by_position.png"), **bands.write(runs, out)}

@@ -6,11 +6,15 @@ damaged one is refused by name instead of failing deep in a report) and how file
 Every record carries what produced it (the header, experiment/evals/common.py): `scheme`,
 `train_length`, the checkpoint `step`, `data` (dataset), `tokenizer` (the unit), and `overrides`
 (eval-time options that took effect) where there are any. Then, per kind:
-- perplexity (eval/extrapolation.json): `split`, `eval_length`, `stride`, `max_tokens` (0 = the
-  whole split), `tokens`, `nll`, `ppl`, `tokens_per_s`, `position_nll`, and `words`, `word_ppl`
-  where the unit is not the word;
-- passkey (eval/passkey.json): `task`, `eval_length`, `depth`, `digits`, `accuracy`,
-  `token_accuracy`, `count`, `seed`, `chance`, `passkey_fraction`;
+- perplexity (eval/extrapolation.json): `split` ("books": corpora/books.py's books, `documents` of
+  them), `eval_length`, `stride`, `max_tokens` (0 = the whole split; of books: of each book),
+  `tokens`, `nll`, `ppl`, `tokens_per_s`, `position_nll`, `band_nll` (the loss by position band
+  relative to train_length) and `block_nll` (per block of `block_size` targets; experiment/store/bands.py),
+  and `words`, `word_ppl` where the unit is not the word;
+- passkey (eval/passkey.json): `task`, `form` (compact: teacher forced, the default where absent;
+  generated: an instructed prompt, the answer generated: experiment/evals/passkey.py), `eval_length`,
+  `depth`, `digits`, `accuracy`, `token_accuracy` (compact), `count`, `seed`, `chance`,
+  `passkey_fraction`; generated: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`;
 - attention (eval/attention.json): `split`, `eval_length`, `windows`, `block`, `layers`, `heads`,
   `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
 """
@@ -48,8 +52,9 @@ def record_key(record: dict) -> tuple:
 
 
 def passkey_key(record: dict) -> tuple:
-    """One passkey record per (eval_length, depth, digits, overrides)."""
-    return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)), curve_options(record))
+    """One passkey record per (eval_length, depth, digits, overrides, form)."""
+    return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)), curve_options(record),
+            record.get("form", "compact"))
 
 
 def attention_key(record: dict) -> tuple:
@@ -88,6 +93,8 @@ TEXT = (lambda v: isinstance(v, str), "a string")
 OPTIONS = (lambda v: isinstance(v, dict), "an object of option: value")
 BINS = (lambda v: _pairs(v, 2), "a list of [first, last] position bins")
 POSITION_NLL = (lambda v: _pairs(v, 3), "a list of [first, last, loss] rows")
+BAND_NLL = (lambda v: _pairs(v, 4), "a list of [first, last, tokens, loss] rows")
+BLOCK_NLL = (lambda v: _pairs(v, 3), "a list of [first position, tokens, loss] rows")
 HEADER = {"step": COUNT, "train_length": POSITIVE, "scheme": TEXT, "tokenizer": TEXT, "overrides": OPTIONS,
           "method": TEXT, "same_as": TEXT}  # method: experiment/evals/methods.py; same_as: the record it repeats
 
@@ -126,10 +133,14 @@ KINDS = {kind.name: kind for kind in (
     Kind("perplexity", "extrapolation.json", record_key,
          {"eval_length": POSITIVE, "stride": POSITIVE, "tokens": COUNT, "ppl": PPL},
          {**HEADER, "split": TEXT, "max_tokens": COUNT, "nll": NUMBER, "words": COUNT, "word_ppl": PPL,
-          "position_nll": POSITION_NLL}),
+          "position_nll": POSITION_NLL, "band_nll": BAND_NLL, "block_nll": BLOCK_NLL, "block_size": POSITIVE,
+          "documents": POSITIVE}),
     Kind("passkey", "passkey.json", passkey_key,
          {"eval_length": POSITIVE, "depth": SHARE, "accuracy": SHARE, "count": POSITIVE},
-         {**HEADER, "digits": POSITIVE, "token_accuracy": SHARE, "chance": SHARE, "passkey_fraction": SHARE},
+         {**HEADER, "digits": POSITIVE, "token_accuracy": SHARE, "chance": SHARE, "passkey_fraction": SHARE,
+          "form": (lambda v: v in ("compact", "generated"), "compact or generated"), "prompt_tokens": POSITIVE,
+          "new_tokens": POSITIVE, "seconds": NUMBER,
+          "outputs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")},
          flag="--passkey"),
     Kind("attention", "attention.json", attention_key,
          {"eval_length": POSITIVE, "layers": POSITIVE, "heads": POSITIVE, "positions": BINS,
