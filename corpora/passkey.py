@@ -266,3 +266,104 @@ def mix_passkey(inputs_BxL: np.ndarray, targets_BxL: np.ndarray, tokenizer, frac
         local = (row - first) // stride
         inputs[local], targets[local] = tokens[:-1], tokens[1:]
     return inputs, targets
+
+
+# --- the instructed form: a real model's prompt, its answer generated ------------------------------------
+
+INSTRUCTION = ("Somewhere in the long text below, among sentences that repeat, there is a passkey: a number. "
+               "Read all of the text and remember the passkey, because you will be asked for it at the end.")
+KEY_SENTENCE = " The passkey is {key}. Remember it: {key} is the passkey."
+QUESTION = " What is the passkey? The passkey is"
+INSTRUCTED_DIGITS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class PromptedExample:
+    """One prompt of the instructed form: `ids` (its tokens), the `answer` the model should generate,
+    `key_position` (the token where the key sentence starts: never 0, the instruction comes first)."""
+    ids: np.ndarray
+    answer: str
+    key_position: int
+    depth: float
+
+
+def _instructed_pieces(tokenizer) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    if getattr(tokenizer, "kind", "") == "word":
+        raise PasskeyError("the instructed passkey is written for a byte, BPE or pretrained tokenizer (a word "
+                           "vocabulary would turn its words into <unk>); use --passkey_form compact for this run")
+    sentences = tuple(_encode(tokenizer, " " + s[0].upper() + s[1:]) for s in FILLER)
+    return _encode(tokenizer, INSTRUCTION), sentences, _encode(tokenizer, QUESTION)
+
+
+def _whole(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) -> np.ndarray:
+    """n tokens of whole filler sentences in a random order, where their lengths can sum to n (two
+    sentences of coprime lengths reach every n past a small bound); else the tail of a shuffled
+    stream (`_tail`: its first sentence cut)."""
+    lengths = [len(s) for s in sentences]
+    parts, left, bound = [], n, max(lengths) ** 2
+    while left > bound:
+        for i in rng.permutation(len(sentences)):
+            if left <= bound:
+                break
+            parts.append(int(i))
+            left -= lengths[i]
+    ends = {0: -1}  # a sum reachable with whole sentences -> the last sentence of one way to reach it
+    for total in range(1, left + 1):
+        last = next((int(i) for i in rng.permutation(len(sentences)) if total - lengths[i] in ends), None)
+        if last is not None:
+            ends[total] = last
+    if left not in ends:
+        return _tail(rng, sentences, n)
+    while left:
+        parts.append(ends[left])
+        left -= lengths[ends[left]]
+    order = rng.permutation(len(parts))
+    return np.concatenate([sentences[parts[i]] for i in order]) if parts else np.zeros(0, np.int32)
+
+
+def instructed_example(tokenizer, length: int, depth: float, seed: int,
+                       digits: int = INSTRUCTED_DIGITS) -> PromptedExample:
+    """A prompt of exactly `length` tokens: the instruction, filler sentences with the key sentence at
+    `depth` of the filler (0: right after the instruction; 1: right before the question), then the
+    question, which the model answers by generating the key ("The passkey is" -> " 48213."). The
+    prompts of Mohtashami & Jaggi (2023) and LongLM (Jin et al. 2024) are of this shape; the words are
+    ours. The key depends on (seed, digits) alone, as the compact form's does."""
+    if not 0.0 <= depth <= 1.0 or digits < 1:
+        raise PasskeyError(f"depth must be in [0, 1] and digits >= 1, got {depth} and {digits}")
+    instruction, sentences, question = _instructed_pieces(tokenizer)
+    key_rng = np.random.default_rng([_KEY_STREAM, int(seed) & (2**64 - 1), digits])
+    answer = str(key_rng.integers(1, 10)) + "".join(str(d) for d in key_rng.integers(0, 10, size=digits - 1))
+    key_sentence = _encode(tokenizer, KEY_SENTENCE.format(key=answer))
+    span = length - len(instruction) - len(key_sentence) - len(question)
+    if span < 0:
+        raise PasskeyError(f"an instructed passkey prompt needs length >= {length - span} tokens, got {length}")
+    at = int(round(depth * span))
+    rng = np.random.default_rng([_FILLER_STREAM, int(seed) & (2**64 - 1), length, _depth_code(depth), digits, 1])
+    before, after = _whole(rng, sentences, at), _whole(rng, sentences, span - at)
+    ids = np.concatenate([instruction, before, key_sentence, after, question]).astype(np.int32)
+    assert len(ids) == length, (len(ids), length)
+    return PromptedExample(ids, answer, len(instruction) + at, float(depth))
+
+
+def instructed_batch(tokenizer, length: int, depths: float | Sequence[float], count: int, seed: int,
+                     digits: int = INSTRUCTED_DIGITS) -> list[PromptedExample]:
+    """`count` prompts at each depth (depth-major); prompt i has the same key at every depth and length."""
+    return [instructed_example(tokenizer, length, float(d), example_seed(seed, i), digits)
+            for d in np.atleast_1d(depths) for i in range(count)]
+
+
+def answer_tokens(digits: int) -> int:
+    """The new tokens a generated answer may take (an evaluation length holds the prompt and these): a
+    space, the digits, a period, and slack."""
+    return digits + 4
+
+
+def generated_answer(text: str) -> str:
+    """The number a generated text gives: its first run of digits ('' where it has none)."""
+    digits = ""
+    for char in text:
+        if char.isdigit():
+            digits += char
+        elif digits:
+            break
+    return digits

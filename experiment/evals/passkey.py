@@ -1,8 +1,13 @@
-"""Passkey retrieval accuracy at many lengths and depths (corpora/passkey.py builds the task).
-
-An example counts as correct iff the model's argmax at every answer position is the answer token,
-teacher forced: the same as greedy decoding producing the answer after the final cue. Each
-(eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
+"""Passkey retrieval accuracy at many lengths and depths (corpora/passkey.py builds the task), in one of
+two forms (`--passkey_form`, recorded as each record's `form`; reports never mix them):
+- compact (the default; the small models trained here): filler, "key 4821.", filler, "key"; an example
+  counts as correct iff the model's argmax at every answer position is the answer token, teacher
+  forced: the same as greedy decoding producing the answer after the final cue.
+- generated (a real model): an instruction first (no key at token 0), the key sentence inside the
+  filler, a question; the answer generated greedily with the key / value cache (models/generate.py,
+  under the method evaluated) and correct iff its first number is the key (exact match). The prompt
+  and the new tokens together make the evaluation length.
+Each (eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
 
 Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/store/records.py): one per (eval_length,
 depth, digits, overrides), merged with what the file holds, each length as it finishes.
@@ -82,7 +87,8 @@ class PasskeySpec:
     depths: tuple[float, ...] = DEPTHS
     per_cell: int = 20
     seed: int = 1234
-    digits: int | None = None  # None: the run's data.passkey_digits
+    digits: int | None = None  # None: the run's data.passkey_digits (compact), 5 (generated)
+    form: str = "compact"      # FORMS
 
 
 def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int] | None = None,
@@ -102,7 +108,7 @@ def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int
 def spec_options(spec: PasskeySpec) -> dict:
     """The request options (eval_extrapolate.py's flags) that ask for `spec`."""
     return {"passkey_depths": tuple(spec.depths), "passkey_per_cell": spec.per_cell, "passkey_seed": spec.seed,
-            "passkey_digits": spec.digits}
+            "passkey_digits": spec.digits, "passkey_form": spec.form}
 
 
 def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, overrides: dict) -> PasskeySpec:
@@ -113,17 +119,27 @@ def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, ove
     if not lengths or not depths or spec.per_cell < 1 or any(not 0 <= d <= 1 for d in depths):
         raise ValueError(f"passkey needs lengths, depths in [0, 1] (0 = start, 1 = just before the question) and "
                          f"per_cell >= 1, got lengths {lengths}, depths {list(depths)}, per_cell {spec.per_cell}")
+    if spec.form not in FORMS:
+        raise ValueError(f"--passkey_form: one of {', '.join(FORMS)}, got {spec.form!r}")
     checked = apply_overrides(config, overrides)
-    digits = int(checked.data.passkey_digits if spec.digits is None else spec.digits)
+    default = task.INSTRUCTED_DIGITS if spec.form == "generated" else checked.data.passkey_digits
+    digits = int(default if spec.digits is None else spec.digits)
     if digits < 1:
         raise ValueError(f"passkey digits must be >= 1, got {digits}")
     tokenizer = run.tokenizer(checked.data, write=False)
     for length in lengths:
-        task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
+        if spec.form == "generated":
+            task.instructed_example(tokenizer, length - task.answer_tokens(digits), 0.5, spec.seed, digits)
+        else:
+            task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
     return dataclasses.replace(spec, depths=depths, digits=digits)
 
 
+
 def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) -> list[dict]:
+    if spec.form == "generated":
+        from experiment.evals.passkey_generated import evaluate_generated
+        return evaluate_generated(scoring, spec, batch_tokens)
     config, graphdef = scoring.config, scoring.graphdef
     batches = {length: task.passkey_batch(scoring.tokenizer, length, list(spec.depths), spec.per_cell, spec.seed,
                                           spec.digits) for length in scoring.lengths}
@@ -135,8 +151,8 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
         return model.next_tokens(inputs, positions)
 
     batch_sharding = sharding.batch_sharding(scoring.mesh)
-    fields = {**scoring.header(), "digits": spec.digits, "seed": spec.seed, "chance": 10.0 ** -spec.digits,
-              "passkey_fraction": float(config.data.passkey_fraction)}
+    fields = {**scoring.header(), "form": "compact", "digits": spec.digits, "seed": spec.seed,
+              "chance": 10.0 ** -spec.digits, "passkey_fraction": float(config.data.passkey_fraction)}
     results, done = [], []
     for length, batch in batches.items():
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
@@ -162,20 +178,24 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
     return results
 
 
+FORMS = ("compact", "generated")
 OPTIONS = (
     Option("passkey_depths", list(PasskeySpec().depths), "where the key sits: 0 = start, 1 = just before the "
            "question", kind=float, domain=unit_interval(), example="--passkey_depths=0,0.5,1", sequence=True),
     Option("passkey_per_cell", PasskeySpec().per_cell, "examples per (length, depth)", domain=at_least(1),
            example="--passkey_per_cell=20"),
-    Option("passkey_digits", None, "digits of the key (default: the run's data.passkey_digits, else 4)",
-           domain=between(1, 18), example="--passkey_digits=4"),
+    Option("passkey_digits", None, "digits of the key (default: compact the run's data.passkey_digits, else 4; "
+           "generated 5)", domain=between(1, 18), example="--passkey_digits=4"),
     Option("passkey_seed", PasskeySpec().seed, "seed of the passkey examples", domain=at_least(0),
-           example="--passkey_seed=1234"))
+           example="--passkey_seed=1234"),
+    Option("passkey_form", PasskeySpec().form, "compact (teacher-forced, the models trained here) or generated (an "
+           "instruction first, the answer generated with the cache and matched exactly: real models)", kind=str,
+           choices=FORMS))
 
 
 def _check(target: Target, request: Request) -> PasskeySpec:
-    depths, per_cell, digits, seed = (request.option(option) for option in OPTIONS)
-    spec = PasskeySpec(tuple(depths), per_cell, seed, digits)
+    depths, per_cell, digits, seed, form = (request.option(option) for option in OPTIONS)
+    spec = PasskeySpec(tuple(depths), per_cell, seed, digits, form)
     return checked_spec(target.run, target.config, list(target.lengths), spec, target.overrides)
 
 
@@ -183,7 +203,8 @@ def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> dict[int, li
     """{length: its records, one per depth of `spec`} where `recs` hold every depth of `spec` at that
     length from this checkpoint, method and overrides."""
     cells = {(int(r["eval_length"]), float(r["depth"])): r for r in recs if same_evaluation(r, header)
-             and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell}
+             and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell
+             and r.get("form", "compact") == spec.form}
     lengths = {length for length, _ in cells}
     return {n: [cells[(n, float(d))] for d in spec.depths] for n in sorted(lengths)
             if all((n, float(d)) in cells for d in spec.depths)}
@@ -192,5 +213,6 @@ def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> dict[int, li
 KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and depth) into DIR/eval/passkey.json",
                 OPTIONS, _check, lambda scoring, spec, batch_tokens: _evaluate_passkey(scoring, spec, batch_tokens),
                 lambda r: (f"passkey{' ' + r['method'] if r.get('method') else ''} L={r['eval_length']:>6}  "
-                           f"depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}"),
+                           f"depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}"
+                           + (f" ({r['form']})" if r.get("form", "compact") != "compact" else "")),
                 "passkey", recorded=_recorded)

@@ -6,7 +6,10 @@ records hold several series (other digits, eval-time overrides) gets one line pe
 of a run of several seeds (experiment/report/seeds.py) carry their seed as `train_seed`; a cell then
 pools every key of every seed, with its 95% Wilson interval: a band in the line plot, [low, high] in
 the tables, and in the heat map a mark on the cells whose interval holds the next shorter length's
-value (no difference shown there). A run of one seed is drawn and tabulated as before.
+value (no difference shown there). A run of one seed is drawn and tabulated as before. Records of the
+generated form (experiment/evals/passkey.py: an instruction, the answer generated) are series of their
+own, labelled "generated", never pooled with the compact form's; their tables give every accuracy
+with its 95% Wilson interval over the keys asked.
 """
 from __future__ import annotations
 
@@ -26,19 +29,25 @@ SAME_AS_SHORTER = "≈"  # the heat maps' mark: this cell's interval holds the n
 
 
 def _series(records: list[dict]) -> dict[tuple, list[dict]]:
-    """{(digits, curve options json, checkpoint step): records}, in a stable order (newest step first);
-    records of two checkpoints are two series, never averaged together."""
+    """{(digits, curve options json, checkpoint step, form): records}, in a stable order (newest step
+    first); records of two checkpoints, or of the two forms, are two series, never averaged together."""
     out = defaultdict(list)
     for r in records:
-        out[(int(r.get("digits", 4)), curve_options(r), r.get("step"))].append(r)
-    return dict(sorted(out.items(), key=lambda kv: (kv[0][0], kv[0][1], -(kv[0][2] or 0))))
+        out[(int(r.get("digits", 4)), curve_options(r), r.get("step"), r.get("form", "compact"))].append(r)
+    return dict(sorted(out.items(), key=lambda kv: (kv[0][3], kv[0][0], kv[0][1], -(kv[0][2] or 0))))
+
+
+def generated(records: list[dict]) -> bool:
+    """Records of the generated form (one series holds one form)."""
+    return any(r.get("form") == "generated" for r in records)
 
 
 def _series_label(label: str, key: tuple, groups: dict) -> str:
-    """The run's label, with what sets this series apart from the run's others."""
-    digits, overrides, step = key
-    extra = []
-    if len({k[:2] for k in groups}) > 1:
+    """The run's label, with what sets this series apart from the run's others; 'generated' for the
+    generated form's, always."""
+    digits, overrides, step, form = key
+    extra = ["generated"] if form == "generated" else []
+    if len({k[:2] for k in groups if k[3] == form}) > 1:
         extra += [f"{digits} digits"] + [v if k == "method" else f"{k.split('.')[-1]}={v}"
                                          for k, v in sorted(json.loads(overrides).items())]
     if len({k[2] for k in groups}) > 1:
@@ -195,10 +204,15 @@ def passkey_table(runs: list[tuple[str, list[dict]]]) -> str:
     if any(several_seeds(recs) > 1 for _, recs in columns):
         lines.append("A run of several seeds: accuracy over every key of every seed (the same keys for each seed), "
                      "[low, high] its 95% Wilson interval over those keys.")
+    if any(generated(recs) for _, recs in columns):
+        lines.append("generated: an instruction before the text, the key sentence inside it, a question at the end; "
+                     "the answer generated greedily with the key / value cache, correct where its first number is "
+                     "the key; [low, high]: the 95% Wilson interval over the keys asked (a length's: over every "
+                     "depth). The others: the compact form, its digits teacher forced.")
     lines.append("")
     for label, recs in columns:
         lens, depths, values = grid(recs)
-        counts_of = grid_counts(recs) if several_seeds(recs) > 1 else {}
+        counts_of = grid_counts(recs) if several_seeds(recs) > 1 or generated(recs) else {}
         steps = sorted({int(r["step"]) for r in recs if "step" in r})
         lines += [f"### {label}: accuracy by length and depth" + (f" (step {', '.join(map(str, steps))})" if steps else ""),
                   "", "| depth | " + " | ".join(map(str, lens)) + " |", "|" + "---:|" * (len(lens) + 1)]
@@ -213,7 +227,7 @@ def passkey_table(runs: list[tuple[str, list[dict]]]) -> str:
 def _length_cells(records: list[dict]) -> dict[int, str]:
     """{length: the accuracy over every depth as a table shows it}: with its interval for several seeds."""
     means = mean_by_length(records)
-    if several_seeds(records) > 1:
+    if several_seeds(records) > 1 or generated(records):
         intervals = interval_by_length(records)
         return {length: _with_interval(value, intervals[length]) for length, value in means.items()}
     return {length: f"{value:.2f}" for length, value in means.items()}

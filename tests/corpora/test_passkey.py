@@ -99,3 +99,38 @@ def test_mix_replaces_about_fraction_of_rows_however_the_batch_is_split(tokenize
     other = pk.mix_passkey(inputs, targets, tok, 0.25, step=8, seed=0)[0]
     assert ((other != inputs).any(1) != replaced).any()  # another step, other rows
     assert pk.mix_passkey(inputs, targets, tok, 0.0, step=7, seed=0)[0] is inputs
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_instructed_prompt_has_exact_length_an_instruction_first_and_whole_sentences(tokenizers, kind):
+    tok = tokenizers[kind]
+    instruction = pk._encode(tok, pk.INSTRUCTION)
+    for length, depth in ((800, 0.0), (801, 0.2), (900, 0.5), (1000, 0.8), (800, 1.0)):  # spans of >= ~100 tokens
+        e = pk.instructed_example(tok, length, depth, seed=4)
+        assert len(e.ids) == length and e.key_position >= len(instruction) > 0  # no key at token 0
+        np.testing.assert_array_equal(e.ids[:len(instruction)], instruction)
+        key = pk._encode(tok, pk.KEY_SENTENCE.format(key=e.answer))
+        np.testing.assert_array_equal(e.ids[e.key_position:e.key_position + len(key)], key)
+        text = tok.decode(e.ids)
+        assert text.endswith(pk.QUESTION) and len(e.answer) == 5 and e.answer[0] != "0"
+        filler = text[len(pk.INSTRUCTION):-len(pk.QUESTION)].replace(pk.KEY_SENTENCE.format(key=e.answer), "")
+        sentences = {" " + s[0].upper() + s[1:] for s in pk.FILLER}
+        assert filler.replace(".", ".|").split("|")[:-1] and all(
+            s in sentences for s in filler.replace(".", ".|").split("|")[:-1])  # whole sentences only
+        span = length - len(instruction) - len(key) - len(pk._encode(tok, pk.QUESTION))
+        assert e.key_position - len(instruction) == round(depth * span)
+    same = [pk.instructed_example(tok, n, d, seed=4).answer for n, d in ((300, 0.0), (500, 0.7))]
+    assert same[0] == same[1]  # one key per seed, at every length and depth
+
+
+def test_instructed_prompt_refuses_a_word_vocabulary_and_a_short_length(tokenizers):
+    with pytest.raises(pk.PasskeyError, match="--passkey_form compact"):
+        pk.instructed_example(tokenizers["word"], 300, 0.5, 1)
+    with pytest.raises(pk.PasskeyError, match="needs length >= "):
+        pk.instructed_example(tokenizers["byte"], 100, 0.5, 1)
+
+
+def test_the_generated_answer_is_the_first_number():
+    assert pk.generated_answer(" 48213. The pass") == "48213"
+    assert pk.generated_answer(" is 4821 or 48213") == "4821"
+    assert pk.generated_answer(" I do not know") == ""

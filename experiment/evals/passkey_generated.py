@@ -1,0 +1,74 @@
+"""The passkey's generated form (experiment/evals/passkey.py, `--passkey_form generated`): the instructed
+prompts of corpora/passkey.py, each answer generated greedily with the key / value cache
+(models/generate.py) by the model under the evaluated method, and scored by exact match of its first
+number. A real model answers a question; the compact form's teacher-forced digits are for the small
+models trained here.
+
+Records (kind `passkey`, `form` "generated") hold, beside the compact form's fields, each prompt's
+`outputs` (the generated text), `prompt_tokens`, `new_tokens` (at most) and `seconds` (the cell's
+wall time: prefill dominates).
+"""
+from __future__ import annotations
+
+import functools
+import logging
+import time
+
+from corpora import passkey as task
+from experiment.evals.common import Scoring
+from experiment.runtime import interrupts
+from experiment.runtime.progress import Progress
+
+log = logging.getLogger(__name__)
+
+
+def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
+    """Records of every (length, depth) of `spec` (experiment/evals/passkey.py's PasskeySpec), each length
+    written as it finishes."""
+    from models.generate import generate
+    config, tokenizer = scoring.config, scoring.tokenizer
+    model = scoring.model()
+    new = task.answer_tokens(spec.digits)
+    fields = {**scoring.header(), "form": "generated", "digits": spec.digits, "seed": spec.seed,
+              "chance": 10.0 ** -spec.digits, "passkey_fraction": float(config.data.passkey_fraction),
+              "new_tokens": new}
+    stop = [int(tokenizer.eos_id), "\n", "."]  # " 48213." ends at its period
+    method = f" {scoring.method}" if scoring.method else ""
+    results, done = [], []
+    for length in scoring.lengths:
+        stopped = functools.partial(scoring.interrupted, "passkey", list(done), length)
+        interrupts.check(stopped)
+        examples = task.instructed_batch(tokenizer, length - new, list(spec.depths), spec.per_cell, spec.seed,
+                                         spec.digits)
+        rows = max(1, min(len(examples), batch_tokens // length))
+        outputs, start = [], time.perf_counter()
+        with Progress(f"passkey (generated){method} L={length}", len(examples), "prompts",
+                      shown=scoring.run.writer) as progress:
+            for lo in range(0, len(examples), rows):
+                interrupts.check(stopped)
+                ids = generate(model, [e.ids for e in examples[lo:lo + rows]], new, stop=stop, tokenizer=tokenizer)
+                outputs += [tokenizer.decode(x) for x in ids]
+                progress.update(min(rows, len(examples) - lo))
+        seconds = time.perf_counter() - start
+        interrupts.check(stopped)
+        cells = cell_records(examples, outputs, length, seconds, fields)
+        log.info("passkey (generated)%s L=%d: accuracy %s (%.0f s)", method, length,
+                 ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells), seconds)
+        results.extend(cells)
+        scoring.write("passkey", cells)
+        done.append(length)
+    return results
+
+
+def cell_records(examples: list[task.PromptedExample], outputs: list[str], length: int, seconds: float,
+                 fields: dict) -> list[dict]:
+    """One record per depth: accuracy (exact match of the first number generated), the outputs."""
+    out = []
+    for depth in sorted({e.depth for e in examples}):
+        chosen = [(e, text) for e, text in zip(examples, outputs) if e.depth == depth]
+        right = [task.generated_answer(text) == e.answer for e, text in chosen]
+        out.append({"task": "passkey", "eval_length": int(length), "depth": float(depth),
+                    "accuracy": sum(right) / len(right), "count": len(right), **fields,
+                    "prompt_tokens": int(len(chosen[0][0].ids)), "outputs": [text for _, text in chosen],
+                    "seconds": round(seconds * len(chosen) / len(examples), 2)})
+    return out

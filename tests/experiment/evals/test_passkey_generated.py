@@ -1,0 +1,61 @@
+"""The passkey's generated form (experiment/evals/passkey_generated.py) on a tiny imported Llama: records
+with `form` "generated", their outputs and exact-match accuracy, kept apart from the compact form's."""
+import re
+
+import numpy as np
+import pytest
+
+from experiment.convert.hf import import_hf
+from experiment.evals.kinds import Request, evaluate_kinds
+from experiment.report import passkey as passkey_report
+from experiment.store.run import RunDir
+from tests.experiment.convert.test_hf import checkpoint, local_corpus
+
+LENGTH = 512
+GENERATED = {"passkey_form": "generated", "passkey_depths": (0.1, 0.9), "passkey_per_cell": 2}
+
+
+@pytest.fixture
+def imported(tmp_path):
+    corpus = local_corpus(tmp_path, lines=20)
+    return import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", data={"source": "local", "path": str(corpus)})
+
+
+@pytest.mark.slow
+def test_the_model_generates_with_its_cache_under_a_method(imported):
+    real = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(1024,), methods=("direct", "yarn"), options={
+        **GENERATED, "passkey_depths": (0.5,), "passkey_per_cell": 1}))["passkey"]
+    assert [(r["method"], r["form"], r["count"], r["prompt_tokens"], r["new_tokens"]) for r in real] == [
+        ("direct", "generated", 1, 1015, 9), ("yarn", "generated", 1, 1015, 9)]
+    assert all(isinstance(r["outputs"][0], str) and r["digits"] == 5 and r["chance"] == 1e-5 for r in real)
+    assert real[1]["overrides"] == {"posenc.rope.yarn_scale": "16"}  # 1024 = 16 x the window of 64
+
+
+def test_generated_answers_are_scored_by_exact_match_and_kept_apart_from_the_compact_form(imported, monkeypatch):
+    import models.generate
+    tokenizer = RunDir(imported.path).tokenizer(RunDir(imported.path).load_config().data, write=False)
+
+    def oracle(model, prompts, max_new_tokens, stop=None, tokenizer=None):  # reads the key from the prompt
+        keys = [re.search(r"passkey is (\d+)\.", tokenizer.decode(p)).group(1) for p in prompts]
+        return [list(tokenizer.encode_lines([f" {key}"])[:-1]) for key in keys]
+    monkeypatch.setattr(models.generate, "generate", oracle)
+    out = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=GENERATED))["passkey"]
+    assert [(r["depth"], r["accuracy"], r["count"]) for r in out] == [(0.1, 1.0, 2), (0.9, 1.0, 2)]
+    assert all(re.fullmatch(r" \d{5}", text) for r in out for text in r["outputs"])
+    monkeypatch.setattr(models.generate, "generate", lambda model, prompts, *a, **k: [
+        list(tokenizer.encode_lines([" 00000"])[:-1])] * len(prompts))
+    blind = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(2 * LENGTH,), options=GENERATED))["passkey"]
+    assert [r["accuracy"] for r in blind] == [0.0, 0.0]
+    compact = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options={
+        "passkey_depths": (0.1, 0.9), "passkey_per_cell": 1}))["passkey"]
+    saved = RunDir(imported.path).records("passkey")  # the two forms' records of one cell both kept
+    assert {r["form"] for r in saved if r["eval_length"] == LENGTH and r["depth"] == 0.1} == {"compact", "generated"}
+    assert compact[0]["form"] == "compact"
+    again = Request(lengths=(LENGTH, 2 * LENGTH), options=GENERATED, skip_done=True)
+    assert evaluate_kinds(imported.path, ("passkey",), again) == {"passkey": []}
+
+    table = passkey_report.passkey_table([("llama", saved)])
+    assert "| llama, generated |" in table.replace(", 5 digits", "") or "llama, generated" in table
+    generated_row = next(line for line in table.splitlines() if line.startswith(f"| {LENGTH} |"))
+    assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", generated_row)  # a Wilson interval beside it
+    assert [key[3] for key in passkey_report._series(saved)] == ["compact", "generated"]
