@@ -45,7 +45,11 @@ for _kind in KINDS.values():
     for _alias in _kind.aliases:  # a flag's name before it was renamed
         flags.DEFINE_alias(_alias, _kind.name)
 for _option in options(KINDS):
-    if _option.choices:
+    if _option.choices and _option.sequence:  # a comma-separated list of names (--ruler_tasks)
+        flags.DEFINE_list(_option.name, _option.default, f"{_option.help}: {', '.join(_option.choices)}")
+        flags.register_validator(_option.name, lambda names, known=_option.choices: all(n in known for n in names or []),
+                                 f"each name must be one of {', '.join(_option.choices)} (e.g. {_option.example})")
+    elif _option.choices:
         flags.DEFINE_enum(_option.name, _option.default, list(_option.choices), _option.help)
     else:
         define_numbers(_option.name, _option.default, _option.help, kind=_option.kind, domain=_option.domain,

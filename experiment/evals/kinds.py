@@ -1,7 +1,7 @@
 """The registry of evaluation kinds, and one evaluation command over any of them.
 
 The kinds are the record kinds of experiment/store/records.py (`KINDS`: perplexity, passkey,
-attention), in that order; each one's scoring lives in experiment/evals/<kind>.py, which ends with
+attention, ruler), in that order; each one's scoring lives in experiment/evals/<kind>.py, which ends with
 its entry `KIND` (an `EvalKind`): the flags it reads (eval_extrapolate.py defines them, and refuses
 one given for no kind it evaluates), the check of its request, its scoring and its printed line per
 record. `evaluate_kinds(workdir, kinds, request)` opens the run and holds it once, checks every
@@ -30,7 +30,8 @@ from posenc.domains import Domain
 @dataclasses.dataclass(frozen=True)
 class Option:
     """A flag of eval_extrapolate.py that a kind reads: a number or list of numbers (`kind`, checked
-    against `domain` as it is parsed), or one of `choices`. Default None: the run's config says."""
+    against `domain` as it is parsed), or one of `choices` (with `sequence`: a comma-separated list
+    of them). Default None: the run's config says."""
     name: str
     default: Any
     help: str

@@ -17,6 +17,9 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   `passkey_fraction`; generated: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`;
 - attention (eval/attention.json): `split`, `eval_length`, `windows`, `block`, `layers`, `heads`,
   `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
+- ruler (eval/ruler.json): `task`, `eval_length`, `template`, `seed`, `count`, `score` (RULER's: the
+  mean over the examples of the fraction of references found), `scores` (each example's), `haystack`,
+  `tokens_to_generate`, `prompt_tokens` ([fewest, most]), `seconds`, `answers` (each answer's start).
 """
 from __future__ import annotations
 
@@ -57,6 +60,11 @@ def passkey_key(record: dict) -> tuple:
             record.get("form", "compact"))
 
 
+def ruler_key(record: dict) -> tuple:
+    """One RULER record per (task, eval_length, template, overrides or method)."""
+    return (record["task"], int(record["eval_length"]), record.get("template", "base"), curve_options(record))
+
+
 def attention_key(record: dict) -> tuple:
     """One attention record per (split, eval_length, overrides)."""
     return (record.get("split"), int(record["eval_length"]), curve_options(record))
@@ -95,6 +103,7 @@ BINS = (lambda v: _pairs(v, 2), "a list of [first, last] position bins")
 POSITION_NLL = (lambda v: _pairs(v, 3), "a list of [first, last, loss] rows")
 BAND_NLL = (lambda v: _pairs(v, 4), "a list of [first, last, tokens, loss] rows")
 BLOCK_NLL = (lambda v: _pairs(v, 3), "a list of [first position, tokens, loss] rows")
+SHARES = (lambda v: isinstance(v, list) and all(_number(x) and 0 <= x <= 1 for x in v), "a list of numbers from 0 to 1")
 HEADER = {"step": COUNT, "train_length": POSITIVE, "scheme": TEXT, "tokenizer": TEXT, "overrides": OPTIONS,
           "method": TEXT, "same_as": TEXT}  # method: experiment/evals/methods.py; same_as: the record it repeats
 
@@ -145,7 +154,16 @@ KINDS = {kind.name: kind for kind in (
     Kind("attention", "attention.json", attention_key,
          {"eval_length": POSITIVE, "layers": POSITIVE, "heads": POSITIVE, "positions": BINS,
           "mean_distance": (lambda v: isinstance(v, list), "a list"), "entropy": (lambda v: isinstance(v, list), "a list")},
-         {**HEADER, "split": TEXT, "windows": POSITIVE, "block": POSITIVE}, _attention_shapes, "--attention"))}
+         {**HEADER, "split": TEXT, "windows": POSITIVE, "block": POSITIVE}, _attention_shapes, "--attention"),
+    Kind("ruler", "ruler.json", ruler_key,
+         {"task": TEXT, "eval_length": POSITIVE, "score": SHARE, "count": POSITIVE},
+         {**HEADER, "template": TEXT, "seed": COUNT, "scores": SHARES, "haystack": TEXT, "tokens_to_generate": POSITIVE,
+          "prompt_tokens": (lambda v: isinstance(v, list) and len(v) == 2 and all(_int(x) for x in v),
+                            "[fewest, most] prompt tokens"),
+          "seconds": NUMBER, "answers": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
+                                         "a list of strings")},
+         lambda r: None if "scores" not in r or len(r["scores"]) == r["count"] else
+         f"scores holds {len(r['scores'])} values for a count of {r['count']}", "--ruler"))}
 
 
 def record_kind(name: str) -> Kind:

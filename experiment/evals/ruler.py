@@ -1,0 +1,216 @@
+"""RULER (corpora/ruler/: its synthetic tasks built to each length in the model's tokens) scored on
+a run's newest checkpoint: answers generated greedily with the key / value cache (models/generate.py)
+under the run's eval-time options or training-free method, within RULER's answer budget per task,
+and scored as RULER scores them (the fraction of the reference strings found in the answer).
+
+    eval_extrapolate.py --workdir W --ruler --ruler_tasks niah_single_1,vt --samples 20 --lengths 4096,8192
+
+The prompt is RULER's `base` template (the task's text, then its answer prefix) or, with
+--ruler_template chat, the model's own chat template (the run's chat_template.jinja) with the answer
+prefix after the assistant's turn begins; the record says which. Example i of a (task, length, seed)
+is the same for every method, so methods are compared on the same prompts.
+
+Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): one per (task,
+eval_length, template, overrides or method), written as each finishes: its mean `score`, each
+example's (`scores`), `count`, the prompts' token counts, the start of each answer. With
+--skip_done a (task, length) already recorded with the same settings is not scored again.
+"""
+from __future__ import annotations
+
+import dataclasses
+import functools
+import logging
+import time
+
+from corpora import ruler as task_lib
+from experiment.evals.common import Scoring
+from experiment.evals.kinds import EvalKind, Option, Request, Target, same_evaluation
+from experiment.runtime import interrupts
+from experiment.runtime.progress import Progress
+from models.generate import generate
+from models.generation.chat import TEMPLATE_FILE, render
+from posenc.domains import at_least
+
+log = logging.getLogger(__name__)
+
+PREVIEW_CHARS = 160  # the start of each answer kept in the record (what the model said, to read)
+TEMPLATES = ("base", "chat")
+
+
+@dataclasses.dataclass(frozen=True)
+class RulerSpec:
+    """What to ask: the tasks, examples per (task, length), the examples' seed, the template and
+    whether cells already recorded with these settings are skipped (the command's --skip_done)."""
+    tasks: tuple[str, ...] = task_lib.DEFAULT
+    samples: int = 20
+    seed: int = 42
+    template: str = "base"
+    skip_done: bool = False
+
+
+@dataclasses.dataclass(frozen=True)
+class Text:
+    """A checkpoint's text side, as experiment/generation.py's Source reads it (that module reaches
+    the converter and, through it, training; evaluation imports neither): its tokenizer
+    (corpora/tokenizers.py) and chat template (None: none)."""
+    tokenizer: object
+    chat_template: str | None = None
+
+    def encode(self, text: str, special: bool) -> list[int]:
+        """Ids of `text`, with the tokenizer's own special tokens where `special` (a pretrained one's)."""
+        tok = self.tokenizer
+        if tok.kind == "pretrained":
+            return list(tok.tokenizer.encode(text, add_special_tokens=special).ids)
+        return list(tok.hf_tokenizer().encode(text, add_special_tokens=False).ids)
+
+    def decode(self, ids) -> str:
+        return self.tokenizer.decode([int(i) for i in ids])
+
+    def chat(self, messages: list[dict]) -> str:
+        """The text of `messages` under the chat template, its generation prompt added."""
+        tok = self.tokenizer
+        eos = tok.tokenizer.id_to_token(tok.eos_id) if tok.kind == "pretrained" else ""
+        return render(self.chat_template, messages, eos_token=eos or "")
+
+    @property
+    def stop_ids(self) -> list[int]:
+        """A pretrained checkpoint's end of sequence (a run trained here has none: its answers run on)."""
+        return [int(self.tokenizer.eos_id)] if self.tokenizer.kind == "pretrained" else []
+
+    def prompter(self, template: str) -> task_lib.Prompter:
+        """RULER's prompt in these tokens: `base` (plain text with the tokenizer's own special tokens)
+        or `chat` (the chat template's text, which holds its own)."""
+        return task_lib.Prompter(self.encode, self.chat if self.chat_template else None, template)
+
+
+def text_of(run, tokenizer, template: str) -> Text:
+    """The run's text side; its chat template (chat_template.jinja) where `template` is chat."""
+    path = run.path / TEMPLATE_FILE
+    return Text(tokenizer, path.read_text() if template == "chat" and path.is_file() else None)
+
+
+def cell_record(task: task_lib.Task, length: int, spec: RulerSpec, built: list[task_lib.Built],
+                answers: list[str], seconds: float, header: dict) -> dict:
+    """The record of one (task, length): RULER's score of each answer, their mean and what was asked."""
+    scores = [task_lib.score(answer, b.example.references) for answer, b in zip(answers, built)]
+    tokens = [len(b.ids) for b in built]
+    return {**header, "task": task.name, "eval_length": int(length), "template": spec.template, "seed": spec.seed,
+            "count": len(scores), "score": sum(scores) / len(scores), "scores": scores,
+            "haystack": task.haystack, "tokens_to_generate": task.tokens_to_generate,
+            "prompt_tokens": [min(tokens), max(tokens)], "seconds": round(seconds, 1),
+            "answers": [a.strip()[:PREVIEW_CHARS] for a in answers]}
+
+
+def _done(scoring: Scoring, spec: RulerSpec) -> set[tuple[str, int]]:
+    """(task, length) cells this checkpoint, method and overrides already hold with `spec`'s settings."""
+    header = scoring.header()
+    return {(r["task"], int(r["eval_length"])) for r in scoring.run.records("ruler")
+            if same_evaluation(r, header) and _same_settings(r, spec)}
+
+
+def _same_settings(record: dict, spec: RulerSpec) -> bool:
+    return (record.get("template") == spec.template and record.get("seed") == spec.seed
+            and record.get("count") == spec.samples)
+
+
+def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int, progress) -> list[str]:
+    """The greedy answer of each prompt, `rows` prompts a batch, each at most `max_new` tokens."""
+    out = []
+    for lo in range(0, len(built), rows):
+        batch = [b.ids for b in built[lo:lo + rows]]
+        new = generate(model, batch, max_new, stop=source.stop_ids or None)
+        out += [source.decode(ids) for ids in new]
+        progress.update(len(batch))
+    return out
+
+
+def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> list[dict]:
+    source = text_of(scoring.run, scoring.tokenizer, spec.template)
+    prompts = source.prompter(spec.template)
+    model = scoring.model()
+    model.compile_calls = True
+    done = _done(scoring, spec) if spec.skip_done else set()
+    method = f" {scoring.method}" if scoring.method else ""
+    results, finished = [], []
+    for length in scoring.lengths:
+        for name in spec.tasks:
+            if (name, int(length)) in done:
+                continue
+            interrupts.check(functools.partial(scoring.interrupted, "ruler", list(finished), length))
+            task = task_lib.task(name)
+            start = time.perf_counter()
+            built = task_lib.build(name, length, spec.samples, spec.seed, prompts)
+            rows = max(1, min(spec.samples, batch_tokens // length))
+            with Progress(f"ruler {name}{method} L={length}", spec.samples, "prompts",
+                          shown=scoring.run.writer) as progress:
+                answers = _answers(model, source, built, task.tokens_to_generate, rows, progress)
+            record = cell_record(task, length, spec, built, answers, time.perf_counter() - start, scoring.header())
+            log.info("ruler %s%s L=%d: %.3f over %d examples (%.0f s)", name, method, length, record["score"],
+                     record["count"], record["seconds"])
+            scoring.write("ruler", [record])  # each cell kept as it finishes
+            results.append(record)
+        finished.append(length)
+    return results
+
+
+OPTIONS = (
+    Option("ruler_tasks", list(task_lib.DEFAULT), "RULER tasks to score (corpora/ruler/tasks.py)", kind=str,
+           example="--ruler_tasks=niah_single_1,vt", sequence=True, choices=tuple(task_lib.TASKS)),
+    Option("samples", RulerSpec().samples, "ruler: examples per (task, length)", domain=at_least(1),
+           example="--samples=20", sequence=False),
+    Option("ruler_template", RulerSpec().template, "ruler: RULER's base template, or the model's chat template",
+           kind=str, choices=TEMPLATES),
+    Option("ruler_seed", RulerSpec().seed, "ruler: seed of the examples", domain=at_least(0),
+           example="--ruler_seed=42", sequence=False))
+
+
+def checked_spec(target: Target, spec: RulerSpec) -> RulerSpec:
+    """`spec` checked before any checkpoint is read: known tasks, samples >= 1, a chat template where
+    one is asked for, and every task buildable at the shortest length (its fixed text fits)."""
+    tasks = tuple(dict.fromkeys(spec.tasks))
+    for name in tasks:
+        task_lib.task(name)
+    if not tasks or spec.samples < 1 or spec.template not in TEMPLATES:
+        raise ValueError(f"ruler needs tasks, samples >= 1 and a template of {', '.join(TEMPLATES)}; got tasks "
+                         f"{list(tasks)}, samples {spec.samples}, template {spec.template!r}")
+    run = target.run
+    if spec.template == "chat" and not (run.path / TEMPLATE_FILE).is_file():
+        raise ValueError(f"--ruler_template chat: {run.path} has no {TEMPLATE_FILE}; put the checkpoint's chat "
+                         f"template there, or drop --ruler_template")
+    _buildable(run, target.config, tasks, min(target.lengths), spec.seed, spec.template)
+    return dataclasses.replace(spec, tasks=tasks)
+
+
+_BUILT: set[tuple] = set()  # the checks already passed in this process (one per method otherwise)
+
+
+def _buildable(run, config, tasks: tuple[str, ...], length: int, seed: int, template: str) -> None:
+    """Build example 0 of each task at `length` (a RulerError where its fixed text does not fit)."""
+    key = (str(run.path), tasks, length, seed, template)
+    if key in _BUILT:
+        return
+    prompts = text_of(run, run.tokenizer(config.data, write=False), template).prompter(template)
+    for name in tasks:
+        task_lib.build(name, length, 1, seed, prompts)
+    _BUILT.add(key)
+
+
+def _check(target: Target, request: Request) -> RulerSpec:
+    tasks, samples, template, seed = (request.option(option) for option in OPTIONS)
+    spec = RulerSpec(tuple(tasks), int(samples), int(seed), str(template), request.skip_done)
+    return checked_spec(target, spec)
+
+
+def _recorded(recs: list[dict], header: dict, spec: RulerSpec) -> dict[int, list[dict]]:
+    """{length: its records, one per task of `spec`} where `recs` hold every task at that length from
+    this checkpoint, method and overrides with `spec`'s template, seed and sample count."""
+    cells = {(int(r["eval_length"]), r["task"]): r for r in recs if same_evaluation(r, header) and _same_settings(r, spec)}
+    lengths = {length for length, _ in cells}
+    return {n: [cells[(n, t)] for t in spec.tasks] for n in sorted(lengths) if all((n, t) in cells for t in spec.tasks)}
+
+
+KIND = EvalKind("ruler", "score RULER's synthetic tasks (generated answers, RULER's score) into DIR/eval/ruler.json",
+                OPTIONS, _check, _evaluate_ruler,
+                lambda r: (f"ruler{' ' + r['method'] if r.get('method') else ''} L={r['eval_length']:>6}  "
+                           f"{r['task']:<16} score {r['score']:.2f} ({r['count']} examples)"),
+                "ruler", recorded=_recorded)

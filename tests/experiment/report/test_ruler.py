@@ -1,0 +1,63 @@
+"""experiment/report/ruler.py: RULER's tables (scores with Wilson intervals, the average over the
+tasks every column has, effective lengths by RULER's threshold and the model's own) and figures,
+from records as experiment/evals/ruler.py writes them."""
+import json
+
+from experiment.report import ruler as report
+from experiment.report.seeds import wilson
+from experiment.store.run import RunDir
+from tests.experiment.report.synthetic import fake_run
+
+
+def _rec(task, length, score, count=10, method=None, haystack="noise", **extra):
+    return {"task": task, "eval_length": length, "score": score, "count": count, "scheme": "rope",
+            "train_length": 8192, "step": 0, "template": "base", "seed": 42, "haystack": haystack,
+            **({"method": method} if method else {}), **extra}
+
+
+RECORDS = [
+    _rec("niah_single_1", 4096, 1.0, method="direct"), _rec("vt", 4096, 0.8, method="direct"),
+    _rec("niah_single_1", 8192, 0.9, method="direct"), _rec("vt", 8192, 0.6, method="direct"),
+    _rec("niah_single_1", 16384, 0.0, method="direct"), _rec("vt", 16384, 0.0, method="direct"),
+    _rec("niah_single_1", 4096, 1.0, method="yarn", same_as="direct"), _rec("vt", 4096, 0.8, method="yarn"),
+    _rec("niah_single_1", 16384, 0.9, method="yarn"), _rec("vt", 16384, 0.7, method="yarn"),
+    _rec("niah_single_2", 4096, 0.5, method="yarn", haystack="book"),  # yarn only: not averaged
+]
+
+
+def test_average_pools_the_examples_of_the_tasks_every_column_has():
+    by_column = report.columns([("run", RECORDS)])
+    assert list(by_column) == ["direct", "yarn"]
+    assert report.averaged_tasks(by_column) == ["niah_single_1", "vt"]
+    avg = report.average(by_column["yarn"], ["niah_single_1", "vt"])
+    assert list(avg) == [4096, 16384]
+    value, interval, count = avg[16384]
+    assert abs(value - 0.8) < 1e-12 and count == 20 and interval == wilson(16.0, 20)
+
+
+def test_effective_length_is_the_longest_length_up_to_which_every_average_reaches_the_threshold():
+    assert report.effective_length({4096: 0.9, 8192: 0.86, 16384: 0.5, 32768: 0.9}, 0.856) == 8192
+    assert report.effective_length({4096: 0.5}, 0.856) is None
+    by_column = report.columns([("run", RECORDS)])
+    low, where = report.own_threshold(by_column, ["niah_single_1", "vt"])
+    assert low == wilson(18.0, 20)[0] and where == "direct at 4,096"  # the model as trained at its shortest length
+
+
+def test_tables_give_intervals_counts_effective_lengths_and_mark_book_haystacks():
+    text = report.tables(report.columns([("run", RECORDS)]), {"niah_single_2"})
+    assert "### Average score (percent) over the tasks niah_single_1, vt" in text
+    lo, hi = wilson(16.0, 20)
+    assert f"| 16,384 | 0.0 [0, {100 * wilson(0, 20)[1]:.0f}] | 80.0 [{100 * lo:.0f}, {100 * hi:.0f}] |" in text
+    assert "| direct | 4,096 | 8,192 |" in text  # 90 at 4k, 75 at 8k: RULER's 85.6 to 4k, the model's own to 8k
+    assert "### niah_single_2 (book haystack): score (percent)" in text and "50.0 [" in text and "(n=10)" in text
+    assert "| yarn | 4,096 | 16,384 |" in text  # 80 at 16k: above the lower bound of the model's 90 at 4k
+
+
+def test_write_draws_a_heat_map_per_column_and_the_average(tmp_path):
+    run = fake_run(tmp_path, "rope", 8192, str(tmp_path), {4096: 10.0})
+    path = RunDir(run).records_path("ruler")
+    path.write_text(json.dumps(RECORDS))
+    paths = report.write([run], tmp_path / "out")
+    assert [p.split("/")[-1] for p in paths["heatmaps"]] == ["ruler_heatmap_direct.png", "ruler_heatmap_yarn.png"]
+    assert (tmp_path / "out" / "ruler_average.png").stat().st_size > 10_000
+    assert (tmp_path / "out" / "ruler.md").read_text().startswith("# RULER by task, length and method")
