@@ -23,7 +23,7 @@ from experiment.evals import methods
 from experiment.evals.common import apply_overrides, load_checkpoint
 from experiment.model import abstract_model
 from experiment.store.run import RunDir
-from models.generation.chat import TEMPLATE_FILE, render, template_of
+from models.generation.chat import TEMPLATE_FILE, render
 
 
 @dataclasses.dataclass
@@ -115,5 +115,4 @@ def open_source(source: str | pathlib.Path) -> Source:
     tokenizer = pretrained_tokenizer(loaded.source, loaded.config, loaded.tokenizer, line_end="newline")
     bos = loaded.config.get("bos_token_id")
     bos_token = (tokenizer.tokenizer.id_to_token(int(bos)) or "") if bos is not None else ""
-    return Source(config, nnx.split(loaded.model)[1], tokenizer, template_of(loaded.source), str(loaded.source),
-                  bos_token)
+    return Source(config, nnx.split(loaded.model)[1], tokenizer, loaded.chat_template, str(loaded.source), bos_token)

@@ -18,13 +18,10 @@ class ChatTemplateError(ValueError):
     """A template that cannot be read or rendered; one line naming where it came from."""
 
 
-def template_of(source: str | Path) -> str | None:
-    """The chat template of a GGUF file, a Hugging Face folder or a run folder (None: it has none)."""
-    path = Path(source)
-    if path.is_file():
-        import gguf
-        field = gguf.GGUFReader(path).fields.get("tokenizer.chat_template")
-        return str(field.contents()) if field is not None else None
+def template_of(folder: str | Path) -> str | None:
+    """The chat template of a Hugging Face folder or a run folder (None: it has none); a GGUF file's is
+    its metadata's, which models/formats/hf.py reads with the rest."""
+    path = Path(folder)
     if (path / TEMPLATE_FILE).is_file():
         return (path / TEMPLATE_FILE).read_text()
     config = path / "tokenizer_config.json"
