@@ -61,3 +61,13 @@ def test_write_draws_a_heat_map_per_column_and_the_average(tmp_path):
     assert [p.split("/")[-1] for p in paths["heatmaps"]] == ["ruler_heatmap_direct.png", "ruler_heatmap_yarn.png"]
     assert (tmp_path / "out" / "ruler_average.png").stat().st_size > 10_000
     assert (tmp_path / "out" / "ruler.md").read_text().startswith("# RULER by task, length and method")
+
+
+def test_compare_matches_cells_by_column_task_and_length():
+    same, ok = report.compare(RECORDS, RECORDS[:3])
+    assert ok and "largest difference: 0.0 points" in same
+    moved = [{**RECORDS[0], "score": 0.9}]
+    text, ok = report.compare(RECORDS, moved, tolerance=0.05)
+    assert not ok and "niah_single_1 L=4096: 90.0 (committed 100.0" in text
+    assert report.compare(RECORDS, moved, tolerance=0.1)[1]
+    assert not report.compare(RECORDS, [{**RECORDS[0], "eval_length": 65536}])[1]  # not committed: not the same
