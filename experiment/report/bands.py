@@ -20,6 +20,7 @@ from experiment.report.runs import unit_names
 from experiment.store import bands as bands_lib, files, records
 
 REFERENCES = (("direct", "the model as trained (direct)"), ("lm_infinite", "LM-Infinite"))
+TEXTS = {"books": "the four books of corpora/books.py"}  # documents scored in place of a run's split
 
 
 def _method(record: dict) -> str:
@@ -130,7 +131,7 @@ def table(runs: list[dict]) -> str:
     for run in runs:
         for (unit, split, kind, max_tokens, step), by_length in groups(run).items():
             what = records.series_label((split, kind, max_tokens, "{}"))
-            text = {"books": "the books of corpora/books.py"}.get(split, f"the {split} split")
+            text = TEXTS.get(split, f"the {split} split")
             head = (f"### {run['label']}: {unit_names(unit)[0]}-level perplexity by position band, {text}, {what}"
                     + (f", step {step}" if step is not None else ""))
             lines = [head, ""]

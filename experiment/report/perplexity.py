@@ -225,8 +225,10 @@ def table(runs: list[dict], paper_mode: str = "auto") -> str:
             run = columns[0][0]
             note = checkpoint_note([r for _, pts, _ in columns for r in pts])
             series += f", {run['label']}{', ' + note if note else ''}"
-        heading = title(f"{unit_names(unit)[0]}-level perplexity", [run for run, _, _ in columns],
-                        f"{key[0]}, {series}", labels_in="column headers")
+        text_runs, details = [run for run, _, _ in columns], f"{key[0]}, {series}"
+        if key[0] in bands.TEXTS:  # not the run's dataset: the documents scored in place of its split
+            text_runs, details = [{**run, "dataset": bands.TEXTS[key[0]]} for run in text_runs], series
+        heading = title(f"{unit_names(unit)[0]}-level perplexity", text_runs, details, labels_in="column headers")
         lengths = sorted({r["eval_length"] for _, points, _ in columns for r in points})
         lines = [f"### {heading}", ""] + _grid(header, getters, lengths)
         if words:

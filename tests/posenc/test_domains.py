@@ -79,7 +79,7 @@ CASES = [  # (change, the message's start): item 9 of issue 22 first (a negative
     (with_scheme("rope", "posenc.rope.dynamic_ntk_factor", 2.0), "posenc.rope.dynamic_ntk_factor must be 1.0 unless "
      "dynamic_ntk is set too"),
     (with_scheme("rope", "posenc.rope.yarn_beta_fast", 16.0), "posenc.rope.yarn_beta_fast must be 32.0 unless "
-     "yarn_scale is set too"),
+     "yarn_scale (or yarn_dynamic) is set too"),
     (with_scheme("rope", "posenc.rope.llama3_low_freq_factor", 2.0), "posenc.rope.llama3_low_freq_factor must be 1.0"),
     (with_scheme("rope", "posenc.rope.longrope_factor", 4.0), "posenc.rope.longrope_factor must be 1.0 unless "
      "longrope_short_factor / long_factor is set too"),

@@ -17,6 +17,7 @@ def imported(tmp_path):
 def test_books_are_scored_as_documents_with_bands_and_blocks(imported, monkeypatch):
     tale = [books_lib.Book("One", "a tale of two lines about tokens.\n" * 80), books_lib.Book("Two", "short.\n")]
     monkeypatch.setattr(books_lib, "books", lambda: tale)
+    monkeypatch.setattr(books_lib, "big_txt_path", lambda: "big.txt")  # installed or not, the pair is read
     options = {"documents": "books", "max_tokens": 700}
     out = evaluate_kinds(imported.path, ("perplexity",), Request(lengths=(256,), options=options))["perplexity"]
     short = len(imported.tokenizer(imported.load_config().data, write=False).encode_lines(["short."]))

@@ -74,3 +74,5 @@ def test_the_band_report_shows_where_a_method_differs_from_direct_and_lm_infinit
     lm_rows = text.split("against LM-Infinite")[1]
     assert "| yarn |" in lm_rows and "| direct |" in lm_rows
     assert bands.groups({"records": recs})  # every record holds bands: one group
+    # the perplexity table names the books as its text, not the run's own dataset
+    assert "on the four books of corpora/books.py" in pathlib.Path(paths["md"]).read_text()

@@ -61,8 +61,10 @@ def test_meshes_on_eight_devices_match_one_device(tmp_path):
         assert got["micro_steps"] == 2
         np.testing.assert_allclose(losses(tmp_path / "d8" / f"fsdp{fsdp}"), losses(tmp_path / "d1"), rtol=1e-5)
         params = restored_params(tmp_path / "d8" / f"fsdp{fsdp}", reference)
+        # atol: 1/300 of one Adam step (lr 3e-3); Adam scales a near-zero gradient's sum-order noise up to
+        # a step's size, so one parameter in ~100 can differ by ~1e-6 between meshes (seen in CI)
         for a, b in zip(jax.tree.leaves(params), jax.tree.leaves(ref_params)):
-            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-6)
+            np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-5, atol=1e-5)
         # fc1's kernel (d_model=32 x 64): its input dimension split over the FSDP axis, and the
         # optimizer's moments with it
         assert got["spec"] == str(P(None, None) if fsdp == 1 else P("fsdp", None))
