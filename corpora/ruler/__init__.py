@@ -27,7 +27,7 @@ from corpora.ruler.prompt import Example, Prompter, RulerError, Shot, fit
 from corpora.ruler.tasks import CORE, DEFAULT, TASKS, Task, task
 
 __all__ = ["CORE", "DEFAULT", "TASKS", "Built", "Example", "Prompter", "RulerError", "Shot", "Task", "build",
-           "score", "task"]
+           "needle_distances", "score", "task"]
 
 _CONTROL = re.compile(r"[\x00-\x1f]")
 
@@ -73,6 +73,25 @@ def build(name: str, length: int, samples: int, seed: int, prompter: Prompter,
         example, ids = fit(make, prompter, budget, guess, smallest=smallest)
         out.append(Built(example, ids))
         guess = example.size
+    return out
+
+
+def needle_distances(built: Built, prompter: Prompter) -> list[int]:
+    """For each reference of a needle task's example: how many of the prompt's tokens lie from its
+    needle's value to the prompt's end (the value's first occurrence in the prompt, counted as the
+    tokens of the text before it; a tokenizer that merges across that boundary can move it by a
+    token). A reference farther back than a method's window is one that method must reach past the
+    window to find (results/ruler_smollm2/needles.py)."""
+    if task(built.example.task).family != "niah":
+        raise RulerError(f"{built.example.task}: only the needle tasks hold each reference in one place")
+    text = prompter.text(built.example)
+    special = prompter.template == "base"
+    out = []
+    for reference in built.example.references:
+        cut = text.find(reference)
+        if cut < 0:
+            raise RulerError(f"{built.example.task}: the reference {reference!r} is not in its prompt")
+        out.append(len(built.ids) - len(prompter.encode(text[:cut], special)))
     return out
 
 

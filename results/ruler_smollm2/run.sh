@@ -9,8 +9,9 @@
 #                                                # compare it with the committed records
 #   SAMPLES=500 bash results/ruler_smollm2/run.sh   # with a GPU: RULER's own 500 examples per cell
 # Run from anywhere after the README's set-up; a second run resumes (--skip_done) and skips what is done.
-# Examples per (task, length, method): S4, S8, S16, S32 (SAMPLES sets all four; S32=0 skips 32k); tasks:
-# TASKS (TASKS32 at 32k); BEST: the two methods run at 32k (default: the two best at 16k).
+# Examples per (task, length, method): S4, S8, S16, S32 (SAMPLES sets all four; S8=0 skips 8k, S32=0 32k);
+# tasks: TASKS (TASKS32 at 32k); BEST: the two methods run at 32k (default: the two best at 16k);
+# METHODS: the methods; SE16=0 leaves out Self-Extend G=16.
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 PY=${PY:-.venv/bin/python}
@@ -25,7 +26,8 @@ OUT=${OUT:-results/ruler_smollm2}
 TASKS=${TASKS:-niah_single_1,niah_multikey_2,niah_multikey_3,vt,cwe,fwe}   # README: adding the book haystacks
 TASKS32=${TASKS32:-${SAMPLES:+$TASKS}}; TASKS32=${TASKS32:-niah_single_1,vt}
 S4=${S4:-${SAMPLES:-4}}; S8=${S8:-${SAMPLES:-2}}; S16=${S16:-${SAMPLES:-1}}; S32=${S32:-${SAMPLES:-1}}
-METHODS=direct,yarn,dynamic_ntk,self_extend,dca,lm_infinite
+METHODS=${METHODS:-direct,yarn,dynamic_ntk,self_extend,dca,lm_infinite}
+SE16_RUNS=${SE16:-1}
 SE16=(--set posenc.rope.self_extend_window=2048 --set posenc.rope.self_extend_group=16)  # the second group size
 ruler() {  # W, samples, lengths, then the method's flags
   local w=$1 n=$2 lengths=$3; shift 3
@@ -45,10 +47,10 @@ fi
 W=${W:-runs/ruler_smollm2}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # keeps the GGUF's chat template
 ruler "$W" "$S4" 4096 --methods "$METHODS"     # every method is the model as trained here: scored once
-ruler "$W" "$S8" 8192 --methods "$METHODS"     # ... every one but DCA (chunks of 6,144)
+[ "$S8" = 0 ] || ruler "$W" "$S8" 8192 --methods "$METHODS"     # ... every one but DCA (chunks of 6,144)
 ruler "$W" "$S16" 16384 --methods "$METHODS"
 for pair in "4096 $S4" "8192 $S8" "16384 $S16"; do
-  set -- $pair; ruler "$W" "$2" "$1" "${SE16[@]}"   # Self-Extend G=16, W=2048 at every length, as its paper sets it
+  set -- $pair; [ "$SE16_RUNS" = 0 ] || [ "$2" = 0 ] || ruler "$W" "$2" "$1" "${SE16[@]}"   # Self-Extend G=16, W=2048 at every length, as its paper sets it
 done
 # 32k: the two --methods best at 16k by their average over the tasks (or BEST=a,b)
 [ "$S32" = 0 ] || BEST=${BEST:-$("$PY" - "$W" <<'EOF'
@@ -65,3 +67,4 @@ EOF
 mkdir -p "$OUT/records"
 cp "$W/eval/ruler.json" "$OUT/records/ruler.json"
 "$PY" -m experiment.report.ruler "$W" --out "$OUT/report"
+"$PY" results/ruler_smollm2/needles.py "$W" --out "$OUT/report"   # each needle found or not, by its distance back

@@ -69,6 +69,22 @@ def test_needles_hold_the_answers_and_single_value_wording_is_rulers(prompter):
     assert example.answer_prefix == f" The special magic number for {needles[0][0]} mentioned in the provided text is"
 
 
+def test_needle_distances_point_at_each_value_in_the_prompts_tokens(prompter, book):
+    tokenizer = Tokenizer.from_file(str(FIXTURE))
+    for built in ruler.build("niah_single_1", 2048, 3, 5, prompter):
+        (distance,) = ruler.needle_distances(built, prompter)
+        (value,) = built.example.references
+        assert 0 < distance < len(built.ids)
+        assert tokenizer.decode(built.ids[len(built.ids) - distance:]).strip().startswith(value[:4])
+    built = ruler.build("niah_multivalue", 4096, 1, 5, prompter, book)[0]
+    distances = ruler.needle_distances(built, prompter)
+    assert len(distances) == len(built.example.references) == 4
+    for distance, value in zip(distances, built.example.references):
+        assert tokenizer.decode(built.ids[len(built.ids) - distance:]).strip().startswith(value[:4])
+    with pytest.raises(RulerError, match="only the needle tasks"):
+        ruler.needle_distances(ruler.build("vt", 2048, 1, 5, prompter)[0], prompter)
+
+
 def test_multikey_haystacks_are_distractor_needles_with_uuids(prompter):
     example = ruler.build("niah_multikey_3", 4096, 1, 1, prompter)[0].example
     uuid = r"[0-9a-f]{8}-[0-9a-f]{4}-4[0-9a-f]{3}-[89ab][0-9a-f]{3}-[0-9a-f]{12}"
