@@ -23,7 +23,8 @@ from experiment.evals import methods
 from experiment.evals.common import apply_overrides, load_checkpoint
 from experiment.model import abstract_model
 from experiment.store.run import RunDir
-from models.generation.chat import TEMPLATE_FILE, render
+from models.generation.chat import TEMPLATE_FILE
+from models.generation.text import Text
 
 
 @dataclasses.dataclass
@@ -69,31 +70,30 @@ class Source:
         model.compile_calls = True
         return model
 
+    @property
+    def text(self) -> Text:
+        """The tokenizer and chat template (models/generation/text.py)."""
+        return Text(self.tokenizer, self.chat_template, self.bos_token)
+
     def encode(self, text: str, *, special: bool = True) -> list[int]:
         """`text` as token ids; `special`: with the tokenizer's own special tokens (a BOS where its
         post-processor adds one), as transformers' tokenizer(text) encodes it."""
-        tok = self.tokenizer
-        if tok.kind == "pretrained":
-            return list(tok.tokenizer.encode(text, add_special_tokens=special).ids)
-        return list(tok.hf_tokenizer().encode(text, add_special_tokens=False).ids)
+        return self.text.encode(text, special)
 
     def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
+        return self.text.decode(ids)
 
     def chat(self, messages: list[dict]) -> list[int]:
         """The ids of `messages` under the checkpoint's chat template (ValueError where it has none)."""
         if not self.chat_template:
             raise ValueError(f"{self.path} has no chat template (GGUF tokenizer.chat_template, HF chat_template); "
                              f"drop --chat and give the prompt as the model should read it")
-        eos = self.tokenizer.tokenizer.id_to_token(self.tokenizer.eos_id) if self.tokenizer.kind == "pretrained" else ""
-        text = render(self.chat_template, messages, bos_token=self.bos_token, eos_token=eos or "")
-        return self.encode(text, special=False)
+        return self.encode(self.text.chat(messages), special=False)
 
     @property
     def stop_ids(self) -> list[int]:
-        """Token ids that end a generated text: a pretrained checkpoint's end of sequence (a run trained
-        here ends lines with its end-of-line token, which is no end of text)."""
-        return [int(self.tokenizer.eos_id)] if self.tokenizer.kind == "pretrained" else []
+        """Token ids that end a generated text (Text.stop_ids)."""
+        return self.text.stop_ids
 
 
 def open_source(source: str | pathlib.Path) -> Source:

@@ -28,7 +28,8 @@ from experiment.evals.kinds import EvalKind, Option, Request, Target, same_evalu
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
 from models.generate import generate
-from models.generation.chat import TEMPLATE_FILE, render
+from models.generation.chat import TEMPLATE_FILE
+from models.generation.text import Text
 from posenc.domains import at_least
 
 log = logging.getLogger(__name__)
@@ -48,39 +49,10 @@ class RulerSpec:
     skip_done: bool = False
 
 
-@dataclasses.dataclass(frozen=True)
-class Text:
-    """A checkpoint's text side, as experiment/generation.py's Source reads it (that module reaches
-    the converter and, through it, training; evaluation imports neither): its tokenizer
-    (corpora/tokenizers.py) and chat template (None: none)."""
-    tokenizer: object
-    chat_template: str | None = None
-
-    def encode(self, text: str, special: bool) -> list[int]:
-        """Ids of `text`, with the tokenizer's own special tokens where `special` (a pretrained one's)."""
-        tok = self.tokenizer
-        if tok.kind == "pretrained":
-            return list(tok.tokenizer.encode(text, add_special_tokens=special).ids)
-        return list(tok.hf_tokenizer().encode(text, add_special_tokens=False).ids)
-
-    def decode(self, ids) -> str:
-        return self.tokenizer.decode([int(i) for i in ids])
-
-    def chat(self, messages: list[dict]) -> str:
-        """The text of `messages` under the chat template, its generation prompt added."""
-        tok = self.tokenizer
-        eos = tok.tokenizer.id_to_token(tok.eos_id) if tok.kind == "pretrained" else ""
-        return render(self.chat_template, messages, eos_token=eos or "")
-
-    @property
-    def stop_ids(self) -> list[int]:
-        """A pretrained checkpoint's end of sequence (a run trained here has none: its answers run on)."""
-        return [int(self.tokenizer.eos_id)] if self.tokenizer.kind == "pretrained" else []
-
-    def prompter(self, template: str) -> task_lib.Prompter:
-        """RULER's prompt in these tokens: `base` (plain text with the tokenizer's own special tokens)
-        or `chat` (the chat template's text, which holds its own)."""
-        return task_lib.Prompter(self.encode, self.chat if self.chat_template else None, template)
+def prompter(text: Text, template: str) -> task_lib.Prompter:
+    """RULER's prompt in `text`'s tokens: `base` (plain text with the tokenizer's own special tokens)
+    or `chat` (the chat template's text, which holds its own)."""
+    return task_lib.Prompter(text.encode, text.chat if text.chat_template else None, template)
 
 
 def text_of(run, tokenizer, template: str) -> Text:
@@ -126,7 +98,7 @@ def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, row
 
 def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> list[dict]:
     source = text_of(scoring.run, scoring.tokenizer, spec.template)
-    prompts = source.prompter(spec.template)
+    prompts = prompter(source, spec.template)
     model = scoring.model()
     model.compile_calls = True
     done = _done(scoring, spec) if spec.skip_done else set()
@@ -189,7 +161,7 @@ def _buildable(run, config, tasks: tuple[str, ...], length: int, seed: int, temp
     key = (str(run.path), tasks, length, seed, template)
     if key in _BUILT:
         return
-    prompts = text_of(run, run.tokenizer(config.data, write=False), template).prompter(template)
+    prompts = prompter(text_of(run, run.tokenizer(config.data, write=False), template), template)
     for name in tasks:
         task_lib.build(name, length, 1, seed, prompts)
     _BUILT.add(key)

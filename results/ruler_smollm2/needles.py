@@ -16,7 +16,7 @@ from collections import defaultdict
 sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
 
 from corpora import ruler  # noqa: E402
-from experiment.evals.ruler import text_of  # noqa: E402
+from experiment.evals.ruler import prompter as ruler_prompter, text_of  # noqa: E402
 from experiment.report.ruler import column_name  # noqa: E402
 from experiment.report.seeds import wilson  # noqa: E402
 from experiment.store import files  # noqa: E402
@@ -47,7 +47,7 @@ def needles_md(workdir: str) -> str:
     summary = defaultdict(lambda: [0.0, 0, 0.0, 0])  # column -> found past, count past, found within, count within
     for (task, length, template, seed), by_column in sorted(cells.items()):
         count = len(next(iter(by_column.values())))
-        prompter = text_of(run, tokenizer, template).prompter(template)
+        prompter = ruler_prompter(text_of(run, tokenizer, template), template)
         built = ruler.build(task, length, count, seed, prompter)
         distances = [max(ruler.needle_distances(b, prompter)) for b in built]
         names = list(by_column)
