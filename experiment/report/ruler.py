@@ -12,7 +12,8 @@ Effective length (RULER's): the longest length up to which every evaluated lengt
 least the threshold: RULER's 85.6 (Llama-2-7B's average at 4k), and, since a small model starts far
 below it, the model's own: the lower end of the 95% interval of its average at the shortest length
 as trained (the column without a method or options, or `direct`), i.e. the longest length not shown
-to be worse than the model is within its window.
+to be worse than the model is within its window. A length the report has (another column ran it)
+that a column lacks below its longest ends that column's count: a length not run is not passed.
 """
 from __future__ import annotations
 
@@ -81,14 +82,22 @@ def average(records: list[dict], tasks: list[str]) -> dict[int, tuple[float, tup
     return out
 
 
-def effective_length(means: dict[int, float], threshold: float) -> int | None:
-    """The longest length up to which every length's mean is >= threshold (None: not even the shortest)."""
+def effective_length(means: dict[int, float], threshold: float, lengths=()) -> int | None:
+    """The longest length up to which every length's mean is >= threshold (None: not even the shortest).
+    `lengths`: every length the report has; one of them that `means` lacks below its longest ends the
+    count there (a length not run is not passed), as gap() says."""
     best = None
-    for n in sorted(means):
-        if means[n] < threshold:
+    for n in sorted(set(means) | {n for n in lengths if n < max(means, default=0)}):
+        if n not in means or means[n] < threshold:
             break
         best = n
     return best
+
+
+def gap(means: dict[int, float], lengths) -> int | None:
+    """The shortest of `lengths` below the longest in `means` that `means` lacks (None: none)."""
+    missing = [n for n in sorted(lengths) if n not in means and n < max(means, default=0)]
+    return missing[0] if missing else None
 
 
 def own_threshold(by_column: dict[str, list[dict]], tasks: list[str]) -> tuple[float, str] | None:
@@ -131,11 +140,22 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
     lines += ["### Effective length", "", "| column | RULER threshold 85.6 | the model's own "
               + (f"({100 * own[0]:.1f}: the 95% lower bound of {own[1]})" if own else "(no column as trained)") + " |",
               "|---|---:|---:|"]
+    gaps = []
     for c in names:
         means = {n: v[0] for n, v in averages[c].items()}
-        own_text = _length_text(effective_length(means, own[0]), lengths[0]) if own and means else ""
-        lines.append(f"| {c} | {_length_text(effective_length(means, RULER_THRESHOLD), lengths[0]) if means else ''} "
-                     f"| {own_text} |")
+        hole = gap(means, lengths)
+        if hole is not None:
+            gaps.append(f"{c} has no {hole:,}")
+
+        def text(threshold: float) -> str:
+            n = effective_length(means, threshold, lengths)
+            after = [k for k in lengths if n is None or k > n]
+            return _length_text(n, lengths[0]) + (" *" if hole is not None and after and after[0] == hole else "")
+        own_text = text(own[0]) if own and means else ""
+        lines.append(f"| {c} | {text(RULER_THRESHOLD) if means else ''} | {own_text} |")
+    if gaps:
+        lines += ["", "A length a column did not run ends its effective length there (" + "; ".join(gaps)
+                  + "); * marks a count that stopped at such a length, not at a score below the threshold."]
     lines.append("")
     all_tasks = list(dict.fromkeys(r["task"] for recs in by_column.values() for r in recs))
     for task in all_tasks:

@@ -50,7 +50,18 @@ def test_tables_give_intervals_counts_effective_lengths_and_mark_book_haystacks(
     assert f"| 16,384 | 0.0 [0, {100 * wilson(0, 20)[1]:.0f}] | 80.0 [{100 * lo:.0f}, {100 * hi:.0f}] |" in text
     assert "| direct | 4,096 | 8,192 |" in text  # 90 at 4k, 75 at 8k: RULER's 85.6 to 4k, the model's own to 8k
     assert "### niah_single_2 (book haystack): score (percent)" in text and "50.0 [" in text and "(n=10)" in text
-    assert "| yarn | 4,096 | 16,384 |" in text  # 80 at 16k: above the lower bound of the model's 90 at 4k
+    # yarn has no 8,192: its count stops there (80 at 16k is above the model's own bound, but 8k is unknown)
+    assert "| yarn | 4,096 * | 4,096 * |" in text and "(yarn has no 8,192)" in text
+
+
+def test_a_length_a_column_did_not_run_ends_its_effective_length():
+    means = {4096: 0.9, 16384: 0.9}
+    assert report.effective_length(means, 0.856) == 16384  # on its own lengths
+    assert report.effective_length(means, 0.856, [4096, 8192, 16384]) == 4096
+    assert report.effective_length(means, 0.856, [4096, 8192, 16384, 32768]) == 4096
+    assert report.effective_length({8192: 0.9}, 0.856, [4096, 8192]) is None
+    assert report.gap(means, [4096, 8192, 16384, 32768]) == 8192  # 32k: past its longest, not a gap
+    assert report.gap({4096: 0.9, 8192: 0.5}, [4096, 8192, 16384]) is None
 
 
 def test_write_draws_a_heat_map_per_column_and_the_average(tmp_path):
