@@ -12,7 +12,8 @@ is the same for every method, so methods are compared on the same prompts.
 
 Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): one per (task,
 eval_length, template, overrides or method), written as each finishes: its mean `score`, each
-example's (`scores`), `count`, the prompts' token counts, the start of each answer. With
+example's (`scores`), `count`, the prompts' token counts, the start of each answer and its length in
+tokens (`answer_tokens`; records written before 2026-11-28 lack it). With
 --skip_done a (task, length) already recorded with the same settings is not scored again.
 """
 from __future__ import annotations
@@ -62,15 +63,18 @@ def text_of(run, tokenizer, template: str) -> Text:
 
 
 def cell_record(task: task_lib.Task, length: int, spec: RulerSpec, built: list[task_lib.Built],
-                answers: list[str], seconds: float, header: dict) -> dict:
-    """The record of one (task, length): RULER's score of each answer, their mean and what was asked."""
+                answers: list[str], seconds: float, header: dict, answer_tokens: list[int] | None = None) -> dict:
+    """The record of one (task, length): RULER's score of each answer, their mean and what was asked;
+    `answer_tokens`: each answer's length in tokens, its end of text not counted (tokens_to_generate:
+    it ran to RULER's budget)."""
     scores = [task_lib.score(answer, b.example.references) for answer, b in zip(answers, built)]
     tokens = [len(b.ids) for b in built]
     return {**header, "task": task.name, "eval_length": int(length), "template": spec.template, "seed": spec.seed,
             "count": len(scores), "score": sum(scores) / len(scores), "scores": scores,
             "haystack": task.haystack, "tokens_to_generate": task.tokens_to_generate,
             "prompt_tokens": [min(tokens), max(tokens)], "seconds": round(seconds, 1),
-            "answers": [a.strip()[:PREVIEW_CHARS] for a in answers]}
+            "answers": [a.strip()[:PREVIEW_CHARS] for a in answers],
+            **({"answer_tokens": [int(n) for n in answer_tokens]} if answer_tokens is not None else {})}
 
 
 def _done(scoring: Scoring, spec: RulerSpec) -> set[tuple[str, int]]:
@@ -85,15 +89,18 @@ def _same_settings(record: dict, spec: RulerSpec) -> bool:
             and record.get("count") == spec.samples)
 
 
-def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int, progress) -> list[str]:
-    """The greedy answer of each prompt, `rows` prompts a batch, each at most `max_new` tokens."""
-    out = []
+def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int,
+             progress) -> tuple[list[str], list[int]]:
+    """The greedy answer of each prompt and its length in tokens, `rows` prompts a batch, each at most
+    `max_new` tokens."""
+    out, lengths = [], []
     for lo in range(0, len(built), rows):
         batch = [b.ids for b in built[lo:lo + rows]]
         new = generate(model, batch, max_new, stop=source.stop_ids or None)
         out += [source.decode(ids) for ids in new]
+        lengths += [len(ids) for ids in new]
         progress.update(len(batch))
-    return out
+    return out, lengths
 
 
 def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> list[dict]:
@@ -115,8 +122,9 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
             rows = max(1, min(spec.samples, batch_tokens // length))
             with Progress(f"ruler {name}{method} L={length}", spec.samples, "prompts",
                           shown=scoring.run.writer) as progress:
-                answers = _answers(model, source, built, task.tokens_to_generate, rows, progress)
-            record = cell_record(task, length, spec, built, answers, time.perf_counter() - start, scoring.header())
+                answers, answer_tokens = _answers(model, source, built, task.tokens_to_generate, rows, progress)
+            record = cell_record(task, length, spec, built, answers, time.perf_counter() - start, scoring.header(),
+                                 answer_tokens)
             log.info("ruler %s%s L=%d: %.3f over %d examples (%.0f s)", name, method, length, record["score"],
                      record["count"], record["seconds"])
             scoring.write("ruler", [record])  # each cell kept as it finishes

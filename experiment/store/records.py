@@ -19,7 +19,8 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
 - ruler (eval/ruler.json): `task`, `eval_length`, `template`, `seed`, `count`, `score` (RULER's: the
   mean over the examples of the fraction of references found), `scores` (each example's), `haystack`,
-  `tokens_to_generate`, `prompt_tokens` ([fewest, most]), `seconds`, `answers` (each answer's start).
+  `tokens_to_generate`, `prompt_tokens` ([fewest, most]), `seconds`, `answers` (each answer's start),
+  `answer_tokens` (each answer's length in tokens; tokens_to_generate: it ran to the budget; optional).
 """
 from __future__ import annotations
 
@@ -161,9 +162,11 @@ KINDS = {kind.name: kind for kind in (
           "prompt_tokens": (lambda v: isinstance(v, list) and len(v) == 2 and all(_int(x) for x in v),
                             "[fewest, most] prompt tokens"),
           "seconds": NUMBER, "answers": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
-                                         "a list of strings")},
-         lambda r: None if "scores" not in r or len(r["scores"]) == r["count"] else
-         f"scores holds {len(r['scores'])} values for a count of {r['count']}", "--ruler"))}
+                                         "a list of strings"),
+          "answer_tokens": (lambda v: isinstance(v, list) and all(_int(x) and x >= 0 for x in v),
+                            "a list of token counts")},
+         lambda r: next((f"{k} holds {len(r[k])} values for a count of {r['count']}" for k in ("scores", "answer_tokens")
+                         if k in r and len(r[k]) != r["count"]), None), "--ruler"))}
 
 
 def record_kind(name: str) -> Kind:

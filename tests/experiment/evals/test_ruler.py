@@ -21,11 +21,16 @@ def test_a_cells_record_holds_rulers_score_and_passes_the_record_check():
     built = [_Built(["ABCDE", "FGHIJ"], 990), _Built(["KLMNO", "PQRST"], 1000)]
     header = {"scheme": "rope", "train_length": 64, "step": 3, "method": "yarn"}
     spec = ruler.RulerSpec(tasks=("vt",), samples=2, seed=5)
-    record = ruler.cell_record(task_lib.task("vt"), 1024, spec, built, ["abcde and fghij", "KLMNO\x01"], 12.34, header)
+    record = ruler.cell_record(task_lib.task("vt"), 1024, spec, built, ["abcde and fghij", "KLMNO\x01"], 12.34, header,
+                               [5, 30])
     assert record["scores"] == [1.0, 0.5] and record["score"] == 0.75 and record["count"] == 2
     assert record["prompt_tokens"] == [990, 1000] and record["tokens_to_generate"] == 30 and record["seed"] == 5
     assert records.problem("ruler", [record]) is None
     assert "scores holds 1 values" in records.problem("ruler", [{**record, "scores": [1.0]}])
+    assert record["answer_tokens"] == [5, 30]  # the second ran to vt's budget of 30
+    assert "answer_tokens holds 1 values" in records.problem("ruler", [{**record, "answer_tokens": [5]}])
+    old = {k: v for k, v in record.items() if k != "answer_tokens"}  # records written before the field
+    assert records.problem("ruler", [old]) is None
     assert records.record_kind("ruler").key(record) != records.record_kind("ruler").key({**record, "template": "chat"})
 
 
