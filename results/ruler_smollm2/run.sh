@@ -9,7 +9,8 @@
 #                                                # compare it with the committed records
 #   SAMPLES=500 bash results/ruler_smollm2/run.sh   # with a GPU: RULER's own 500 examples per cell
 # Run from anywhere after the README's set-up; a second run resumes (--skip_done) and skips what is done.
-# Examples per (task, length, method): S4, S8, S16, S32 (SAMPLES sets all four; S8=0 skips 8k, S32=0 32k);
+# Examples per (task, length, method): S4, S8, S16, S32 (SAMPLES sets all four; S8=0 skips 8k, S16=0 16k,
+# S32=0 32k);
 # tasks: TASKS (TASKS32 at 32k); BEST: the two methods run at 32k (default: the two best at 16k);
 # METHODS: the methods; SE16=0 leaves out Self-Extend G=16.
 set -euo pipefail
@@ -48,7 +49,7 @@ W=${W:-runs/ruler_smollm2}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # keeps the GGUF's chat template
 ruler "$W" "$S4" 4096 --methods "$METHODS"     # every method is the model as trained here: scored once
 [ "$S8" = 0 ] || ruler "$W" "$S8" 8192 --methods "$METHODS"     # ... every one but DCA (chunks of 6,144)
-ruler "$W" "$S16" 16384 --methods "$METHODS"
+[ "$S16" = 0 ] || ruler "$W" "$S16" 16384 --methods "$METHODS"
 for pair in "4096 $S4" "8192 $S8" "16384 $S16"; do
   set -- $pair; [ "$SE16_RUNS" = 0 ] || [ "$2" = 0 ] || ruler "$W" "$2" "$1" "${SE16[@]}"   # Self-Extend G=16, W=2048 at every length, as its paper sets it
 done
