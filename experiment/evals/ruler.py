@@ -13,7 +13,7 @@ is the same for every method, so methods are compared on the same prompts.
 Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): one per (task,
 eval_length, template, overrides or method), written as each finishes: its mean `score`, each
 example's (`scores`), `count`, the prompts' token counts, the start of each answer and its length in
-tokens (`answer_tokens`; records written before 2026-11-28 lack it). With
+tokens (`answer_tokens`; older records lack it). With
 --skip_done a (task, length) already recorded with the same settings is not scored again.
 """
 from __future__ import annotations
