@@ -150,12 +150,16 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
         def text(threshold: float) -> str:
             n = effective_length(means, threshold, lengths)
             after = [k for k in lengths if n is None or k > n]
-            return _length_text(n, lengths[0]) + (" *" if hole is not None and after and after[0] == hole else "")
+            if hole is not None and after and after[0] == hole:
+                return _length_text(n, lengths[0]) + " *"
+            return _length_text(n, lengths[0]) + (" +" if n is not None and n == max(means) < lengths[-1] else "")
         own_text = text(own[0]) if own and means else ""
         lines.append(f"| {c} | {text(RULER_THRESHOLD) if means else ''} | {own_text} |")
     if gaps:
         lines += ["", "A length a column did not run ends its effective length there (" + "; ".join(gaps)
                   + "); * marks a count that stopped at such a length, not at a score below the threshold."]
+    if any(max(averages[c], default=lengths[-1]) < lengths[-1] for c in names):
+        lines += ["", "+ marks the longest length a column ran: the longer ones were not run, not failed."]
     lines.append("")
     all_tasks = list(dict.fromkeys(r["task"] for recs in by_column.values() for r in recs))
     for task in all_tasks:

@@ -54,6 +54,13 @@ def test_tables_give_intervals_counts_effective_lengths_and_mark_book_haystacks(
     assert "| yarn | 4,096 * | 4,096 * |" in text and "(yarn has no 8,192)" in text
 
 
+def test_a_column_that_stops_short_of_the_longest_length_is_marked():
+    short = [r for r in RECORDS if r.get("method") == "direct" and r["eval_length"] < 16384]
+    text = report.tables(report.columns([("run", short + RECORDS[6:10])]), set())
+    assert "| direct | 4,096 | 8,192 + |" in text and "longer ones were not run, not failed" in text
+    assert "| yarn | 4,096 * | 4,096 * |" in text
+
+
 def test_a_length_a_column_did_not_run_ends_its_effective_length():
     means = {4096: 0.9, 16384: 0.9}
     assert report.effective_length(means, 0.856) == 16384  # on its own lengths
