@@ -120,6 +120,16 @@ def _length_text(n: int | None, shortest: int) -> str:
     return f"< {shortest:,}" if n is None else f"{n:,}"
 
 
+def _effective_text(means: dict[int, float], threshold: float, lengths: list[int]) -> str:
+    """The effective length as the table shows it: `*` where the count stopped at a length the column
+    did not run, `+` where it reached the column's longest length and the report has longer ones."""
+    n = effective_length(means, threshold, lengths)
+    following = [k for k in lengths if n is None or k > n]
+    if following and following[0] == gap(means, lengths):
+        return _length_text(n, lengths[0]) + " *"
+    return _length_text(n, lengths[0]) + (" +" if n is not None and n == max(means) < lengths[-1] else "")
+
+
 def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
     """Markdown: the average by length and column, the effective lengths, then each task's score by
     length and column (scores in percent, [low, high] the 95% Wilson interval)."""
@@ -143,18 +153,10 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
     gaps = []
     for c in names:
         means = {n: v[0] for n, v in averages[c].items()}
-        hole = gap(means, lengths)
-        if hole is not None:
-            gaps.append(f"{c} has no {hole:,}")
-
-        def text(threshold: float) -> str:
-            n = effective_length(means, threshold, lengths)
-            after = [k for k in lengths if n is None or k > n]
-            if hole is not None and after and after[0] == hole:
-                return _length_text(n, lengths[0]) + " *"
-            return _length_text(n, lengths[0]) + (" +" if n is not None and n == max(means) < lengths[-1] else "")
-        own_text = text(own[0]) if own and means else ""
-        lines.append(f"| {c} | {text(RULER_THRESHOLD) if means else ''} | {own_text} |")
+        if gap(means, lengths) is not None:
+            gaps.append(f"{c} has no {gap(means, lengths):,}")
+        own_text = _effective_text(means, own[0], lengths) if own and means else ""
+        lines.append(f"| {c} | {_effective_text(means, RULER_THRESHOLD, lengths) if means else ''} | {own_text} |")
     if gaps:
         lines += ["", "A length a column did not run ends its effective length there (" + "; ".join(gaps)
                   + "); * marks a count that stopped at such a length, not at a score below the threshold."]
