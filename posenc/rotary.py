@@ -259,13 +259,18 @@ class Rope(Scheme):
             return None
         inv_freq = self._inv_freq(k_pos_BxS)
         near_BxHxTxS = _logits(q_BxTxHxK, k_BxSxHxK)
-        bias = 0.0
+        scale = q_BxTxHxK.shape[-1] ** -0.5
+        bias = jnp.zeros_like(near_BxHxTxS)
         for where_Bx1xTxS, q_shift_BxT, k_shift_BxS in moves:
-            # q, k arrive rotated at m and n (YaRN's factor in them already): rotating them on by the
-            # shifts places them at the moved positions.
-            far_BxHxTxS = _logits(apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq),
-                                  apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq))
-            bias = bias + jnp.where(where_Bx1xTxS, (far_BxHxTxS - near_BxHxTxS) * q_BxTxHxK.shape[-1] ** -0.5, 0.0)
+            def moved(bias, where_Bx1xTxS=where_Bx1xTxS, q_shift_BxT=q_shift_BxT, k_shift_BxS=k_shift_BxS):
+                # q, k arrive rotated at m and n (YaRN's factor in them already): rotating them on by the
+                # shifts places them at the moved positions.
+                far_BxHxTxS = _logits(apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq),
+                                      apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq))
+                return bias + jnp.where(where_Bx1xTxS, (far_BxHxTxS - near_BxHxTxS) * scale, 0.0)
+            # a tile of blockwise attention where this move takes no pair (near the diagonal for ReRoPE and
+            # Self-Extend; all but one chunk relation for DCA) computes none of its far logits
+            bias = jax.lax.cond(where_Bx1xTxS.any(), moved, lambda bias: bias, bias)
         return bias
 
     def _position_moves(self, q_pos_BxT, k_pos_BxS) -> list[tuple[jax.Array, jax.Array, jax.Array]]:

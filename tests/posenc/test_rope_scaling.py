@@ -290,6 +290,31 @@ def test_self_extend_through_blockwise_and_triangular_attention_equals_dense():
     assert not np.allclose(dense, model("dense", yarn_scale=2.0)(x), atol=1e-4)
 
 
+@pytest.mark.parametrize("options", [dict(self_extend_window=20, self_extend_group=3),
+                                     dict(dca_chunk_size=24, dca_local_window=4), dict(rerope_window=18)],
+                         ids=lambda o: next(iter(o)))
+def test_a_tile_without_moved_pairs_skips_its_far_logits_and_changes_nothing(options, monkeypatch):
+    """Blockwise attention's tiles where a move takes no pair (ReRoPE / Self-Extend near the diagonal,
+    DCA's other chunk relations) skip its far logits (a lax.cond in Rope.bias); the output is
+    bitwise that of computing them in every tile."""
+    from models.attention import blockwise_attention
+    scheme = build(**options)
+    q, k = qk(64, 64, batch=2)
+    v = jax.random.normal(jax.random.key(3), q.shape)
+    pos = jnp.broadcast_to(jnp.arange(64, dtype=jnp.int32), (2, 64))
+    skipped = [np.asarray(jax.jit(lambda q, k, v: blockwise_attention(q, k, v, pos, pos, scheme, block))(q, k, v))
+               for block in (8, 12)]
+    monkeypatch.setattr(jax.lax, "cond", lambda pred, yes, no, *args: yes(*args))  # every tile computes them
+    every = [np.asarray(jax.jit(lambda q, k, v: blockwise_attention(q, k, v, pos, pos, scheme, block))(q, k, v))
+             for block in (8, 12)]
+    for a, b in zip(skipped, every):
+        np.testing.assert_array_equal(a, b)
+    tiles = [(i, j) for i in range(8) for j in range(i + 1)]  # blocks of 8: some tile takes no pair of a move
+    moves = [[bool(where.any()) for where, _, _ in scheme._position_moves(pos[:, 8 * i:8 * i + 8], pos[:, 8 * j:8 * j + 8])]
+             for i, j in tiles]
+    assert any(not all(m) for m in moves) and any(any(m) for m in moves)
+
+
 VARIANTS = [dict(llama3_factor=8.0), dict(longrope_short_factor=[1.5] * 4, longrope_long_factor=[2.0] * 4,
                                           longrope_factor=4.0, original_length=8),
             dict(self_extend_window=3, self_extend_group=2),

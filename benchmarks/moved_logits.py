@@ -1,0 +1,74 @@
+"""The cost of the training-free methods that move logits to other positions (Self-Extend, DCA, ReRoPE:
+posenc/rotary.py, `Rope.bias`) in one layer's blockwise attention, against plain RoPE, with and without
+the per-tile skip (a tile where a move takes no pair computes none of its far logits; the baseline
+computes them in every tile, as before the skip), all in one process, in turns, best of `--rounds`.
+
+    python -m benchmarks.moved_logits [--length 8192] [--block 512] [--rounds 3]
+
+SmolLM2-135M's attention shape (9 heads of 64, one row) and its methods' settings at twice its 8,192
+window (experiment/evals/methods.py: Self-Extend W = 2,048, G = 4; DCA chunks 6,144, local window 512;
+ReRoPE window 512). Writes benchmarks/results/moved_logits.json.
+"""
+from __future__ import annotations
+
+import argparse
+import time
+
+import jax
+import jax.numpy as jnp
+from flax import nnx
+
+import posenc
+from benchmarks import common
+from models.attention import blockwise_attention
+
+METHODS = {"rope": {}, "self_extend": dict(self_extend_window=2048, self_extend_group=4),
+           "dca": dict(dca_chunk_size=6144, dca_local_window=512), "rerope": dict(rerope_window=512)}
+
+
+def scheme(options: dict, train_length: int = 8192):
+    cfg = posenc.default_config("rope")
+    cfg.rope.update(options)
+    dims = posenc.ModelDims(d_model=576, num_heads=9, head_dim=64, num_layers=1, train_length=train_length)
+    return posenc.build(cfg, dims, rngs=nnx.Rngs(0))
+
+
+def every_tile(pred, yes, no, *operands):
+    """lax.cond as it was before the skip, for the moves: the far logits of every tile computed."""
+    return yes(*operands)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--length", type=int, default=8192)
+    parser.add_argument("--block", type=int, default=512)
+    parser.add_argument("--rounds", type=int, default=3)
+    args = parser.parse_args()
+    q, k, v = (jax.random.normal(key, (1, args.length, 9, 64)) for key in jax.random.split(jax.random.key(0), 3))
+    pos = jnp.broadcast_to(jnp.arange(args.length, dtype=jnp.int32), (1, args.length))
+    programs = {}
+    for name, options in METHODS.items():
+        for skip in ((True, False) if options else (True,)):
+            s = scheme(options)
+            cond, jax.lax.cond = jax.lax.cond, (jax.lax.cond if skip else every_tile)
+            try:  # traced now, with the cond of this variant
+                f = jax.jit(lambda q, k, v, s=s: blockwise_attention(q, k, v, pos, pos, s, args.block))
+                programs[(name, skip)] = f.lower(q, k, v).compile()
+            finally:
+                jax.lax.cond = cond
+    best = {key: float("inf") for key in programs}
+    for _ in range(args.rounds):
+        for key, f in programs.items():
+            start = time.perf_counter()
+            jax.block_until_ready(f(q, k, v))
+            best[key] = min(best[key], time.perf_counter() - start)
+    rope = best[("rope", True)]
+    rows = [{"method": name, "tiles": "skip" if skip else "every", "seconds": t, "vs_rope": t / rope,
+             "vs_every_tile": t / best[(name, False)] if skip and (name, False) in best else None}
+            for (name, skip), t in best.items()]
+    common.print_table(rows, ["method", "tiles", "seconds", "vs_rope", "vs_every_tile"])
+    print("wrote", common.write("moved_logits", {"length": args.length, "block": args.block, "rows": rows}))
+
+
+if __name__ == "__main__":
+    main()
