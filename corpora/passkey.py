@@ -274,7 +274,17 @@ INSTRUCTION = ("Somewhere in the long text below, among sentences that repeat, t
                "Read all of the text and remember the passkey, because you will be asked for it at the end.")
 KEY_SENTENCE = " The passkey is {key}. Remember it: {key} is the passkey."
 QUESTION = " What is the passkey? The passkey is"
+ASK, ANSWER_PREFIX = " What is the passkey?", "The passkey is"  # the question split by a chat frame
 INSTRUCTED_DIGITS = 5
+
+
+@dataclasses.dataclass(frozen=True)
+class ChatFrame:
+    """A chat template's tokens around one user message: `head` (up to the message), `tail` (from its
+    end to where the assistant's answer begins). A prompt in the frame is head, the instruction,
+    filler and key, the question (ASK), tail, then ANSWER_PREFIX, which the answer continues."""
+    head: np.ndarray
+    tail: np.ndarray
 
 
 @dataclasses.dataclass(frozen=True)
@@ -287,12 +297,20 @@ class PromptedExample:
     depth: float
 
 
-def _instructed_pieces(tokenizer) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+def _instructed_pieces(tokenizer, frame: ChatFrame | None = None
+                       ) -> tuple[np.ndarray, tuple[np.ndarray, ...], np.ndarray]:
+    """(what comes before the filler, the filler sentences, what comes after it): the instruction and
+    the question, in `frame` where one is given."""
     if getattr(tokenizer, "kind", "") == "word":
         raise PasskeyError("the instructed passkey is written for a byte, BPE or pretrained tokenizer (a word "
                            "vocabulary would turn its words into <unk>); use --passkey_form compact for this run")
     sentences = tuple(_encode(tokenizer, " " + s[0].upper() + s[1:]) for s in FILLER)
-    return _encode(tokenizer, INSTRUCTION), sentences, _encode(tokenizer, QUESTION)
+    if frame is None:
+        return _encode(tokenizer, INSTRUCTION), sentences, _encode(tokenizer, QUESTION)
+    before = np.concatenate([np.asarray(frame.head, np.int32), _encode(tokenizer, INSTRUCTION)])
+    after = np.concatenate([_encode(tokenizer, ASK), np.asarray(frame.tail, np.int32),
+                            _encode(tokenizer, ANSWER_PREFIX)])
+    return before, sentences, after
 
 
 def _whole(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) -> np.ndarray:
@@ -322,15 +340,17 @@ def _whole(rng: np.random.Generator, sentences: Sequence[np.ndarray], n: int) ->
 
 
 def instructed_example(tokenizer, length: int, depth: float, seed: int,
-                       digits: int = INSTRUCTED_DIGITS) -> PromptedExample:
+                       digits: int = INSTRUCTED_DIGITS, frame: ChatFrame | None = None) -> PromptedExample:
     """A prompt of exactly `length` tokens: the instruction, filler sentences with the key sentence at
     `depth` of the filler (0: right after the instruction; 1: right before the question), then the
     question, which the model answers by generating the key ("The passkey is" -> " 48213."). The
     prompts of Mohtashami & Jaggi (2023) and LongLM (Jin et al. 2024) are of this shape; the words are
-    ours. The key depends on (seed, digits) alone, as the compact form's does."""
+    ours. The key depends on (seed, digits) alone, as the compact form's does. With a chat `frame` the
+    instruction, filler and question are the user's message and the answer prefix follows the
+    assistant's turn (ChatFrame); the key is the frameless prompt's."""
     if not 0.0 <= depth <= 1.0 or digits < 1:
         raise PasskeyError(f"depth must be in [0, 1] and digits >= 1, got {depth} and {digits}")
-    instruction, sentences, question = _instructed_pieces(tokenizer)
+    instruction, sentences, question = _instructed_pieces(tokenizer, frame)
     key_rng = np.random.default_rng([_KEY_STREAM, int(seed) & (2**64 - 1), digits])
     answer = str(key_rng.integers(1, 10)) + "".join(str(d) for d in key_rng.integers(0, 10, size=digits - 1))
     key_sentence = _encode(tokenizer, KEY_SENTENCE.format(key=answer))
@@ -346,9 +366,9 @@ def instructed_example(tokenizer, length: int, depth: float, seed: int,
 
 
 def instructed_batch(tokenizer, length: int, depths: float | Sequence[float], count: int, seed: int,
-                     digits: int = INSTRUCTED_DIGITS) -> list[PromptedExample]:
+                     digits: int = INSTRUCTED_DIGITS, frame: ChatFrame | None = None) -> list[PromptedExample]:
     """`count` prompts at each depth (depth-major); prompt i has the same key at every depth and length."""
-    return [instructed_example(tokenizer, length, float(d), example_seed(seed, i), digits)
+    return [instructed_example(tokenizer, length, float(d), example_seed(seed, i), digits, frame)
             for d in np.atleast_1d(depths) for i in range(count)]
 
 

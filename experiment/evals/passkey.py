@@ -1,5 +1,5 @@
 """Passkey retrieval accuracy at many lengths and depths (corpora/passkey.py builds the task), in one of
-two forms (`--passkey_form`, recorded as each record's `form`; reports never mix them):
+three forms (`--passkey_form`, recorded as each record's `form`; reports never mix them):
 - compact (the default; the small models trained here): filler, "key 4821.", filler, "key"; an example
   counts as correct iff the model's argmax at every answer position is the answer token, teacher
   forced: the same as greedy decoding producing the answer after the final cue.
@@ -7,6 +7,9 @@ two forms (`--passkey_form`, recorded as each record's `form`; reports never mix
   filler, a question; the answer generated greedily with the key / value cache (models/generate.py,
   under the method evaluated) and correct iff its first number is the key (exact match). The prompt
   and the new tokens together make the evaluation length.
+- chat (a real model with a chat template): the generated form's prompt as the user's message of the
+  model's chat template (the run's chat_template.jinja), the answer prefix after the assistant's turn
+  begins; scored as the generated form is.
 Each (eval_length, depth) cell scores `per_cell` examples; example i has the same key in every cell.
 
 Records (kind `passkey`, WORKDIR/eval/passkey.json; experiment/store/records.py): one per (eval_length,
@@ -88,7 +91,7 @@ class PasskeySpec:
     per_cell: int = 20
     seed: int = 1234
     digits: int | None = None  # None: the run's data.passkey_digits (compact), 5 (generated)
-    form: str = "compact"      # FORMS
+    form: str = "compact"      # FORMS; GENERATED: the answer generated
 
 
 def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int] | None = None,
@@ -122,14 +125,18 @@ def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, ove
     if spec.form not in FORMS:
         raise ValueError(f"--passkey_form: one of {', '.join(FORMS)}, got {spec.form!r}")
     checked = apply_overrides(config, overrides)
-    default = task.INSTRUCTED_DIGITS if spec.form == "generated" else checked.data.passkey_digits
+    default = task.INSTRUCTED_DIGITS if spec.form in GENERATED else checked.data.passkey_digits
     digits = int(default if spec.digits is None else spec.digits)
     if digits < 1:
         raise ValueError(f"passkey digits must be >= 1, got {digits}")
     tokenizer = run.tokenizer(checked.data, write=False)
+    frame = None
+    if spec.form == "chat":
+        from experiment.evals.passkey_generated import chat_frame
+        frame = chat_frame(run, tokenizer)
     for length in lengths:
-        if spec.form == "generated":
-            task.instructed_example(tokenizer, length - task.answer_tokens(digits), 0.5, spec.seed, digits)
+        if spec.form in GENERATED:
+            task.instructed_example(tokenizer, length - task.answer_tokens(digits), 0.5, spec.seed, digits, frame)
         else:
             task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
     return dataclasses.replace(spec, depths=depths, digits=digits)
@@ -137,7 +144,7 @@ def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, ove
 
 
 def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) -> list[dict]:
-    if spec.form == "generated":
+    if spec.form in GENERATED:
         from experiment.evals.passkey_generated import evaluate_generated
         return evaluate_generated(scoring, spec, batch_tokens)
     config, graphdef = scoring.config, scoring.graphdef
@@ -178,7 +185,8 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
     return results
 
 
-FORMS = ("compact", "generated")
+FORMS = ("compact", "generated", "chat")
+GENERATED = ("generated", "chat")  # the forms whose answers are generated
 OPTIONS = (
     Option("passkey_depths", list(PasskeySpec().depths), "where the key sits: 0 = start, 1 = just before the "
            "question", kind=float, domain=unit_interval(), example="--passkey_depths=0,0.5,1", sequence=True),
@@ -189,7 +197,8 @@ OPTIONS = (
     Option("passkey_seed", PasskeySpec().seed, "seed of the passkey examples", domain=at_least(0),
            example="--passkey_seed=1234"),
     Option("passkey_form", PasskeySpec().form, "compact (teacher-forced, the models trained here) or generated (an "
-           "instruction first, the answer generated with the cache and matched exactly: real models)", kind=str,
+           "instruction first, the answer generated with the cache and matched exactly: real models) or chat (the "
+           "generated form in the model's chat template)", kind=str,
            choices=FORMS))
 
 

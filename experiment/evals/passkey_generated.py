@@ -2,9 +2,11 @@
 prompts of corpora/passkey.py, each answer generated greedily with the key / value cache
 (models/generate.py) by the model under the evaluated method, and scored by exact match of its first
 number. A real model answers a question; the compact form's teacher-forced digits are for the small
-models trained here.
+models trained here. `--passkey_form chat` puts the same prompt in the model's chat template
+(`chat_frame`: the instruction, filler and question as the user's message, "The passkey is" after the
+assistant's turn begins).
 
-Records (kind `passkey`, `form` "generated") hold, beside the compact form's fields, each prompt's
+Records (kind `passkey`, `form` "generated" or "chat") hold, beside the compact form's fields, each prompt's
 `outputs` (the generated text), `prompt_tokens`, `new_tokens` (at most) and `seconds` (the cell's
 wall time: prefill dominates).
 """
@@ -13,6 +15,8 @@ from __future__ import annotations
 import functools
 import logging
 import time
+
+import numpy as np
 
 from corpora import passkey as task
 from experiment.evals.common import Scoring
@@ -27,9 +31,10 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
     written as it finishes."""
     from models.generate import generate
     config, tokenizer = scoring.config, scoring.tokenizer
+    frame = chat_frame(scoring.run, tokenizer) if spec.form == "chat" else None
     model = scoring.model()
     new = task.answer_tokens(spec.digits)
-    fields = {**scoring.header(), "form": "generated", "digits": spec.digits, "seed": spec.seed,
+    fields = {**scoring.header(), "form": spec.form, "digits": spec.digits, "seed": spec.seed,
               "chance": 10.0 ** -spec.digits, "passkey_fraction": float(config.data.passkey_fraction),
               "new_tokens": new}
     stop = [int(tokenizer.eos_id), "\n", "."]  # " 48213." ends at its period
@@ -39,10 +44,10 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
         stopped = functools.partial(scoring.interrupted, "passkey", list(done), length)
         interrupts.check(stopped)
         examples = task.instructed_batch(tokenizer, length - new, list(spec.depths), spec.per_cell, spec.seed,
-                                         spec.digits)
+                                         spec.digits, frame)
         rows = max(1, min(len(examples), batch_tokens // length))
         outputs, start = [], time.perf_counter()
-        with Progress(f"passkey (generated){method} L={length}", len(examples), "prompts",
+        with Progress(f"passkey ({spec.form}){method} L={length}", len(examples), "prompts",
                       shown=scoring.run.writer) as progress:
             for lo in range(0, len(examples), rows):
                 interrupts.check(stopped)
@@ -52,12 +57,32 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
         seconds = time.perf_counter() - start
         interrupts.check(stopped)
         cells = cell_records(examples, outputs, length, seconds, fields)
-        log.info("passkey (generated)%s L=%d: accuracy %s (%.0f s)", method, length,
+        log.info("passkey (%s)%s L=%d: accuracy %s (%.0f s)", spec.form, method, length,
                  ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells), seconds)
         results.extend(cells)
         scoring.write("passkey", cells)
         done.append(length)
     return results
+
+
+MESSAGE = "\x00passkey prompt\x00"  # where the user's message goes: no template writes it
+
+
+def chat_frame(run, tokenizer) -> task.ChatFrame:
+    """The run's chat template around one user message, in its tokens (the template's own special
+    tokens read as such); a ValueError naming the option where the run has no template."""
+    from experiment.evals.ruler import text_of
+    text = text_of(run, tokenizer, "chat")
+    if not text.chat_template:
+        raise ValueError(f"--passkey_form chat: {run.path} has no chat template (chat_template.jinja); import the "
+                         f"checkpoint with its template, or use --passkey_form generated")
+    rendered = text.chat([{"role": "user", "content": MESSAGE}])
+    if rendered.count(MESSAGE) != 1:
+        raise ValueError(f"--passkey_form chat: the chat template of {run.path} does not write the user's message "
+                         f"once; use --passkey_form generated")
+    head, tail = rendered.split(MESSAGE)
+    return task.ChatFrame(np.asarray(text.encode(head, special=False), np.int32),
+                          np.asarray(text.encode(tail, special=False), np.int32))
 
 
 def cell_records(examples: list[task.PromptedExample], outputs: list[str], length: int, seconds: float,

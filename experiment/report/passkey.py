@@ -8,8 +8,9 @@ pools every key of every seed, with its 95% Wilson interval: a band in the line 
 the tables, and in the heat map a mark on the cells whose interval holds the next shorter length's
 value (no difference shown there). A run of one seed is drawn and tabulated as before. Records of the
 generated form (experiment/evals/passkey.py: an instruction, the answer generated) are series of their
-own, labelled "generated", never pooled with the compact form's; their tables give every accuracy
-with its 95% Wilson interval over the keys asked.
+own, labelled "generated" ("generated, chat" in the model's chat template), never pooled with the
+compact form's or each other's; their tables give every accuracy with its 95% Wilson interval over
+the keys asked.
 """
 from __future__ import annotations
 
@@ -38,15 +39,15 @@ def _series(records: list[dict]) -> dict[tuple, list[dict]]:
 
 
 def generated(records: list[dict]) -> bool:
-    """Records of the generated form (one series holds one form)."""
-    return any(r.get("form") == "generated" for r in records)
+    """Records of a generated form, plain or chat (one series holds one form)."""
+    return any(r.get("form") in ("generated", "chat") for r in records)
 
 
 def _series_label(label: str, key: tuple, groups: dict) -> str:
     """The run's label, with what sets this series apart from the run's others; 'generated' for the
-    generated form's, always."""
+    generated form's, always ('generated, chat' in the chat template)."""
     digits, overrides, step, form = key
-    extra = ["generated"] if form == "generated" else []
+    extra = {"generated": ["generated"], "chat": ["generated", "chat"]}.get(form, [])
     if len({k[:2] for k in groups if k[3] == form}) > 1:
         extra += [f"{digits} digits"] + [v if k == "method" else f"{k.split('.')[-1]}={v}"
                                          for k, v in sorted(json.loads(overrides).items())]
@@ -208,7 +209,8 @@ def passkey_table(runs: list[tuple[str, list[dict]]]) -> str:
         lines.append("generated: an instruction before the text, the key sentence inside it, a question at the end; "
                      "the answer generated greedily with the key / value cache, correct where its first number is "
                      "the key; [low, high]: the 95% Wilson interval over the keys asked (a length's: over every "
-                     "depth). The others: the compact form, its digits teacher forced.")
+                     "depth); 'generated, chat': that prompt in the model's chat template. The others: the compact "
+                     "form, its digits teacher forced.")
     lines.append("")
     for label, recs in columns:
         lens, depths, values = grid(recs)

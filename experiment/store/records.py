@@ -12,9 +12,10 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   relative to train_length) and `block_nll` (per block of `block_size` targets; experiment/store/bands.py),
   and `words`, `word_ppl` where the unit is not the word;
 - passkey (eval/passkey.json): `task`, `form` (compact: teacher forced, the default where absent;
-  generated: an instructed prompt, the answer generated: experiment/evals/passkey.py), `eval_length`,
+  generated: an instructed prompt, the answer generated; chat: that prompt in the model's chat template:
+  experiment/evals/passkey.py), `eval_length`,
   `depth`, `digits`, `accuracy`, `token_accuracy` (compact), `count`, `seed`, `chance`,
-  `passkey_fraction`; generated: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`;
+  `passkey_fraction`; generated and chat: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`;
 - attention (eval/attention.json): `split`, `eval_length`, `windows`, `block`, `layers`, `heads`,
   `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
 - ruler (eval/ruler.json): `task`, `eval_length`, `template`, `seed`, `count`, `score` (RULER's: the
@@ -148,7 +149,8 @@ KINDS = {kind.name: kind for kind in (
     Kind("passkey", "passkey.json", passkey_key,
          {"eval_length": POSITIVE, "depth": SHARE, "accuracy": SHARE, "count": POSITIVE},
          {**HEADER, "digits": POSITIVE, "token_accuracy": SHARE, "chance": SHARE, "passkey_fraction": SHARE,
-          "form": (lambda v: v in ("compact", "generated"), "compact or generated"), "prompt_tokens": POSITIVE,
+          "form": (lambda v: v in ("compact", "generated", "chat"), "compact, generated or chat"),
+          "prompt_tokens": POSITIVE,
           "new_tokens": POSITIVE, "seconds": NUMBER,
           "outputs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")},
          flag="--passkey"),

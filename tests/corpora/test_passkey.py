@@ -134,3 +134,20 @@ def test_the_generated_answer_is_the_first_number():
     assert pk.generated_answer(" 48213. The pass") == "48213"
     assert pk.generated_answer(" is 4821 or 48213") == "4821"
     assert pk.generated_answer(" I do not know") == ""
+
+
+@pytest.mark.parametrize("kind", ["byte", "bpe"])
+def test_instructed_prompt_in_a_chat_frame_keeps_its_length_key_and_order(tokenizers, kind):
+    tok = tokenizers[kind]
+    frame = pk.ChatFrame(pk._encode(tok, "<user>"), pk._encode(tok, "</user><bot>"))
+    plain = pk.instructed_example(tok, 900, 0.4, seed=7)
+    framed = pk.instructed_example(tok, 900, 0.4, seed=7, frame=frame)
+    assert len(framed.ids) == 900 and framed.answer == plain.answer  # the same key, the same length
+    text = tok.decode(framed.ids)
+    assert text.startswith("<user>" + pk.INSTRUCTION)
+    assert text.endswith(pk.ASK + "</user><bot>" + pk.ANSWER_PREFIX)
+    key = pk._encode(tok, pk.KEY_SENTENCE.format(key=framed.answer))
+    np.testing.assert_array_equal(framed.ids[framed.key_position:framed.key_position + len(key)], key)
+    head = len(frame.head) + len(pk._encode(tok, pk.INSTRUCTION))
+    span = 900 - head - len(key) - (len(pk._encode(tok, pk.ASK)) + len(frame.tail) + len(pk._encode(tok, pk.ANSWER_PREFIX)))
+    assert framed.key_position - head == round(0.4 * span)  # the depth measured in the filler, as without a frame

@@ -59,3 +59,36 @@ def test_generated_answers_are_scored_by_exact_match_and_kept_apart_from_the_com
     generated_row = next(line for line in table.splitlines() if line.startswith(f"| {LENGTH} |"))
     assert re.search(r"\d\.\d\d \[\d\.\d\d, \d\.\d\d\]", generated_row)  # a Wilson interval beside it
     assert [key[3] for key in passkey_report._series(saved)] == ["compact", "generated"]
+
+
+CHAT = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}<|end|>{% endfor %}" \
+       "{% if add_generation_prompt %}<|assistant|>{% endif %}"
+
+
+def test_the_chat_form_puts_the_prompt_in_the_models_template_and_is_a_series_of_its_own(imported, monkeypatch):
+    import models.generate
+    run = RunDir(imported.path)
+    tokenizer = run.tokenizer(run.load_config().data, write=False)
+    chat = {**GENERATED, "passkey_form": "chat"}
+    with pytest.raises(ValueError, match="no chat template .*--passkey_form generated"):
+        evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=chat))
+    (run.path / "chat_template.jinja").write_text(CHAT)
+    prompts = []
+
+    def oracle(model, batch, max_new_tokens, stop=None, tokenizer=None):
+        prompts.extend(tokenizer.decode(p) for p in batch)
+        keys = [re.search(r"passkey is (\d+)\.", tokenizer.decode(p)).group(1) for p in batch]
+        return [list(tokenizer.encode_lines([f" {key}"])[:-1]) for key in keys]
+    monkeypatch.setattr(models.generate, "generate", oracle)
+    out = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=chat))["passkey"]
+    assert [(r["form"], r["depth"], r["accuracy"], r["prompt_tokens"]) for r in out] == [
+        ("chat", 0.1, 1.0, LENGTH - 9), ("chat", 0.9, 1.0, LENGTH - 9)]
+    assert len(prompts) == 4 and all(p.replace(" ", "").startswith("<|user|>Somewhere") for p in prompts)
+    assert all(p.replace(" ", "").endswith("passkey?<|end|><|assistant|>Thepasskeyis") for p in prompts)
+    evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=GENERATED))
+    saved = run.records("passkey")
+    assert sorted(r["form"] for r in saved if r["depth"] == 0.1) == ["chat", "generated"]  # both kept
+    assert evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=chat, skip_done=True)) == {
+        "passkey": []}
+    table = passkey_report.passkey_table([("llama", saved)])
+    assert "generated, chat" in table
