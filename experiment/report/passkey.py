@@ -35,7 +35,8 @@ def _series(records: list[dict]) -> dict[tuple, list[dict]]:
     out = defaultdict(list)
     for r in records:
         out[(int(r.get("digits", 4)), curve_options(r), r.get("step"), r.get("form", "compact"))].append(r)
-    return dict(sorted(out.items(), key=lambda kv: (kv[0][3], kv[0][0], kv[0][1], -(kv[0][2] or 0))))
+    order = {"compact": 0, "generated": 1, "chat": 2}  # the forms as experiment/evals/passkey.py lists them
+    return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0][3], 3), kv[0][0], kv[0][1], -(kv[0][2] or 0))))
 
 
 def generated(records: list[dict]) -> bool:

@@ -50,5 +50,7 @@ FAIR=(--passkey --passkey_form generated --passkey_depths 0.1,0.3,0.5,0.7,0.9 --
 "$PY" eval_extrapolate.py --workdir "$W" "${FAIR[@]}" --methods direct,yarn,self_extend,lm_infinite --lengths 4096,8192
 "$PY" eval_extrapolate.py --workdir "$W" "${FAIR[@]}" --methods dca --lengths 8192   # its chunks (6,144) act at 8k
 "$PY" eval_extrapolate.py --workdir "$W" "${FAIR[@]}" --methods "${FAIR16:-direct,yarn,self_extend,dca,lm_infinite}" --lengths 16384
+# the same prompts in the model's chat template (--passkey_form chat), at 4k, within the window (9 min)
+"$PY" eval_extrapolate.py --workdir "$W" "${FAIR[@]/generated/chat}" --methods direct,yarn,self_extend,lm_infinite --lengths 4096
 mkdir -p "$OUT/records" && cp "$W/eval/extrapolation.json" "$W/eval/passkey.json" "$OUT/records/"
 "$PY" report.py "$W" --out "$OUT/report"
