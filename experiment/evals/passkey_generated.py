@@ -8,7 +8,8 @@ assistant's turn begins).
 
 Records (kind `passkey`, `form` "generated" or "chat") hold, beside the compact form's fields, each prompt's
 `outputs` (the generated text), `prompt_tokens`, `new_tokens` (at most) and `seconds` (the cell's
-wall time: prefill dominates).
+wall time, over every attempt: prefill dominates). A length's answers are kept batch by batch
+(experiment/evals/partial.py): an interrupted length goes on from them.
 """
 from __future__ import annotations
 
@@ -20,6 +21,7 @@ import numpy as np
 
 from corpora import passkey as task
 from experiment.evals.common import Scoring
+from experiment.evals.partial import Partial
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
 
@@ -41,28 +43,40 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
     method = f" {scoring.method}" if scoring.method else ""
     results, done = [], []
     for length in scoring.lengths:
-        stopped = functools.partial(scoring.interrupted, "passkey", list(done), length)
-        interrupts.check(stopped)
+        interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
         examples = task.instructed_batch(tokenizer, length - new, list(spec.depths), spec.per_cell, spec.seed,
                                          spec.digits, frame)
         rows = max(1, min(len(examples), batch_tokens // length))
-        outputs, start = [], time.perf_counter()
+        partial = Partial.open(scoring.run, "passkey", {**fields, "eval_length": int(length),
+                                                        "depths": list(spec.depths), "per_cell": spec.per_cell},
+                               [e.ids for e in examples])
+        stopped = functools.partial(_stopped, scoring, list(done), length, partial, len(examples))
+        start = time.perf_counter()
         with Progress(f"passkey ({spec.form}){method} L={length}", len(examples), "prompts",
                       shown=scoring.run.writer) as progress:
-            for lo in range(0, len(examples), rows):
+            if partial.answers:
+                progress.update(len(partial.answers))
+            for lo in range(len(partial.answers), len(examples), rows):
                 interrupts.check(stopped)
                 ids = generate(model, [e.ids for e in examples[lo:lo + rows]], new, stop=stop, tokenizer=tokenizer)
-                outputs += [tokenizer.decode(x) for x in ids]
+                partial.add([tokenizer.decode(x) for x in ids], time.perf_counter() - start)
                 progress.update(min(rows, len(examples) - lo))
-        seconds = time.perf_counter() - start
+        seconds = partial.total_seconds(time.perf_counter() - start)
+        outputs = list(partial.answers)
         interrupts.check(stopped)
         cells = cell_records(examples, outputs, length, seconds, fields)
         log.info("passkey (%s)%s L=%d: accuracy %s (%.0f s)", spec.form, method, length,
                  ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells), seconds)
         results.extend(cells)
         scoring.write("passkey", cells)
+        partial.close()
         done.append(length)
     return results
+
+
+def _stopped(scoring: Scoring, done: list[int], length: int, partial: Partial, total: int) -> str:
+    """What a Ctrl-C within a length leaves: the records of the lengths done and its kept answers."""
+    return f"{scoring.interrupted('passkey', done, length)} (L={length}: {partial.kept(total)})"
 
 
 MESSAGE = "\x00passkey prompt\x00"  # where the user's message goes: no template writes it

@@ -14,7 +14,8 @@ Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): on
 eval_length, template, overrides or method), written as each finishes: its mean `score`, each
 example's (`scores`), `count`, the prompts' token counts, the start of each answer and its length in
 tokens (`answer_tokens`; older records lack it). With
---skip_done a (task, length) already recorded with the same settings is not scored again.
+--skip_done a (task, length) already recorded with the same settings is not scored again. A cell's
+answers are kept batch by batch (experiment/evals/partial.py): an interrupted cell goes on from them.
 """
 from __future__ import annotations
 
@@ -26,6 +27,7 @@ import time
 from corpora import ruler as task_lib
 from experiment.evals.common import Scoring
 from experiment.evals.kinds import EvalKind, Option, Request, Target, same_evaluation
+from experiment.evals.partial import Partial
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
 from models.generate import generate
@@ -89,18 +91,20 @@ def _same_settings(record: dict, spec: RulerSpec) -> bool:
             and record.get("count") == spec.samples)
 
 
-def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int,
-             progress) -> tuple[list[str], list[int]]:
+def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int, progress, partial: Partial,
+             start: float, stopped) -> tuple[list[str], list[int]]:
     """The greedy answer of each prompt and its length in tokens, `rows` prompts a batch, each at most
-    `max_new` tokens."""
-    out, lengths = [], []
-    for lo in range(0, len(built), rows):
+    `max_new` tokens; each batch kept in `partial` as it comes, and the answers it already holds not
+    generated again."""
+    if partial.answers:
+        progress.update(len(partial.answers))
+    for lo in range(len(partial.answers), len(built), rows):
+        interrupts.check(stopped)
         batch = [b.ids for b in built[lo:lo + rows]]
         new = generate(model, batch, max_new, stop=source.stop_ids or None)
-        out += [source.decode(ids) for ids in new]
-        lengths += [len(ids) for ids in new]
+        partial.add([[source.decode(ids), len(ids)] for ids in new], time.perf_counter() - start)
         progress.update(len(batch))
-    return out, lengths
+    return [text for text, _ in partial.answers], [int(n) for _, n in partial.answers]
 
 
 def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> list[dict]:
@@ -120,17 +124,29 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
             start = time.perf_counter()
             built = task_lib.build(name, length, spec.samples, spec.seed, prompts)
             rows = max(1, min(spec.samples, batch_tokens // length))
+            partial = Partial.open(scoring.run, "ruler", {**scoring.header(), "task": name, "eval_length": int(length),
+                                                          "template": spec.template, "seed": spec.seed,
+                                                          "tokens_to_generate": task.tokens_to_generate},
+                                   [b.ids for b in built])
+            stopped = functools.partial(_stopped, scoring, list(finished), length, name, partial, len(built))
             with Progress(f"ruler {name}{method} L={length}", spec.samples, "prompts",
                           shown=scoring.run.writer) as progress:
-                answers, answer_tokens = _answers(model, source, built, task.tokens_to_generate, rows, progress)
-            record = cell_record(task, length, spec, built, answers, time.perf_counter() - start, scoring.header(),
-                                 answer_tokens)
+                answers, answer_tokens = _answers(model, source, built, task.tokens_to_generate, rows, progress,
+                                                  partial, start, stopped)
+            record = cell_record(task, length, spec, built, answers,
+                                 partial.total_seconds(time.perf_counter() - start), scoring.header(), answer_tokens)
             log.info("ruler %s%s L=%d: %.3f over %d examples (%.0f s)", name, method, length, record["score"],
                      record["count"], record["seconds"])
             scoring.write("ruler", [record])  # each cell kept as it finishes
+            partial.close()
             results.append(record)
         finished.append(length)
     return results
+
+
+def _stopped(scoring: Scoring, finished: list[int], length: int, name: str, partial: Partial, total: int) -> str:
+    """What a Ctrl-C within a cell leaves: the records of the lengths done and the cell's kept answers."""
+    return f"{scoring.interrupted('ruler', finished, length)} ({name}: {partial.kept(total)})"
 
 
 OPTIONS = (
