@@ -34,6 +34,7 @@ from experiment.evals.common import Scoring, apply_overrides, window_positions
 from experiment.evals.kinds import EvalKind, Option, Request, Target, evaluate_kinds, same_evaluation
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
+from experiment.store.records import PASSKEY_FORMS, PASSKEY_GENERATED, passkey_form
 from experiment.store.run import RunDir
 from posenc.domains import at_least, between, unit_interval
 
@@ -91,7 +92,7 @@ class PasskeySpec:
     per_cell: int = 20
     seed: int = 1234
     digits: int | None = None  # None: the run's data.passkey_digits (compact), 5 (generated)
-    form: str = "compact"      # FORMS; GENERATED: the answer generated
+    form: str = PASSKEY_FORMS[0]  # FORMS; GENERATED: the answer generated
 
 
 def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int] | None = None,
@@ -185,8 +186,8 @@ def _evaluate_passkey(scoring: Scoring, spec: PasskeySpec, batch_tokens: int) ->
     return results
 
 
-FORMS = ("compact", "generated", "chat")
-GENERATED = ("generated", "chat")  # the forms whose answers are generated
+FORMS = PASSKEY_FORMS
+GENERATED = PASSKEY_GENERATED  # the forms whose answers are generated
 OPTIONS = (
     Option("passkey_depths", list(PasskeySpec().depths), "where the key sits: 0 = start, 1 = just before the "
            "question", kind=float, domain=unit_interval(), example="--passkey_depths=0,0.5,1", sequence=True),
@@ -213,7 +214,7 @@ def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> dict[int, li
     length from this checkpoint, method and overrides."""
     cells = {(int(r["eval_length"]), float(r["depth"])): r for r in recs if same_evaluation(r, header)
              and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell
-             and r.get("form", "compact") == spec.form}
+             and passkey_form(r) == spec.form}
     lengths = {length for length, _ in cells}
     return {n: [cells[(n, float(d))] for d in spec.depths] for n in sorted(lengths)
             if all((n, float(d)) in cells for d in spec.depths)}
@@ -223,5 +224,5 @@ KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and d
                 OPTIONS, _check, lambda scoring, spec, batch_tokens: _evaluate_passkey(scoring, spec, batch_tokens),
                 lambda r: (f"passkey{' ' + r['method'] if r.get('method') else ''} L={r['eval_length']:>6}  "
                            f"depth {r['depth']:.2f}  accuracy {r['accuracy']:.2f}"
-                           + (f" ({r['form']})" if r.get("form", "compact") != "compact" else "")),
+                           + (f" ({r['form']})" if passkey_form(r) != PASSKEY_FORMS[0] else "")),
                 "passkey", recorded=_recorded)

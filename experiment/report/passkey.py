@@ -24,7 +24,7 @@ from experiment.report import plots
 from experiment.report.runs import describe, distinguish, file_stems, name_runs
 from experiment.report.seeds import members, wilson
 from experiment.store import files
-from experiment.store.records import curve_options
+from experiment.store.records import PASSKEY_FORMS, PASSKEY_GENERATED, curve_options, passkey_form
 
 SAME_AS_SHORTER = "≈"  # the heat maps' mark: this cell's interval holds the next shorter length's value
 
@@ -34,14 +34,15 @@ def _series(records: list[dict]) -> dict[tuple, list[dict]]:
     first); records of two checkpoints, or of the two forms, are two series, never averaged together."""
     out = defaultdict(list)
     for r in records:
-        out[(int(r.get("digits", 4)), curve_options(r), r.get("step"), r.get("form", "compact"))].append(r)
-    order = {"compact": 0, "generated": 1, "chat": 2}  # the forms as experiment/evals/passkey.py lists them
-    return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0][3], 3), kv[0][0], kv[0][1], -(kv[0][2] or 0))))
+        out[(int(r.get("digits", 4)), curve_options(r), r.get("step"), passkey_form(r))].append(r)
+    order = {form: i for i, form in enumerate(PASSKEY_FORMS)}
+    return dict(sorted(out.items(), key=lambda kv: (order.get(kv[0][3], len(order)), kv[0][0], kv[0][1],
+                                                    -(kv[0][2] or 0))))
 
 
 def generated(records: list[dict]) -> bool:
     """Records of a generated form, plain or chat (one series holds one form)."""
-    return any(r.get("form") in ("generated", "chat") for r in records)
+    return any(r.get("form") in PASSKEY_GENERATED for r in records)
 
 
 def _series_label(label: str, key: tuple, groups: dict) -> str:

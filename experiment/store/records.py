@@ -56,10 +56,19 @@ def record_key(record: dict) -> tuple:
     return series_key(record) + (int(record["eval_length"]),)
 
 
+PASSKEY_FORMS = ("compact", "generated", "chat")  # the passkey's forms, in the order reports list them
+PASSKEY_GENERATED = ("generated", "chat")         # the forms whose answers are generated
+
+
+def passkey_form(record: dict) -> str:
+    """A passkey record's form: compact where the field is absent (records older than the field)."""
+    return record.get("form", PASSKEY_FORMS[0])
+
+
 def passkey_key(record: dict) -> tuple:
     """One passkey record per (eval_length, depth, digits, overrides, form)."""
     return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)), curve_options(record),
-            record.get("form", "compact"))
+            passkey_form(record))
 
 
 def ruler_key(record: dict) -> tuple:
@@ -149,7 +158,7 @@ KINDS = {kind.name: kind for kind in (
     Kind("passkey", "passkey.json", passkey_key,
          {"eval_length": POSITIVE, "depth": SHARE, "accuracy": SHARE, "count": POSITIVE},
          {**HEADER, "digits": POSITIVE, "token_accuracy": SHARE, "chance": SHARE, "passkey_fraction": SHARE,
-          "form": (lambda v: v in ("compact", "generated", "chat"), "compact, generated or chat"),
+          "form": (lambda v: v in PASSKEY_FORMS, "one of " + ", ".join(PASSKEY_FORMS)),
           "prompt_tokens": POSITIVE,
           "new_tokens": POSITIVE, "seconds": NUMBER,
           "outputs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")},
