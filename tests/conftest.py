@@ -13,6 +13,17 @@ import pytest
 REPO = pathlib.Path(__file__).resolve().parents[1]
 # Entry points run by the tests cache compiled programs in a folder of this session, not in ~/.cache.
 os.environ.setdefault("LX_COMPILATION_CACHE", tempfile.mkdtemp(prefix="lengthx_xla_"))
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _compilation_cache():
+    """The test processes cache their own programs in that folder too (xdist's workers share it): a
+    program that several tests build again compiles once in the whole run (LX_COMPILATION_CACHE=off:
+    nowhere)."""
+    from experiment.runtime import accelerator
+    yield accelerator.enable_compilation_cache()
+
+
 SHARED_WIKITEXT = REPO.parent / "shared" / "data" / "wikitext"
 
 
