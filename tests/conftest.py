@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import pathlib
+import shutil
 import subprocess
 import tempfile
 import sys
@@ -11,8 +12,16 @@ import sys
 import pytest
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
-# Entry points run by the tests cache compiled programs in a folder of this session, not in ~/.cache.
-os.environ.setdefault("LX_COMPILATION_CACHE", tempfile.mkdtemp(prefix="lengthx_xla_"))
+# Entry points run by the tests cache compiled programs in a folder of this session, not in ~/.cache;
+# the process that made it (xdist's controller, or the only one) removes it at the end.
+_MADE_CACHE = "LX_COMPILATION_CACHE" not in os.environ
+if _MADE_CACHE:
+    os.environ["LX_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="lengthx_xla_")
+
+
+def pytest_unconfigure(config):
+    if _MADE_CACHE and not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ["LX_COMPILATION_CACHE"], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)
