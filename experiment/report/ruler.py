@@ -1,7 +1,7 @@
 """RULER tables and figures (records of experiment/evals/ruler.py): each task's score by length and
 method with its 95% Wilson interval and sample count, the average over the tasks every column has,
-the effective length of each method, a task x length heat map per method and the average against
-length.
+the effective length of each method (over the averaged tasks, and over each task alone that ran at
+more than one length), a task x length heat map per method and the average against length.
 
 A column is one evaluation of a run: its method (or eval-time options), template and checkpoint.
 A cell's interval treats its examples' scores (each the fraction of references found, 0 or 1 for a
@@ -132,7 +132,8 @@ def _effective_text(means: dict[int, float], threshold: float, lengths: list[int
 
 def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
     """Markdown: the average by length and column, the effective lengths, then each task's score by
-    length and column (scores in percent, [low, high] the 95% Wilson interval)."""
+    length and column (scores in percent, [low, high] the 95% Wilson interval), with its own
+    effective lengths where it ran at more than one length."""
     tasks = averaged_tasks(by_column)
     lengths = sorted({int(r["eval_length"]) for recs in by_column.values() for r in recs})
     names = list(by_column)
@@ -146,23 +147,7 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
                                                 for c in names) + " |")
     lines += ["", f"Examples per (task, length): {', '.join(map(str, counts))}; [low, high]: the 95% Wilson interval "
                   f"over every example of the averaged tasks (a cell's: over its examples).", ""]
-    own = own_threshold(by_column, tasks)
-    lines += ["### Effective length", "", "| column | RULER threshold 85.6 | the model's own "
-              + (f"({100 * own[0]:.1f}: the 95% lower bound of {own[1]})" if own else "(no column as trained)") + " |",
-              "|---|---:|---:|"]
-    gaps = []
-    for c in names:
-        means = {n: v[0] for n, v in averages[c].items()}
-        if gap(means, lengths) is not None:
-            gaps.append(f"{c} has no {gap(means, lengths):,}")
-        own_text = _effective_text(means, own[0], lengths) if own and means else ""
-        lines.append(f"| {c} | {_effective_text(means, RULER_THRESHOLD, lengths) if means else ''} | {own_text} |")
-    if gaps:
-        lines += ["", "A length a column did not run ends its effective length there (" + "; ".join(gaps)
-                  + "); * marks a count that stopped at such a length, not at a score below the threshold."]
-    if any(max(averages[c], default=lengths[-1]) < lengths[-1] for c in names):
-        lines += ["", "+ marks the longest length a column ran: the longer ones were not run, not failed."]
-    lines.append("")
+    lines += _effective_lines(by_column, tasks, lengths, "### Effective length")
     all_tasks = list(dict.fromkeys(r["task"] for recs in by_column.values() for r in recs))
     for task in all_tasks:
         label = f"{task} (book haystack)" if task in book_tasks else task
@@ -176,7 +161,33 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
                 row.append("" if hits is None else _cell(hits / count, wilson(hits, count)) + f" (n={count})")
             lines.append(f"| {n:,} | " + " | ".join(row) + " |")
         lines.append("")
+        task_lengths = sorted({n for (t, n) in set().union(*got.values()) if t == task})
+        if len(task_lengths) > 1 and tasks != [task]:  # the average's table is this task's already
+            lines += _effective_lines(by_column, [task], task_lengths, f"#### {label}: effective length")
     return "\n".join(lines)
+
+
+def _effective_lines(by_column: dict[str, list[dict]], tasks: list[str], lengths: list[int], heading: str) -> list[str]:
+    """Markdown: each column's effective length over `tasks` (their average) at RULER's threshold and
+    at the model's own, counted over `lengths`."""
+    averages = {c: average(recs, tasks) for c, recs in by_column.items()}
+    own = own_threshold(by_column, tasks)
+    lines = [heading, "", "| column | RULER threshold 85.6 | the model's own "
+             + (f"({100 * own[0]:.1f}: the 95% lower bound of {own[1]})" if own else "(no column as trained)") + " |",
+             "|---|---:|---:|"]
+    gaps = []
+    for c, by_length in averages.items():
+        means = {n: v[0] for n, v in by_length.items() if n in lengths}
+        if gap(means, lengths) is not None:
+            gaps.append(f"{c} has no {gap(means, lengths):,}")
+        own_text = _effective_text(means, own[0], lengths) if own and means else ""
+        lines.append(f"| {c} | {_effective_text(means, RULER_THRESHOLD, lengths) if means else ''} | {own_text} |")
+    if gaps:
+        lines += ["", "A length a column did not run ends its effective length there (" + "; ".join(gaps)
+                  + "); * marks a count that stopped at such a length, not at a score below the threshold."]
+    if any(max(averages[c], default=lengths[-1]) < lengths[-1] for c in averages):
+        lines += ["", "+ marks the longest length a column ran: the longer ones were not run, not failed."]
+    return lines + [""]
 
 
 def heatmap_figure(label: str, records: list[dict], book_tasks: set[str]):

@@ -54,6 +54,25 @@ def test_tables_give_intervals_counts_effective_lengths_and_mark_book_haystacks(
     assert "| yarn | 4,096 * | 4,096 * |" in text and "(yarn has no 8,192)" in text
 
 
+def _section(text, heading):
+    start = text.index(heading)
+    end = text.find("\n###", start + len(heading))
+    return text[start:end if end != -1 else None]
+
+
+def test_each_task_run_at_several_lengths_has_its_own_effective_length():
+    text = report.tables(report.columns([("run", RECORDS)]), {"niah_single_2"})
+    single = _section(text, "#### niah_single_1: effective length")
+    assert f"the model's own ({100 * wilson(10.0, 10)[0]:.1f}: the 95% lower bound of direct at 4,096)" in single
+    assert "| direct | 8,192 | 8,192 |" in single  # 100 and 90 to 8k, 0 at 16k: over this task alone
+    assert "| yarn | 4,096 * | 4,096 * |" in single and "(yarn has no 8,192)" in single
+    vt = _section(text, "#### vt: effective length")
+    assert "| direct | < 4,096 | 8,192 |" in vt and "| yarn | < 4,096 | 4,096 * |" in vt
+    assert "niah_single_2 (book haystack): effective length" not in text  # one length: nothing to count
+    one = [r for r in RECORDS if r["task"] == "niah_single_1"]
+    assert "#### niah_single_1: effective length" not in report.tables(report.columns([("run", one)]), set())
+
+
 def test_a_column_that_stops_short_of_the_longest_length_is_marked():
     short = [r for r in RECORDS if r.get("method") == "direct" and r["eval_length"] < 16384]
     text = report.tables(report.columns([("run", short + RECORDS[6:10])]), set())
