@@ -44,6 +44,9 @@ def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | 
     config = config_lib.resolve(config)
     with opened(workdir, "training") as run:
         trained = skip_done and is_trained(run, config)
+        if trained:
+            log.info("%s: trained to step %d already, not trained again; evaluating the lengths it lacks",
+                     run.path.name, run.latest_step())
         summary = ({"workdir": str(run.path), "step": run.latest_step(), "done": True} if trained
                    else train(config, run, max_steps=max_steps))
         if summary["done"]:

@@ -183,7 +183,9 @@ def test_ctrl_c_during_a_sweep_says_which_runs_are_done_and_the_same_command_goe
     out = sigint_at("experiment.train.loop:_train_loop", *args, nth=2)
     assert_stopped(out, f"sweep {tmp_path}: 1 of 2 runs done; in rope_L16: interrupted")
     again = subprocess.run([sys.executable, *args], cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert again.returncode == 0 and "complete, skipping" in again.stderr, again.stderr[-2000:]
+    assert again.returncode == 0, again.stderr[-2000:]
+    assert "alibi_L16: trained to step 2 already, not trained again" in again.stderr, again.stderr[-2000:]
+    assert "rope: 0.0M parameters" in again.stderr and "alibi: 0.0M parameters" not in again.stderr
 
 
 def test_sigterm_is_held_to_the_next_safe_point_like_a_ctrl_c_and_ends_with_143():
