@@ -177,7 +177,7 @@ def _effective_lines(by_column: dict[str, list[dict]], tasks: list[str], lengths
              "|---|---:|---:|"]
     gaps = []
     for c, by_length in averages.items():
-        means = {n: v[0] for n, v in by_length.items() if n in lengths}
+        means = {n: v[0] for n, v in by_length.items()}
         if gap(means, lengths) is not None:
             gaps.append(f"{c} has no {gap(means, lengths):,}")
         own_text = _effective_text(means, own[0], lengths) if own and means else ""
