@@ -198,6 +198,8 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
         scoring = None
         for method, target, settings in groups:
             if request.skip_done and not _left(run, entries, method, target, settings, request.skip_impossible):
+                if say:  # a resumed command says what it found done, rather than nothing
+                    say(already_recorded(" and ".join(e.name for e in entries), method, target))
                 continue  # every record there: the checkpoint is not restored for it
             if scoring is None:
                 scoring = load_checkpoint(run, config, target.lengths, target.overrides,
@@ -225,6 +227,14 @@ def evaluate_kinds(workdir: str | pathlib.Path | RunDir, kinds: Sequence[str], r
                 for record in new if say else ():
                     say(entry.line(record))
     return results
+
+
+def already_recorded(kinds: str, method: str | None, target: Target) -> str:
+    """The line of a group --skip_done skips whole: 'recorded already with these settings, not scored
+    again (--skip_done): perplexity, yarn, L_valid 16384'."""
+    named = method or ", ".join(f"{k}={v}" for k, v in sorted(target.overrides.items())) or "as configured"
+    lengths = ", ".join(str(n) for n in target.lengths)
+    return f"recorded already with these settings, not scored again (--skip_done): {kinds}, {named}, L_valid {lengths}"
 
 
 def unscored(entry: EvalKind, recs: list[dict], header: dict, settings, lengths) -> list[int]:

@@ -74,7 +74,11 @@ def test_groups_of_overrides_share_one_restore_and_a_repeat_restores_nothing(tra
     assert restores == [trained]
     assert [r.get("overrides", {}) for r in out["perplexity"]] == [{}, {"model.attention": "dense"}]
     restores.clear()
-    assert evaluate_kinds(trained, ("perplexity",), request) == {"perplexity": []} and restores == []
+    lines = []
+    assert evaluate_kinds(trained, ("perplexity",), request, say=lines.append) == {"perplexity": []}
+    assert restores == []
+    done = "recorded already with these settings, not scored again (--skip_done): perplexity, "
+    assert lines == [done + "as configured, L_valid 16", done + "model.attention=dense, L_valid 16"]
 
 
 def test_a_bad_option_of_one_kind_is_refused_before_any_kind_scores(trained, monkeypatch):
