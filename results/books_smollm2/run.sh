@@ -37,9 +37,7 @@ fi
 
 W=${W:-runs/books_smollm2}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # its own data is never read here
-if [ ! -e "$W/eval/extrapolation.json" ] && [ -e "$OUT/records/extrapolation.json" ]; then  # a new run folder resumes from the
-  mkdir -p "$W/eval" && cp "$OUT/records/extrapolation.json" "$W/eval/"  # committed records: their cells are skipped, not replaced
-fi
+source results/resume.sh && resume_from_records "$W" "$OUT" extrapolation.json
 BOOKS=(--documents books --max_tokens "$TOKENS" --skip_done)
 # one length at a time, every method at it, so that an interrupted run leaves whole lengths
 for n in ${LENGTHS//,/ }; do

@@ -29,6 +29,7 @@ W=${W:-runs/pretrained_smollm2}
 OUT=${OUT:-results/pretrained_smollm2}
 DATA=${DATA:-../shared/data/wikitext/wikitext-103-raw}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W" --data_source local --data_path "$DATA"
+source results/resume.sh && resume_from_records "$W" "$OUT" extrapolation.json passkey.json
 PPL=(--split test --max_tokens 32768 --skip_done)
 ALL=direct,pi,ntk,dynamic_ntk,yarn,llama3,rerope,self_extend,dca,lm_infinite
 # perplexity: every method to 2x the window; log-n on top beyond the window (within it log-n is the identity)

@@ -47,9 +47,7 @@ fi
 
 W=${W:-runs/ruler_smollm2}
 [ -e "$W/config.json" ] || "$PY" import_hf.py smollm2 --workdir "$W"   # keeps the GGUF's chat template
-if [ ! -e "$W/eval/ruler.json" ] && [ -e "$OUT/records/ruler.json" ]; then  # a new run folder resumes from the
-  mkdir -p "$W/eval" && cp "$OUT/records/ruler.json" "$W/eval/"  # committed records: their cells are skipped, not replaced
-fi
+source results/resume.sh && resume_from_records "$W" "$OUT" ruler.json
 ruler "$W" "$S4" 4096 --methods "$METHODS"     # every method is the model as trained here: scored once
 [ "$S8" = 0 ] || ruler "$W" "$S8" 8192 --methods "$METHODS"     # ... every one but DCA (chunks of 6,144)
 [ "$S16" = 0 ] || ruler "$W" "$S16" 16384 --methods "$METHODS"
