@@ -242,10 +242,7 @@ class DecoderLM(nnx.Module):
         else:
             self.embed = nnx.Embed(cfg.vocab_size, cfg.d_model, dtype=dtype, rngs=rngs,
                                    embedding_init=columns_sharded(nnx.initializers.normal(stddev=cfg.d_model ** -0.5)))
-        # a global layer among windowed ones (global_every) sees every key: its config has no window
-        self.blocks = nnx.List([Block(cfg if cfg.windowed(i) or not cfg.global_every
-                                      else dataclasses.replace(cfg, attention_window=0), scheme, rngs=rngs)
-                                for i, scheme in enumerate(layer_schemes)])
+        self.blocks = nnx.List([Block(layer_config(cfg, i), scheme, rngs=rngs) for i, scheme in enumerate(layer_schemes)])
         self.ln_f = norm_layer(cfg, rngs)
         if not cfg.tie_embeddings and not cfg.adaptive_cutoffs:
             self.unembed = nnx.Linear(cfg.d_model, cfg.vocab_size, use_bias=False, dtype=dtype,
@@ -329,6 +326,19 @@ def _tracing(tokens_BxT, embed: nnx.Module) -> bool:
     """Whether a call is being traced (inside jit, grad, vmap ...): its tokens or the parameters are."""
     leaves = jax.tree_util.tree_leaves(nnx.state(embed))
     return any(isinstance(x, jax.core.Tracer) for x in [tokens_BxT, *leaves])
+
+
+def layer_config(cfg: ModelConfig, layer: int) -> ModelConfig:
+    """The model config block `layer` runs with. Among windowed layers (global_every), a global layer
+    sees every key: no window of its own, and LM-Infinite's sinks and window (attention_sinks, then
+    the training length) act there; a windowed layer keeps the sliding window it was trained with
+    and no sinks, which would show it keys it never saw (as LM-Infinite leaves a layer alone whose
+    window the sequence does not pass)."""
+    if not cfg.global_every:
+        return cfg
+    if cfg.windowed(layer):
+        return dataclasses.replace(cfg, attention_sinks=0, attention_sink_distance=0)
+    return dataclasses.replace(cfg, attention_window=0)
 
 
 def local_rope(posenc_cfg: Any, base: float) -> Any:

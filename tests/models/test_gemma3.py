@@ -146,3 +146,27 @@ def test_the_block_options_are_checked():
         dataclasses.replace(base, attention_window=0).check_block()
     with pytest.raises(ValueError, match="needs model.global_every"):
         dataclasses.replace(base, global_every=0).check_block()
+
+
+def test_lm_infinite_acts_on_the_global_layers_only(tmp_path):
+    """LM-Infinite's sinks (model.attention_sinks) belong to the layers that see every key: Gemma 3's
+    windowed layers keep their sliding window and no sinks, so within the global layers' window
+    (the training length, 64 here) LM-Infinite is the model as trained, as on a Llama block; past it
+    the global layer sees its window and the sinks (the logits differ from the model as trained)."""
+    from flax import nnx
+    from models.decoder import DecoderLM, layer_config
+    from models.formats.hf import posenc_config
+    model, _ = hf.load(hf_folder(tmp_path / "gemma3", gemma3_config(), gemma3_tensors()))
+    cfg, length = model.cfg, model.scheme.dims.train_length
+    lm_infinite = dataclasses.replace(cfg, attention_sinks=2)
+    assert [(layer_config(lm_infinite, i).attention_window, layer_config(lm_infinite, i).attention_sinks)
+            for i in range(LAYERS)] == [(WINDOW, 0), (WINDOW, 0), (0, 2)]
+    graphdef = nnx.graphdef(DecoderLM(lm_infinite, posenc_config(gemma3_config()), length, rngs=nnx.Rngs(0)))
+    sinks = nnx.merge(graphdef, nnx.state(model))
+    ids = np.random.default_rng(2).integers(0, VOCAB, 2 * length)[None]
+    np.testing.assert_allclose(np.asarray(sinks(ids[:, :length])[0]), np.asarray(model(ids[:, :length])[0]),
+                               atol=1e-5, rtol=1e-5)
+    assert np.abs(np.asarray(sinks(ids)[0, length:]) - np.asarray(model(ids)[0, length:])).max() > 1e-3
+    # past the window the model as trained is still transformers' (its windowed layers: the window, no sinks)
+    expected = reference_logits(gemma3_tensors(), ids[0], gemma3_config()["layer_types"])
+    np.testing.assert_allclose(np.asarray(model(ids)[0]), expected, atol=2e-4, rtol=1e-4)

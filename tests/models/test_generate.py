@@ -122,13 +122,22 @@ def test_generation_equals_transformers_generate(tmp_path, case):
     assert generate(model, [TINY["prompt"].tolist()], 16) == [TINY[f"{case}_tokens"].tolist()]
 
 
-@pytest.mark.parametrize("name", ["gemma3", pytest.param("qwen2", marks=pytest.mark.slow),
+@pytest.mark.parametrize("name", ["gemma3", "gemma3_lm_infinite", pytest.param("qwen2", marks=pytest.mark.slow),
                                   pytest.param("gpt_neox", marks=pytest.mark.slow)])
 def test_every_architecture_decodes_as_its_full_forward_pass(tmp_path, name):
     """Gemma 3: windowed layers (a ring of their window) beside global ones at their own RoPE base,
-    q / k norms; Qwen2: biases; GPT-NeoX: partial rotary, parallel residual. Prompts past the window."""
-    if name == "gemma3":
+    q / k norms, and with LM-Infinite's sinks on the global layer only; Qwen2: biases; GPT-NeoX: partial
+    rotary, parallel residual. Prompts past the window."""
+    if name.startswith("gemma3"):
         model, _ = hf.load(hf_folder(tmp_path / "gemma3", gemma3_config(), gemma3_tensors()))
+        if name == "gemma3_lm_infinite":
+            from flax import nnx
+            from models.decoder import DecoderLM
+            from models.formats.hf import posenc_config
+            sinks = dataclasses.replace(model.cfg, attention_sinks=3)
+            length = model.scheme.dims.train_length
+            model = nnx.merge(nnx.graphdef(DecoderLM(sinks, posenc_config(gemma3_config()), length,
+                                                     rngs=nnx.Rngs(0))), nnx.state(model))
     else:
         model = tiny_checkpoint(tmp_path, name)
     prompts = [TINY["prompt"][:70].tolist(), TINY["prompt"][:9].tolist()]
