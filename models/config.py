@@ -16,7 +16,7 @@ DTYPE_NAMES = ("float32", "bfloat16")                      # models/decoder.py: 
 NORMS = ("layernorm", "layernorm_nobias", "rmsnorm")
 MLPS = ("plain", "gated")
 # model.attention: `auto`'s choice or a row of models/attention/paths.py (whose table says what each is)
-ATTENTION_PATHS = ("auto", "dense", "triangular", "blockwise", "fused", "pallas")
+ATTENTION_PATHS = ("auto", "dense", "triangular", "blockwise", "fused", "pallas", "cpu_flash")
 DEFAULT_PATH = "auto"
 DEFAULT_BLOCK = 512  # tile width of blockwise attention (and of the MLP, evaluating long)
 
@@ -68,7 +68,7 @@ class ModelConfig:
     adaptive_tail_capacity: float = 0.25  # training scores a tail cluster in this fraction of each row's
                                     # positions (the tokens whose target it holds); a batch with a row
                                     # needing more scores it for every token. 0: every token always
-    attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas: how `auto`
+    attention: str = DEFAULT_PATH   # auto | dense | triangular | blockwise | fused | pallas | cpu_flash: how `auto`
                                     # chooses: models/attention/choice.py; what each is: paths.py
     attention_block: int = DEFAULT_BLOCK  # tile size of blockwise attention (and of the MLP, evaluating long)
     attention_check: bool = True    # an explicit fused kernel (pallas, fused) must pass its numerical check

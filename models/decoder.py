@@ -122,9 +122,10 @@ class Attention(nnx.Module):
                 out = attend.decode(self.kv, self.scheme, q, k, v, positions_BxT)
                 return self.out(out.reshape(b, t, self.cfg.num_heads * self.head_dim))
             attend.prefill(self.kv, self.scheme, q, k, v, positions_BxT)  # a prompt: its path as usual, cached
-        q, k, v = self._repeated(q, k, v)
         drop = Dropout(self.cfg.attention_dropout, key)
         kind = choose(self.cfg, self.scheme, positions_BxT, q.dtype, dropping=drop.active)
+        if not PATHS[kind].grouped:  # a path that takes grouped-query keys and values reads them in place
+            q, k, v = self._repeated(q, k, v)
         call = Call(positions_BxT, positions_BxT, self.scheme, drop,
                     context=self.scheme.token_context(x_BxTxD, positions_BxT),  # None unless it reads its input (FoX)
                     mask=lambda_mask(self.cfg, self.scheme.dims.train_length),  # None unless LM-Infinite's is on

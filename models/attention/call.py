@@ -49,8 +49,9 @@ class Call:
 class CallSpec:
     """What a refusal may depend on besides the scheme's traits: the scheme's name (to say so), the
     sequence length, the features per head of q and k and the compute dtype's name (the kernels'
-    shape limits), whether attention dropout is on, whether the Lambda mask is, and whether the call
-    is differentiated (`training`: cuDNN's backward pass takes fewer shapes than its forward)."""
+    shape limits), whether attention dropout is on, whether the Lambda mask is (and with sinks, or a
+    plain sliding window), and whether the call is differentiated (`training`: cuDNN's backward pass
+    takes fewer shapes than its forward)."""
     scheme: str
     length: int
     head_dim: int
@@ -58,6 +59,7 @@ class CallSpec:
     dropping: bool = False
     masked: bool = False
     training: bool = False
+    sinks: bool = False
 
     @classmethod
     def of(cls, scheme: Scheme, length: int, dtype, **flags) -> "CallSpec":

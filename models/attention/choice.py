@@ -31,12 +31,12 @@ from typing import Any, Callable
 import jax
 import jax.numpy as jnp
 
-from models.attention import pallas, tuning, verdicts, verify
+from models.attention import cpu_flash, pallas, tuning, verdicts, verify
 from models.attention.paths import PATHS, CallSpec
 from models.config import ModelConfig
 from posenc import Scheme
 
-AUTO_ORDER = ("pallas", "blockwise", "triangular", "dense")  # auto's preference, best first; dense takes all
+AUTO_ORDER = ("pallas", "cpu_flash", "blockwise", "triangular", "dense")  # auto's preference, best first; dense takes all
 _DEFAULTS = ModelConfig()
 
 
@@ -50,16 +50,19 @@ def is_long(length: int, block: int) -> bool:
 
 
 def attention_path(kind: str, block: int, scheme: Scheme | type[Scheme], spec: CallSpec,
-                   kernel: Callable[[], bool] = _no) -> str:
+                   kernel: Callable[[], bool] = _no, cpu_kernel: Callable[[], bool] = _no) -> str:
     """The attention path for one call (`spec`: its length, head size, dtype, dropout, mask): `kind`
     (an explicit model.attention, returned as it is) or `auto`'s choice: the first of AUTO_ORDER
     whose row accepts the call and that auto wants: the Pallas kernel where `kernel()` (usable on
-    this device and faster), blockwise for long sequences (`is_long`), triangular where the scheme's
-    bias does no per-key work, dense. None accepting: the last one's refusal (ValueError)."""
+    this device and faster), the CPU's kernel for long sequences where `cpu_kernel()` (a forward
+    pass on one CPU device, the kernel built), blockwise for long sequences (`is_long`), triangular
+    where the scheme's bias does no per-key work, dense. None accepting: the last one's refusal
+    (ValueError)."""
     if kind != "auto":
         return kind
     traits = scheme.traits
-    wanted = {"pallas": kernel, "blockwise": lambda: is_long(spec.length, block),
+    wanted = {"pallas": kernel, "cpu_flash": lambda: is_long(spec.length, block) and cpu_kernel(),
+              "blockwise": lambda: is_long(spec.length, block),
               "triangular": lambda: not traits.bias_work_per_key, "dense": lambda: True}
     for name in AUTO_ORDER:
         if PATHS[name].accepts(traits, spec) is None and wanted[name]():
@@ -121,14 +124,16 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     device whose kernel fails the check here (`model.attention_check`)."""
     work = workload(cfg, positions_BxT, dropping)
     spec = CallSpec.of(scheme, positions_BxT.shape[1], dtype, dropping=dropping, masked=lambda_masked(cfg),
-                       training=work.training)
+                       training=work.training, sinks=bool(_setting(cfg, "attention_sinks")))
 
     def kernel() -> bool:  # usable here (checked), and faster than what auto runs otherwise at this workload
         if not kernel_usable(scheme, dtype, work):
             return False
         rival = attention_path(cfg.attention, cfg.attention_block, scheme, spec)
         return kernel_wins(scheme, dtype, work, rival, cfg.attention_block)
-    kind = attention_path(cfg.attention, cfg.attention_block, scheme, spec, kernel=kernel)
+    def cpu_kernel() -> bool:  # an evaluation's forward pass on one CPU device, the kernel built
+        return not work.training and cpu_flash.usable()
+    kind = attention_path(cfg.attention, cfg.attention_block, scheme, spec, kernel=kernel, cpu_kernel=cpu_kernel)
     PICKED[spec.length] = kind
     if cfg.attention != "auto":
         PATHS[kind].refuse(scheme.traits, spec)

@@ -6,6 +6,8 @@
   blockwise   blockwise.py: tile by tile with an online softmax, O(T * block) memory, no dropout
   fused       fused.py: `jax.nn.dot_product_attention`, cuDNN on GPU (XLA's composite elsewhere), no dropout
   pallas      pallas.py: a flash-attention kernel (compiled on GPU, interpreted elsewhere)
+  cpu_flash   cpu_flash.py: a flash-attention kernel in C++ for the CPU, forward only (compiled on the machine
+              at first use: native/), grouped-query keys and values read in place
 
 Each row's `accepts(traits, spec)` decides from the scheme's traits (posenc/traits.py) and the
 call's `CallSpec` (call.py: length, head size, dtype, dropout, mask, training) alone, before
@@ -24,7 +26,7 @@ from typing import Callable
 import jax
 import jax.numpy as jnp
 
-from models.attention import fused, launches, pallas
+from models.attention import cpu_flash, fused, launches, pallas
 from models.attention.blockwise import blockwise_call
 from models.attention.call import Call, CallSpec
 from models.attention.dense import dense_call
@@ -59,6 +61,8 @@ class AttentionPath:
       for the evaluation batch policy.
     - tuned: its launch configuration is searched per device (tuning.py) and given as `Call.launch`.
     - per_device: XLA has no rule to partition it, so training on several devices runs it per device.
+    - grouped: `run` takes grouped-query keys and values as the layer projects them (kv_heads heads),
+      not repeated for each query head.
     """
     run: Callable[..., jax.Array]
     accepts: Callable[[Traits, CallSpec], str | None]
@@ -69,6 +73,7 @@ class AttentionPath:
     tile: Callable[[int], int | None] = _whole_rows
     tuned: bool = False
     per_device: bool = False
+    grouped: bool = False
 
     def refuse(self, traits: Traits, spec: CallSpec) -> None:
         """Raise the path's refusal (ValueError), if it has one."""
@@ -196,6 +201,24 @@ def pallas_run(q, k, v, call: Call) -> jax.Array:
     return pallas.pallas_attention(q, k, v, call.q_pos, call.k_pos, call.scheme, call.dropout, launch)
 
 
+def cpu_flash_accepts(traits: Traits, spec: CallSpec) -> str | None:
+    """Logits q . k alone (a rotation, a per-query scale), softmax, float32, no dropout, causal with or
+    without a sliding window (the Lambda mask without sinks), on the CPU with the kernel built."""
+    if spec.dropping:
+        return without_dropout("cpu_flash")
+    if spec.masked and spec.sinks:
+        return (f"model.attention=cpu_flash applies a sliding window but not LM-Infinite's sinks "
+                f"({MASK_OPTIONS}); use blockwise or auto")
+    refusal = masked_dropout(spec) or under_mask(traits, spec)
+    if refusal is None and not (_rows_of_tiles(traits) and traits.bias == "none" and not traits.reads_input):
+        refusal = (f"positional scheme {spec.scheme!r} adds a bias, a value term, or scales logits per key; "
+                   f"model.attention=cpu_flash computes q . k alone: use auto, blockwise or dense")
+    if refusal is None and spec.dtype != "float32":
+        refusal = (f"model.attention=cpu_flash computes in float32; the model computes in {spec.dtype}: set "
+                   f"--config.model.dtype=float32, or use auto")
+    return refusal or cpu_flash.backend_refusal()
+
+
 PATHS: dict[str, AttentionPath] = {
     "dense": AttentionPath(dense_run, dense_accepts, "dense attention (model.attention=dense)", xla=True,
                            baseline=True),
@@ -207,4 +230,6 @@ PATHS: dict[str, AttentionPath] = {
                            checked=lambda: fused.implementation() == "cudnn"),
     "pallas": AttentionPath(pallas_run, pallas_accepts, "the Pallas kernel", checked=lambda: not pallas.interpreted(),
                             tile=lambda block: pallas.BLOCK, tuned=True, per_device=True),
+    "cpu_flash": AttentionPath(cpu_flash.cpu_flash_call, cpu_flash_accepts, "the CPU flash-attention kernel "
+                               "(model.attention=cpu_flash)", tile=lambda block: block, grouped=True),
 }

@@ -1,0 +1,289 @@
+// Causal flash attention on the CPU, float32, as an XLA FFI handler (models/attention/cpu_flash.py).
+//
+// out[b, t, h] = sum_j softmax_j(scale * q[b, t, h] . k[b, j, g]) v[b, j, g] over the keys j <= t (and
+// t - j < window where window > 0), g = h / (H / G): grouped-query keys and values are read in place.
+// One work item is (row b, head h, block of `qb` queries); the items are shared by the caller's thread
+// and XLA's intra-op thread pool, the largest first. An item walks its key blocks of `kb` keys with an
+// online softmax in base 2 (log2(e) folded into the scale): S = Q K^T by a register-blocked kernel that
+// also keeps each row's running maximum, then P = 2^(S - m) with its row sums, then O += P V. Q, S, O
+// and one block of K and V stay in the core's caches; nothing T x T exists.
+//
+// Layouts (prepared by the caller, cpu_flash.py): q [B, T, H, D]; k in panels of PW keys,
+// [B, G, Tp / PW, D, PW] (a panel's D x PW block contiguous, so the QK kernel reads it from L1);
+// v [B, G, Tp, Dv]; out [B, T, H, Dv]. Tp: keys padded with zeros to a multiple of kb (the padding lies
+// after every query: the causal mask removes it); Dv a multiple of the vector width VW; kb a multiple of
+// PW. Vector code uses GCC / Clang vector extensions, so one source serves AVX-512, AVX2, SSE and NEON;
+// the widths below follow the instruction set the compiler targets (-march=native).
+#include <algorithm>
+#include <atomic>
+#include <cmath>
+#include <cstdint>
+#include <memory>
+#include <thread>
+#include <vector>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#endif
+
+#include "xla/ffi/api/ffi.h"
+
+namespace ffi = xla::ffi;
+
+#if defined(__AVX512F__)
+constexpr int VW = 16, QK_MR = 6, QK_NV = 4, PV_MR = 6, PV_NV = 4;  // 32 vector registers: 24 accumulators
+#elif defined(__AVX__)
+constexpr int VW = 8, QK_MR = 6, QK_NV = 2, PV_MR = 6, PV_NV = 2;  // 16 registers: 12 accumulators
+#else
+constexpr int VW = 4, QK_MR = 6, QK_NV = 2, PV_MR = 6, PV_NV = 2;
+#endif
+constexpr int PW = QK_NV * VW;  // keys per panel of K: the width of one QK kernel call
+constexpr int KC = 128;         // keys per PV kernel call: their rows of V stay in L1
+
+typedef float vf __attribute__((vector_size(VW * 4)));
+typedef float vfu __attribute__((vector_size(VW * 4), aligned(4)));
+typedef int32_t vi __attribute__((vector_size(VW * 4)));
+
+static inline vf load(const float* p) { return *(const vfu*)p; }
+static inline void store(float* p, vf x) { *(vfu*)p = x; }
+static inline vf splat(float x) {
+#if defined(__AVX512F__)
+  return _mm512_set1_ps(x);
+#elif defined(__AVX__)
+  return _mm256_set1_ps(x);
+#elif defined(__SSE__)
+  return _mm_set1_ps(x);
+#else
+  return vf{} + x;
+#endif
+}
+static inline vf select(vi mask, vf a, vf b) { return (vf)(((vi)a & mask) | ((vi)b & ~mask)); }
+static inline vf vmax(vf a, vf b) { return select(a > b, a, b); }
+static inline float hmax(vf x) {
+  float m = x[0];
+  for (int e = 1; e < VW; ++e) m = std::max(m, x[e]);
+  return m;
+}
+static inline float hsum(vf x) {
+  float s = x[0];
+  for (int e = 1; e < VW; ++e) s += x[e];
+  return s;
+}
+
+// 2^x, 0 for x < -126 (and for x = -inf): x = n + f with n an integer and |f| <= 1/2, 2^f by its
+// Taylor series to degree 7 (relative error below 1.2 float32 ulps over [-126, 0]), 2^n into the exponent.
+static inline vf exp2v(vf x) {
+  const vf lowest = splat(-126.0f), magic = splat(12582912.0f);  // 1.5 * 2^23: x + magic rounds x
+  vf xc = vmax(x, lowest);
+  vf r = xc + magic;
+  vf n = r - magic;
+  vi ni = (vi)r - (vi)magic;
+  vf f = xc - n;
+  vf p = splat(1.525273380405984e-05f);
+  p = p * f + splat(1.5403530393381608e-04f);
+  p = p * f + splat(1.3333558146428443e-03f);
+  p = p * f + splat(9.618129107628477e-03f);
+  p = p * f + splat(5.550410866482158e-02f);
+  p = p * f + splat(2.402265069591007e-01f);
+  p = p * f + splat(6.931471805599453e-01f);
+  p = p * f + splat(1.0f);
+  vf out = (vf)((vi)p + (ni << 23));
+  return select(x < lowest, splat(0.0f), out);
+}
+
+// C[MR x NV*VW] = A[MR x kd] B[kd x NV*VW] (+ C where `accumulate`); with `M`, each row's running
+// maximum (one vector per row) takes the tile's entries too.
+template <int MR, int NV>
+static inline void tile(const float* __restrict A, long lda, const float* __restrict B, long ldb, float* __restrict C,
+                        long ldc, int kd, bool accumulate, float* __restrict M) {
+  vf acc[MR][NV];
+  for (int r = 0; r < MR; ++r)
+    for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(C + r * ldc + v * VW) : splat(0.0f);
+  for (int p = 0; p < kd; ++p) {
+    vf b[NV];
+    for (int v = 0; v < NV; ++v) b[v] = load(B + p * ldb + v * VW);
+    for (int r = 0; r < MR; ++r) {
+      vf a = splat(A[r * lda + p]);
+      for (int v = 0; v < NV; ++v) acc[r][v] += a * b[v];
+    }
+  }
+  for (int r = 0; r < MR; ++r) {
+    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * VW, acc[r][v]);
+    if (M) {
+      vf mx = load(M + r * VW);
+      for (int v = 0; v < NV; ++v) mx = vmax(mx, acc[r][v]);
+      store(M + r * VW, mx);
+    }
+  }
+}
+
+// `tile` over `rows` rows: MR at a time, then the rest.
+template <int MR, int NV>
+static void tile_rows(int rows, const float* A, long lda, const float* B, long ldb, float* C, long ldc, int kd,
+                      bool accumulate, float* M) {
+  int r = 0;
+  auto at = [&](int row) { return M ? M + row * VW : nullptr; };
+  for (; r + MR <= rows; r += MR) tile<MR, NV>(A + r * lda, lda, B, ldb, C + r * ldc, ldc, kd, accumulate, at(r));
+  const float* a = A + r * lda;
+  float* c = C + r * ldc;
+  switch (rows - r) {
+    case 0: break;
+    case 1: tile<1, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+    case 2: tile<2, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+    case 3: tile<3, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+    case 4: tile<4, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+    default: tile<5, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+  }
+}
+
+struct Shape {
+  long B, T, H, G, D, Dv, Tp;
+  long qb, kb, window;  // window 0: every earlier key
+  float scale;          // times log2(e): logits in base 2
+};
+
+// One item's scratch: Q (qb x D), S / P (qb x kb), O (qb x Dv), running max m and sum l, row maxima M.
+struct Scratch {
+  std::vector<float> data;
+  float *Q, *S, *O, *m, *l, *M;
+  explicit Scratch(const Shape& s)
+      : data(s.qb * s.D + s.qb * s.kb + s.qb * s.Dv + 2 * s.qb + s.qb * VW + VW) {
+    Q = data.data();
+    S = Q + s.qb * s.D;
+    O = S + s.qb * s.kb;
+    m = O + s.qb * s.Dv;
+    l = m + s.qb;
+    M = l + s.qb;
+  }
+};
+
+static void item(const Shape& s, const float* q, const float* kp, const float* v, float* out, long idx,
+                 Scratch& w) {
+  const long blocks = (s.T + s.qb - 1) / s.qb, per_block = s.B * s.H;
+  const long i = blocks - 1 - idx / per_block;  // the latest query blocks (the most keys) first
+  const long b = (idx % per_block) / s.H, h = idx % s.H, g = h / (s.H / s.G);
+  const long r0 = i * s.qb, rows = std::min(s.qb, s.T - r0), last = r0 + rows - 1;
+  for (long r = 0; r < rows; ++r) {
+    const float* src = q + ((b * s.T + r0 + r) * s.H + h) * s.D;
+    for (long d = 0; d < s.D; ++d) w.Q[r * s.D + d] = src[d] * s.scale;
+    w.m[r] = -INFINITY;
+    w.l[r] = 0.0f;
+  }
+  std::fill(w.O, w.O + rows * s.Dv, 0.0f);
+  const float* kbg = kp + (b * s.G + g) * s.D * s.Tp;
+  const float* vbg = v + (b * s.G + g) * s.Tp * s.Dv;
+  const long first = s.window > 0 ? std::max(0L, r0 - s.window + 1) / PW * PW : 0;
+  for (long k0 = first; k0 <= last; k0 += s.kb) {
+    const long width = (std::min(s.kb, last + 1 - k0) + PW - 1) / PW * PW;  // within Tp
+    for (long r = 0; r < rows; ++r) store(w.M + r * VW, splat(-INFINITY));
+    for (long c = 0; c < width; c += PW)
+      tile_rows<QK_MR, QK_NV>(rows, w.Q, s.D, kbg + (k0 + c) * s.D, PW, w.S + c, s.kb, s.D, false, w.M);
+    // keys after a query (the diagonal), or before its window, are masked
+    const bool masked = k0 + width - 1 > r0 || (s.window > 0 && k0 <= last - s.window);
+    for (long r = 0; r < rows; ++r) {
+      float* Sr = w.S + r * s.kb;
+      float* Or = w.O + r * s.Dv;
+      vf mx = load(w.M + r * VW);
+      if (masked) {
+        const long t = r0 + r;
+        const long lo = s.window > 0 ? std::max(0L, t - s.window + 1 - k0) : 0, hi = t + 1 - k0;
+        for (long j = 0; j < width; ++j)
+          if (j < lo || j >= hi) Sr[j] = -INFINITY;
+        mx = splat(-INFINITY);
+        for (long j = 0; j < width; j += VW) mx = vmax(mx, load(Sr + j));
+      }
+      const float mnew = std::max(w.m[r], hmax(mx));
+      if (mnew == -INFINITY) {  // no key of this block in the row's window (nor before it)
+        std::fill(Sr, Sr + width, 0.0f);
+        continue;
+      }
+      const float corr = std::exp2(w.m[r] - mnew);
+      const vf mv = splat(mnew);
+      vf sum = splat(0.0f);
+      for (long j = 0; j < width; j += VW) {
+        vf p = exp2v(load(Sr + j) - mv);
+        store(Sr + j, p);
+        sum += p;
+      }
+      w.l[r] = w.l[r] * corr + hsum(sum);
+      w.m[r] = mnew;
+      if (corr != 1.0f)
+        for (long d = 0; d < s.Dv; d += VW) store(Or + d, load(Or + d) * splat(corr));
+    }
+    for (long c = 0; c < width; c += KC) {
+      const int kc = (int)std::min<long>(KC, width - c);
+      long d = 0;
+      for (; d + PV_NV * VW <= s.Dv; d += PV_NV * VW)
+        tile_rows<PV_MR, PV_NV>(rows, w.S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, w.O + d, s.Dv, kc, true, nullptr);
+      for (; d < s.Dv; d += VW)
+        tile_rows<PV_MR, 1>(rows, w.S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, w.O + d, s.Dv, kc, true, nullptr);
+    }
+  }
+  for (long r = 0; r < rows; ++r) {
+    float* dst = out + ((b * s.T + r0 + r) * s.H + h) * s.Dv;
+    const float inv = 1.0f / w.l[r];
+    for (long d = 0; d < s.Dv; ++d) dst[d] = w.O[r * s.Dv + d] * inv;
+  }
+}
+
+// The items of one call, claimed one at a time by the caller and by the pool's threads. A thread counts
+// itself `active` before it claims, so that the caller, once every item is claimed, waits for exactly
+// the threads still working; a task that starts later claims nothing (the state is shared, not on the
+// caller's stack).
+struct Work {
+  Shape s;
+  const float *q, *kp, *v;
+  float* out;
+  long n;
+  std::atomic<long> next{0}, active{0};
+
+  void run() {
+    active.fetch_add(1);
+    if (next.load() < n) {
+      Scratch scratch(s);
+      for (long idx = next.fetch_add(1); idx < n; idx = next.fetch_add(1)) item(s, q, kp, v, out, idx, scratch);
+    }
+    active.fetch_sub(1);
+  }
+};
+
+static ffi::Error FlashAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kp,
+                                     ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out, float scale,
+                                     int64_t qb, int64_t kb, int64_t window) {
+  auto qd = q.dimensions(), kd = kp.dimensions(), vd = v.dimensions();
+  if (qd.size() != 4 || kd.size() != 5 || vd.size() != 4 || kd[4] != PW)
+    return ffi::Error::InvalidArgument("flash attention: q, k panels or v of the wrong rank, or k not in panels of PW");
+  auto work = std::make_shared<Work>();
+  work->s = Shape{qd[0], qd[1], qd[2], kd[1], qd[3], vd[3], kd[2] * PW, qb, kb, window,
+                  scale * 1.4426950408889634f};
+  const Shape& s = work->s;
+  if (kd[0] != s.B || kd[3] != s.D || vd[0] != s.B || vd[1] != s.G || vd[2] != s.Tp || s.H % s.G != 0 ||
+      s.Tp < s.T || s.Tp % kb != 0 || kb % PW != 0 || s.Dv % VW != 0 || qb < 1)
+    return ffi::Error::InvalidArgument("flash attention: inconsistent shapes (see flash_attention.cc's layouts)");
+  work->q = q.typed_data();
+  work->kp = kp.typed_data();
+  work->v = v.typed_data();
+  work->out = out->typed_data();
+  work->n = s.B * s.H * ((s.T + qb - 1) / qb);
+  const long helpers = std::min<long>(pool.num_threads(), work->n) - 1;
+  for (long t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
+  work->run();
+  while (work->active.load() != 0) std::this_thread::yield();
+  return ffi::Error::Success();
+}
+
+XLA_FFI_DEFINE_HANDLER_SYMBOL(lx_flash_attention, FlashAttentionImpl,
+                              ffi::Ffi::Bind()
+                                  .Ctx<ffi::ThreadPool>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Ret<ffi::Buffer<ffi::F32>>()
+                                  .Attr<float>("scale")
+                                  .Attr<int64_t>("qb")
+                                  .Attr<int64_t>("kb")
+                                  .Attr<int64_t>("window"));
+
+// What the caller must know of this build: keys per panel, floats per vector.
+extern "C" int lx_flash_panel_width() { return PW; }
+extern "C" int lx_flash_vector_width() { return VW; }
