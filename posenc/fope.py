@@ -13,6 +13,7 @@ from flax import nnx
 from posenc.base import ModelDims, Scheme
 from posenc.options.rotary import FopeOptions
 from posenc.registry import register
+from posenc.traits import Traits
 
 
 def fope_frequencies(head_dim: int, train_length: int, base: float = 10000.0, floor_ratio: float = 1.0) -> np.ndarray:
@@ -71,6 +72,7 @@ class Fope(Scheme):
     here they come from numpy with `seed` and are the same in every layer, so that they are a
     constant of the options rather than state (no checkpoint entry, no optimizer update).
     """
+    traits = Traits(rotates_per_head=True)  # its coefficients a_hij, b_hij are per head
     family = "relative"
     citation = "Hua et al. 2024"
     extrapolates = "partly"

@@ -35,6 +35,8 @@ class Traits:
       (models/attention/stickbreaking.py).
     - wrapper: the scheme wraps another (its option `base`), whose hooks it delegates to.
     - value_term: `value_bias` returns a term added to the attention output (Shaw's).
+    - rotates_per_head: `rotate` turns a key differently for each query head (FoPE's coefficients per
+      head), so grouped-query keys cannot be shared by their group after rotation.
     - logit_scale: what `logit_scale` returns: "none", "per_query" (a scalar, or one factor per
       query: broadcastable to B x H x T x 1) or "per_pair" (one factor per query and key).
     - bias: the additive bias: "none"; "function" (`bias`, and the same as `bias_fn()`, a
@@ -51,6 +53,7 @@ class Traits:
     normalization: str = "softmax"
     wrapper: bool = False
     value_term: bool = False
+    rotates_per_head: bool = False
     logit_scale: str = "none"
     bias: str = "none"
 

@@ -17,11 +17,17 @@ REPO = pathlib.Path(__file__).resolve().parents[1]
 _MADE_CACHE = "LX_COMPILATION_CACHE" not in os.environ
 if _MADE_CACHE:
     os.environ["LX_COMPILATION_CACHE"] = tempfile.mkdtemp(prefix="lengthx_xla_")
+# and the CPU kernels they compile (models/attention/native/), once per test run, shared by the workers
+_MADE_KERNELS = "LX_KERNEL_CACHE" not in os.environ
+if _MADE_KERNELS:
+    os.environ["LX_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="lengthx_kernels_")
 
 
 def pytest_unconfigure(config):
-    if _MADE_CACHE and not hasattr(config, "workerinput"):
-        shutil.rmtree(os.environ["LX_COMPILATION_CACHE"], ignore_errors=True)
+    if not hasattr(config, "workerinput"):
+        for made, name in ((_MADE_CACHE, "LX_COMPILATION_CACHE"), (_MADE_KERNELS, "LX_KERNEL_CACHE")):
+            if made:
+                shutil.rmtree(os.environ[name], ignore_errors=True)
 
 
 @pytest.fixture(scope="session", autouse=True)

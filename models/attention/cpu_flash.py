@@ -9,7 +9,8 @@ the core's cache, the softmax fused between its two products, as PyTorch's CPU k
 scaled_dot_product_attention does; grouped-query keys and values are read in place (never repeated).
 
 What runs in JAX around it: the scheme's `rotate` (the keys rotated per query head, then one head per
-group kept, as generation's cache does: models/generation/attend.py), a per-query `logit_scale` folded
+group kept, as generation's cache does: models/generation/attend.py; all of them where the scheme
+`rotates_per_head`), a per-query `logit_scale` folded
 into the queries, and the layouts the kernel reads (keys in panels of the kernel's width, values per
 group). Its row in paths.py takes the schemes whose logits are q . k alone (the rotation family, NoPE,
 absolute embeddings, log-n), float32, with or without a sliding window (Mistral's, Gemma 3's local
@@ -18,12 +19,13 @@ gradient through it (outside training, where `auto` never takes it) is blockwise
 recomputed.
 
 The kernel's query and key block sizes are chosen per machine the first time it runs: a few
-candidates timed on a 2,048-token call, the fastest kept (`blocks`; on disk beside the library, so
+candidates timed on a 4,096-token call, the fastest kept (`blocks`; on disk beside the library, so
 once per machine and build). LX_CPU_FLASH_BLOCKS=QxK fixes them (for benchmarks).
 """
 from __future__ import annotations
 
 import functools
+import hashlib
 import json
 import os
 import time
@@ -36,9 +38,10 @@ from models.attention import native
 from models.attention.call import Call
 from models.attention.lambda_mask import LambdaMask
 
-CANDIDATES = ((64, 256), (128, 256), (64, 512), (128, 512))  # (queries, keys) per block, timed per machine
-DEFAULT_BLOCKS = (128, 512)
-SEARCH_LENGTH = 2048
+# (queries, keys) per block, timed per machine. Blocks of 512 keys ran at half the rate of 256 at 32k tokens
+# (though not at 16k) on a Xeon with AVX-512 (benchmarks/README.md, "Long prefill"), so none is a candidate.
+CANDIDATES = ((64, 256), (128, 256), (256, 256))
+SEARCH_LENGTH = 4096
 
 
 def backend_refusal() -> str | None:
@@ -125,7 +128,10 @@ def cpu_flash_call(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, call: Call) -> jax.Array:
     heads, groups = q_BxTxHxK.shape[2], k_BxTxGxK.shape[2]
     scheme = call.scheme
     q, k = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), call.q_pos, call.k_pos)
-    k = grouped(k, groups)
+    if scheme.traits.rotates_per_head:  # each query head its own keys (FoPE): nothing shared by a group
+        v_BxTxGxK = repeat_heads(v_BxTxGxK, heads)
+    else:
+        k = grouped(k, groups)
     scale = scheme.logit_scale(call.q_pos, call.k_pos)
     if scale is not None:  # per query (the row refuses per pair): B x H x T x 1 or a scalar
         scale_BxTxHx1 = jnp.swapaxes(jnp.broadcast_to(scale, (q.shape[0], heads, q.shape[1], 1)), 1, 2)
@@ -163,7 +169,8 @@ def search_blocks(heads: int, groups: int, head_dim: int, value_dim: int) -> tup
     key = (heads, groups, head_dim, value_dim)
     if key in _BLOCKS:
         return _BLOCKS[key]
-    path = native.cache_folder() / f"flash_blocks-{native.build_key()}.json"
+    search = hashlib.sha1(repr((CANDIDATES, SEARCH_LENGTH)).encode()).hexdigest()[:8]
+    path = native.cache_folder() / f"flash_blocks-{native.build_key()}-{search}.json"
     slug = "h{}g{}d{}v{}".format(*key)
     try:
         saved = json.loads(path.read_text())
@@ -187,6 +194,11 @@ def search_blocks(heads: int, groups: int, head_dim: int, value_dim: int) -> tup
 
 
 def _time_candidates(heads: int, groups: int, head_dim: int, value_dim: int) -> dict[tuple[int, int], float]:
+    with jax.ensure_compile_time_eval():  # run now, also while a model is being traced (else staged into it)
+        return _timed(heads, groups, head_dim, value_dim)
+
+
+def _timed(heads: int, groups: int, head_dim: int, value_dim: int) -> dict[tuple[int, int], float]:
     rng = np.random.default_rng(0)
     q = jnp.asarray(rng.standard_normal((1, SEARCH_LENGTH, heads, head_dim)), jnp.float32)
     k = jnp.asarray(rng.standard_normal((1, SEARCH_LENGTH, groups, head_dim)), jnp.float32)

@@ -48,16 +48,18 @@ def prefill(cache: LayerCache, scheme: Scheme, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, 
     """Fill the cache with a prompt batch's keys (rotated as the layer's path rotates them: the
     scheme's `rotate` over the whole row) and values; the rows' prompt lengths are the cache's
     `length`, set before the call."""
-    heads, groups = q_BxTxHxK.shape[2], k_BxTxGxK.shape[2]
-    _, k_rot = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), positions_BxT, positions_BxT)
-    cache.fill(grouped(k_rot, groups), v_BxTxGxK, positions_BxT, k_BxTxGxK, cache.length[...])
+    heads, groups = q_BxTxHxK.shape[2], cache.k.shape[2]  # the cache's heads: every query head's where
+    _, k_rot = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), positions_BxT, positions_BxT)  # per head
+    cache.fill(grouped(k_rot, groups), repeat_heads(v_BxTxGxK, groups), positions_BxT,
+               repeat_heads(k_BxTxGxK, groups), cache.length[...])
 
 
 def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, positions_Bx1) -> jax.Array:
     """One new token per row: written into the cache, then attended over it. Returns B x 1 x H x K."""
-    heads, groups = q_Bx1xHxK.shape[2], k_Bx1xGxK.shape[2]
+    heads, groups = q_Bx1xHxK.shape[2], cache.k.shape[2]
     q, k_new = scheme.rotate(q_Bx1xHxK, repeat_heads(k_Bx1xGxK, heads), positions_Bx1, positions_Bx1)
-    i_B = cache.append(grouped(k_new, groups)[:, 0], v_Bx1xGxK[:, 0], positions_Bx1[:, 0], k_Bx1xGxK[:, 0])
+    i_B = cache.append(grouped(k_new, groups)[:, 0], repeat_heads(v_Bx1xGxK, groups)[:, 0], positions_Bx1[:, 0],
+                       repeat_heads(k_Bx1xGxK, groups)[:, 0])
     k_pos = cache.pos[...]
     local = _grouped_logits(q, cache.k[...], positions_Bx1, k_pos, scheme)
     logits = [jnp.where(cache.visible(i_B)[:, None, None, :], local, NEG_INF)]

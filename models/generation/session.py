@@ -44,6 +44,8 @@ def _layer_cache(attn, batch: int, slots: int) -> LayerCache:
     cfg, scheme = attn.cfg, attn.scheme
     mask = lambda_mask(cfg, scheme.dims.train_length)
     kv, k = cfg.kv_heads, attn.head_dim
+    if scheme.traits.rotates_per_head:  # each query head turns its keys its own way (FoPE): a key per head
+        kv = cfg.num_heads
     q = jax.ShapeDtypeStruct((1, 1, cfg.num_heads, k), jnp.dtype(cfg.dtype))
     positions = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     _, rotated = jax.eval_shape(scheme.rotate, q, q, positions, positions)  # a scheme may widen q and k

@@ -159,6 +159,16 @@ def test_schemes_trained_here_decode_or_say_why_not(scheme):
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def test_a_rotation_per_head_keeps_a_key_per_head_under_grouped_query_attention():
+    """FoPE turns a key differently for each query head (`rotates_per_head`): with 2 key-value heads for
+    4 query heads its cache holds 4 heads of keys, and decoding equals the full forward pass (before,
+    the cache kept the first query head's keys for its group)."""
+    model = model_with({}, "fope", num_kv_heads=2)
+    assert model.cfg.kv_heads == 2 and model.scheme.traits.rotates_per_head
+    got, expected = decoded_and_full(model, new=6)
+    np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
 def test_a_windowed_layer_caches_its_window_only():
     """LM-Infinite (10 sinks, window L) and a sliding window: ring caches of the window, whatever the
     length asked for; the other layers one slot per token."""

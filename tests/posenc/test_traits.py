@@ -56,6 +56,7 @@ def observed(scheme: posenc.Scheme) -> dict:
         "carries_bias": carries,
         "wrapper": hasattr(scheme, "inner"),
         "needs_full_rows": False,
+        "rotates_per_head": _rotates_per_head(scheme, pos),
     }
     if bias is not None:  # queries of the second half against keys of the first: the keys between are missing
         half = T // 2
@@ -63,6 +64,14 @@ def observed(scheme: posenc.Scheme) -> dict:
         whole = jnp.broadcast_to(bias, (1, DIMS.num_heads, T, T))[:, :, half:, :half]
         found["needs_full_rows"] = not bool(jnp.allclose(jnp.broadcast_to(tile, whole.shape), whole, atol=1e-5))
     return found
+
+
+def _rotates_per_head(scheme: posenc.Scheme, pos) -> bool:
+    """Whether the same query and key in every head come out of `rotate` differing between heads."""
+    x = jnp.broadcast_to(jax.random.normal(jax.random.key(6), (1, T, 1, DIMS.head_dim)), (1, T, DIMS.num_heads,
+                                                                                       DIMS.head_dim))
+    q, k = scheme.rotate(x, x, pos, pos)
+    return not (bool(jnp.allclose(q, q[:, :, :1], atol=1e-6)) and bool(jnp.allclose(k, k[:, :, :1], atol=1e-6)))
 
 
 @pytest.mark.parametrize("name,blocks", CASES, ids=[f"{n}-{b}" if b else n for n, b in CASES])

@@ -2,9 +2,10 @@
 //
 // out[b, t, h] = sum_j softmax_j(scale * q[b, t, h] . k[b, j, g]) v[b, j, g] over the keys j <= t (and
 // t - j < window where window > 0), g = h / (H / G): grouped-query keys and values are read in place.
-// One work item is (row b, head h, block of `qb` queries); the items are shared by the caller's thread
-// and XLA's intra-op thread pool, the largest first. An item walks its key blocks of `kb` keys with an
-// online softmax in base 2 (log2(e) folded into the scale): S = Q K^T by a register-blocked kernel that
+// One work item is (row b, key-value group g, block of `qb` queries) for every query head of the group;
+// the items are shared by the caller's thread and XLA's intra-op thread pool, the largest first. An item
+// walks its key blocks of `kb` keys, each read from memory once for all the group's heads, with an online
+// softmax in base 2 (log2(e) folded into the scale): per head, S = Q K^T by a register-blocked kernel that
 // also keeps each row's running maximum, then P = 2^(S - m) with its row sums, then O += P V. Q, S, O
 // and one block of K and V stay in the core's caches; nothing T x T exists.
 //
@@ -163,87 +164,106 @@ struct Shape {
   float scale;          // times log2(e): logits in base 2
 };
 
-// One item's scratch: Q (qb x D), S / P (qb x kb), O (qb x Dv), running max m and sum l, row maxima M.
+// One item's scratch: for each of the group's R query heads, Q (qb x D), O (qb x Dv), the running
+// maximum m and sum l (qb each); shared by the heads, S / P (qb x kb) and the row maxima M (qb x VW).
 struct Scratch {
   std::vector<float> data;
-  float *Q, *S, *O, *m, *l, *M;
-  explicit Scratch(const Shape& s)
-      : data(s.qb * s.D + s.qb * s.kb + s.qb * s.Dv + 2 * s.qb + s.qb * VW + VW) {
+  float *Q, *O, *m, *l, *S, *M;
+  Scratch(const Shape& s, long heads)
+      : data(heads * s.qb * (s.D + s.Dv + 2) + s.qb * s.kb + s.qb * VW) {
     Q = data.data();
-    S = Q + s.qb * s.D;
-    O = S + s.qb * s.kb;
-    m = O + s.qb * s.Dv;
-    l = m + s.qb;
-    M = l + s.qb;
+    O = Q + heads * s.qb * s.D;
+    m = O + heads * s.qb * s.Dv;
+    l = m + heads * s.qb;
+    S = l + heads * s.qb;
+    M = S + s.qb * s.kb;
   }
 };
 
+// One query head's rows against one block of keys (k0 .. k0 + width): S = Q K^T with each row's
+// maximum, masked where `masked`, the online softmax's update of m, l and O, then O += P V.
+static void block(const Shape& s, long r0, long rows, long k0, long width, bool masked, const float* kbg,
+                  const float* vbg, float* Q, float* O, float* m, float* l, float* S, float* M) {
+  for (long r = 0; r < rows; ++r) store(M + r * VW, splat(-INFINITY));
+  for (long c = 0; c < width; c += PW)
+    tile_rows<QK_MR, QK_NV>(rows, Q, s.D, kbg + (k0 + c) * s.D, PW, S + c, s.kb, s.D, false, M);
+  for (long r = 0; r < rows; ++r) {
+    float* Sr = S + r * s.kb;
+    float* Or = O + r * s.Dv;
+    vf mx = load(M + r * VW);
+    if (masked) {  // keys after the query (the diagonal), or before its window
+      const long t = r0 + r;
+      const long lo = s.window > 0 ? std::max(0L, t - s.window + 1 - k0) : 0, hi = t + 1 - k0;
+      for (long j = 0; j < width; ++j)
+        if (j < lo || j >= hi) Sr[j] = -INFINITY;
+      mx = splat(-INFINITY);
+      for (long j = 0; j < width; j += VW) mx = vmax(mx, load(Sr + j));
+    }
+    const float mnew = std::max(m[r], hmax(mx));
+    if (mnew == -INFINITY) {  // no key of this block in the row's window (nor before it)
+      std::fill(Sr, Sr + width, 0.0f);
+      continue;
+    }
+    const float corr = std::exp2(m[r] - mnew);
+    const vf mv = splat(mnew);
+    vf sum = splat(0.0f);
+    for (long j = 0; j < width; j += VW) {
+      vf p = exp2v(load(Sr + j) - mv);
+      store(Sr + j, p);
+      sum += p;
+    }
+    l[r] = l[r] * corr + hsum(sum);
+    m[r] = mnew;
+    if (corr != 1.0f)
+      for (long d = 0; d < s.Dv; d += VW) store(Or + d, load(Or + d) * splat(corr));
+  }
+  for (long c = 0; c < width; c += KC) {
+    const int kc = (int)std::min<long>(KC, width - c);
+    long d = 0;
+    for (; d + PV_NV * VW <= s.Dv; d += PV_NV * VW)
+      tile_rows<PV_MR, PV_NV>(rows, S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true, nullptr);
+    for (; d < s.Dv; d += VW)
+      tile_rows<PV_MR, 1>(rows, S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true, nullptr);
+  }
+}
+
+// Item `idx`: one row b, one key-value group g, one block of qb queries, for each of the group's query
+// heads; each block of keys and values is read once from memory and used by all of them.
 static void item(const Shape& s, const float* q, const float* kp, const float* v, float* out, long idx,
                  Scratch& w) {
-  const long blocks = (s.T + s.qb - 1) / s.qb, per_block = s.B * s.H;
+  const long blocks = (s.T + s.qb - 1) / s.qb, per_block = s.B * s.G, heads = s.H / s.G;
   const long i = blocks - 1 - idx / per_block;  // the latest query blocks (the most keys) first
-  const long b = (idx % per_block) / s.H, h = idx % s.H, g = h / (s.H / s.G);
+  const long b = (idx % per_block) / s.G, g = idx % s.G;
   const long r0 = i * s.qb, rows = std::min(s.qb, s.T - r0), last = r0 + rows - 1;
-  for (long r = 0; r < rows; ++r) {
-    const float* src = q + ((b * s.T + r0 + r) * s.H + h) * s.D;
-    for (long d = 0; d < s.D; ++d) w.Q[r * s.D + d] = src[d] * s.scale;
-    w.m[r] = -INFINITY;
-    w.l[r] = 0.0f;
+  for (long e = 0; e < heads; ++e) {
+    const long h = g * heads + e;
+    for (long r = 0; r < rows; ++r) {
+      const float* src = q + ((b * s.T + r0 + r) * s.H + h) * s.D;
+      float* dst = w.Q + (e * s.qb + r) * s.D;
+      for (long d = 0; d < s.D; ++d) dst[d] = src[d] * s.scale;
+      w.m[e * s.qb + r] = -INFINITY;
+      w.l[e * s.qb + r] = 0.0f;
+    }
   }
-  std::fill(w.O, w.O + rows * s.Dv, 0.0f);
+  std::fill(w.O, w.O + heads * s.qb * s.Dv, 0.0f);
   const float* kbg = kp + (b * s.G + g) * s.D * s.Tp;
   const float* vbg = v + (b * s.G + g) * s.Tp * s.Dv;
   const long first = s.window > 0 ? std::max(0L, r0 - s.window + 1) / PW * PW : 0;
   for (long k0 = first; k0 <= last; k0 += s.kb) {
     const long width = (std::min(s.kb, last + 1 - k0) + PW - 1) / PW * PW;  // within Tp
-    for (long r = 0; r < rows; ++r) store(w.M + r * VW, splat(-INFINITY));
-    for (long c = 0; c < width; c += PW)
-      tile_rows<QK_MR, QK_NV>(rows, w.Q, s.D, kbg + (k0 + c) * s.D, PW, w.S + c, s.kb, s.D, false, w.M);
-    // keys after a query (the diagonal), or before its window, are masked
     const bool masked = k0 + width - 1 > r0 || (s.window > 0 && k0 <= last - s.window);
-    for (long r = 0; r < rows; ++r) {
-      float* Sr = w.S + r * s.kb;
-      float* Or = w.O + r * s.Dv;
-      vf mx = load(w.M + r * VW);
-      if (masked) {
-        const long t = r0 + r;
-        const long lo = s.window > 0 ? std::max(0L, t - s.window + 1 - k0) : 0, hi = t + 1 - k0;
-        for (long j = 0; j < width; ++j)
-          if (j < lo || j >= hi) Sr[j] = -INFINITY;
-        mx = splat(-INFINITY);
-        for (long j = 0; j < width; j += VW) mx = vmax(mx, load(Sr + j));
-      }
-      const float mnew = std::max(w.m[r], hmax(mx));
-      if (mnew == -INFINITY) {  // no key of this block in the row's window (nor before it)
-        std::fill(Sr, Sr + width, 0.0f);
-        continue;
-      }
-      const float corr = std::exp2(w.m[r] - mnew);
-      const vf mv = splat(mnew);
-      vf sum = splat(0.0f);
-      for (long j = 0; j < width; j += VW) {
-        vf p = exp2v(load(Sr + j) - mv);
-        store(Sr + j, p);
-        sum += p;
-      }
-      w.l[r] = w.l[r] * corr + hsum(sum);
-      w.m[r] = mnew;
-      if (corr != 1.0f)
-        for (long d = 0; d < s.Dv; d += VW) store(Or + d, load(Or + d) * splat(corr));
-    }
-    for (long c = 0; c < width; c += KC) {
-      const int kc = (int)std::min<long>(KC, width - c);
-      long d = 0;
-      for (; d + PV_NV * VW <= s.Dv; d += PV_NV * VW)
-        tile_rows<PV_MR, PV_NV>(rows, w.S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, w.O + d, s.Dv, kc, true, nullptr);
-      for (; d < s.Dv; d += VW)
-        tile_rows<PV_MR, 1>(rows, w.S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, w.O + d, s.Dv, kc, true, nullptr);
-    }
+    for (long e = 0; e < heads; ++e)
+      block(s, r0, rows, k0, width, masked, kbg, vbg, w.Q + e * s.qb * s.D, w.O + e * s.qb * s.Dv,
+            w.m + e * s.qb, w.l + e * s.qb, w.S, w.M);
   }
-  for (long r = 0; r < rows; ++r) {
-    float* dst = out + ((b * s.T + r0 + r) * s.H + h) * s.Dv;
-    const float inv = 1.0f / w.l[r];
-    for (long d = 0; d < s.Dv; ++d) dst[d] = w.O[r * s.Dv + d] * inv;
+  for (long e = 0; e < heads; ++e) {
+    const long h = g * heads + e;
+    for (long r = 0; r < rows; ++r) {
+      float* dst = out + ((b * s.T + r0 + r) * s.H + h) * s.Dv;
+      const float* src = w.O + (e * s.qb + r) * s.Dv;
+      const float inv = 1.0f / w.l[e * s.qb + r];
+      for (long d = 0; d < s.Dv; ++d) dst[d] = src[d] * inv;
+    }
   }
 }
 
@@ -261,7 +281,7 @@ struct Work {
   void run() {
     active.fetch_add(1);
     if (next.load() < n) {
-      Scratch scratch(s);
+      Scratch scratch(s, s.H / s.G);
       for (long idx = next.fetch_add(1); idx < n; idx = next.fetch_add(1)) item(s, q, kp, v, out, idx, scratch);
     }
     active.fetch_sub(1);
@@ -285,7 +305,7 @@ static ffi::Error FlashAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32>
   work->kp = kp.typed_data();
   work->v = v.typed_data();
   work->out = out->typed_data();
-  work->n = s.B * s.H * ((s.T + qb - 1) / qb);
+  work->n = s.B * s.G * ((s.T + qb - 1) / qb);
   const long helpers = std::min<long>(pool.num_threads(), work->n) - 1;
   for (long t = 0; t < helpers; ++t) pool.Schedule([work] { work->run(); });
   work->run();
