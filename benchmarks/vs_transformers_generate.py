@@ -9,11 +9,12 @@ Each side runs alone in a fresh process, the sides alternating, every length and
 the model (ours: experiment.generation.open_source, the path `auto` picks; transformers:
 AutoModelForCausalLM.from_pretrained(gguf_file=...), its default attention, sdpa, under inference_mode;
 llama.cpp: llama_cpp.Llama with a float32 file and cache, 2 threads), then on the same seeded prompt of
-`length` ids, greedily, without stopping at the end-of-sequence token: one untimed generation (ours
-compiles in it), then timed generations of 1 and of 1 + `new` tokens. Prefill tokens/s = length / time
-of the first (prompt and one token); decoding tokens/s = new / (time of the second - time of the
-first): the same arithmetic on every side. Peak memory: the process's peak resident set (VmHWM) over
-the timed calls.
+`length` ids, greedily, without stopping at the end-of-sequence token: one untimed generation of 2 tokens
+(ours compiles in it), then one timed generation of 1 + `new` tokens, each new token's time taken as it
+comes (ours: `generate`'s stats; transformers: a logits processor, called once per token after its
+forward pass; llama.cpp: its generator). Prefill = the time to the first new token; decoding = the time
+from the first to the last over `new`. Peak memory: the process's peak resident set (VmHWM) over the
+timed call.
 
 The bound: each side's process also times plain matrix products of the model's own shapes (its
 weight products at 4,096 rows, and 2,048^3) in its own library (XLA or torch), after its generations;
@@ -89,7 +90,9 @@ def child(side: str, gguf: str, length: int, new: int, method: str | None) -> di
                 "head_dim": cfg.head_size, "mlp_dim": cfg.mlp_dim, "vocab": cfg.vocab_size, "gated": cfg.mlp == "gated"}
 
         def run(n, ids):
-            return generate(model, [ids], n)[0]
+            stats = {}
+            out = generate(model, [ids], n, stats=stats)[0]
+            return out, stats["prefill_seconds"], stats["decode_seconds"] / max(stats["decode_steps"], 1)
 
         def matmul(m, k, n):
             a, b = jnp.ones((m, k), jnp.float32), jnp.ones((k, n), jnp.float32)
@@ -107,11 +110,22 @@ def child(side: str, gguf: str, length: int, new: int, method: str | None) -> di
                 "kv_heads": c.num_key_value_heads, "head_dim": c.hidden_size // c.num_attention_heads,
                 "mlp_dim": c.intermediate_size, "vocab": c.vocab_size, "gated": True}
 
+        stamps = []
+
+        class Stamp(transformers.LogitsProcessor):  # called once per new token, after its forward pass
+            def __call__(self, input_ids, scores):
+                stamps.append(time.perf_counter())
+                return scores
+
         def run(n, ids):
+            stamps.clear()
+            start = time.perf_counter()
             with torch.inference_mode():
                 out = model.generate(torch.as_tensor([ids]), max_new_tokens=n, min_new_tokens=n, do_sample=False,
-                                     eos_token_id=None, pad_token_id=0)
-            return out[0, len(ids):].tolist()
+                                     eos_token_id=None, pad_token_id=0,
+                                     logits_processor=transformers.LogitsProcessorList([Stamp()]))
+            decode = (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
+            return out[0, len(ids):].tolist(), stamps[0] - start, decode
 
         def matmul(m, k, n):
             a, b = torch.ones(m, k), torch.ones(k, n)
@@ -126,27 +140,23 @@ def child(side: str, gguf: str, length: int, new: int, method: str | None) -> di
 
         def run(n, ids):
             llm.reset()
-            out = []
+            out, stamps, start = [], [], time.perf_counter()
             for token in llm.generate(ids, top_k=1, temp=0.0, reset=True):
+                stamps.append(time.perf_counter())
                 out.append(token)
                 if len(out) == n:
                     break
-            return out
+            return out, stamps[0] - start, (stamps[-1] - stamps[0]) / max(len(stamps) - 1, 1)
         matmul = None
         versions = {"llama_cpp": llama_cpp.__version__}
     vocab = dims["vocab"] if dims else 49152
     ids = np.random.RandomState(0).randint(100, vocab, length).tolist()
     run(2, ids)  # untimed (ours: compilation of the prefill and the step)
     _reset_peak()
-    t0 = time.perf_counter()
-    first = run(1, ids)
-    t1 = time.perf_counter()
-    more = run(1 + new, ids)
-    t2 = time.perf_counter()
-    assert len(first) == 1 and len(more) == 1 + new
-    row = {"side": side, "length": length, "new": new, "one_s": t1 - t0, "more_s": t2 - t1,
-           "prefill_tok_s": length / (t1 - t0), "decode_tok_s": new / ((t2 - t1) - (t1 - t0)),
-           "decode_ms_per_token": 1000 * ((t2 - t1) - (t1 - t0)) / new, "peak_gb": _peak_gb(), "dims": dims,
+    out, prefill_s, decode_s = run(1 + new, ids)
+    assert len(out) == 1 + new
+    row = {"side": side, "length": length, "new": new, "prefill_s": prefill_s, "prefill_tok_s": length / prefill_s,
+           "decode_tok_s": 1 / decode_s, "decode_ms_per_token": 1000 * decode_s, "peak_gb": _peak_gb(), "dims": dims,
            **versions}
     if matmul is not None:
         row.update(_best_rate(matmul, matmul_shapes(dims)))
@@ -230,9 +240,9 @@ def main() -> None:
                 continue
             row = {"length": length, "side": side, "method": method or "direct",
                    **{k: statistics.median(r[k] for r in mine)
-                      for k in ("prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "peak_gb", "one_s")}}
+                      for k in ("prefill_tok_s", "decode_tok_s", "decode_ms_per_token", "peak_gb", "prefill_s")}}
             row["bound_s"] = bound
-            row["x_bound"] = row["one_s"] / bound
+            row["x_bound"] = row["prefill_s"] / bound
             if theirs:
                 row["prefill_vs_transformers"] = row["prefill_tok_s"] / statistics.median(
                     r["prefill_tok_s"] for r in theirs)

@@ -31,16 +31,18 @@ def grouped(x_BxTxHxK: jax.Array, kv_heads: int) -> jax.Array:
     return x_BxTxHxK if heads == kv_heads else x_BxTxHxK[:, :, ::heads // kv_heads]
 
 
-def _grouped_logits(q_Bx1xHxK, k_BxSxGxK, q_pos_Bx1, k_pos_BxS, scheme: Scheme) -> jax.Array:
-    """`tile_logits` of one query per row against grouped-query keys, B x H x 1 x S: the scores of
-    each group of heads against its own key head (no keys repeated), except for a scheme whose tile
-    bias reads the keys' content (ReRoPE, Self-Extend, DCA, ...), which gets them repeated."""
+def _grouped_logits(q_Bx1xHxK, k_BxGxSxK, q_pos_Bx1, k_pos_BxS, scheme: Scheme) -> jax.Array:
+    """`tile_logits` of one query per row against the cache's grouped-query keys (B x G x S x K, each
+    group's keys contiguous: the products read them in place, no copy per step), B x H x 1 x S: the
+    scores of each group of heads against its own key head, except for a scheme whose tile bias reads
+    the keys' content (ReRoPE, Self-Extend, DCA, ...), which gets them as B x S x H x K, repeated."""
     b, _, heads, k = q_Bx1xHxK.shape
-    s, groups = k_BxSxGxK.shape[1], k_BxSxGxK.shape[2]
-    if groups == heads or scheme.traits.bias == "tile":
+    groups, s = k_BxGxSxK.shape[1], k_BxGxSxK.shape[2]
+    k_BxSxGxK = jnp.swapaxes(k_BxGxSxK, 1, 2)  # for hooks that read keys (computed only where one does)
+    if scheme.traits.bias == "tile":
         return tile_logits(q_Bx1xHxK, repeat_heads(k_BxSxGxK, heads), q_pos_Bx1, k_pos_BxS, scheme)
-    q = q_Bx1xHxK.reshape(b, 1, groups, heads // groups, k)
-    scores = jnp.einsum("btgrk,bsgk->bgrts", q, k_BxSxGxK, preferred_element_type=jnp.float32) * k ** -0.5
+    q = q_Bx1xHxK.reshape(b, groups, heads // groups, k)
+    scores = jnp.einsum("bgrk,bgsk->bgrs", q, k_BxGxSxK, preferred_element_type=jnp.float32) * k ** -0.5
     return tile_logits(q_Bx1xHxK, k_BxSxGxK, q_pos_Bx1, k_pos_BxS, scheme, scores=scores.reshape(b, heads, 1, s))
 
 
@@ -48,22 +50,26 @@ def prefill(cache: LayerCache, scheme: Scheme, q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, 
     """Fill the cache with a prompt batch's keys (rotated as the layer's path rotates them: the
     scheme's `rotate` over the whole row) and values; the rows' prompt lengths are the cache's
     `length`, set before the call."""
-    heads, groups = q_BxTxHxK.shape[2], cache.k.shape[2]  # the cache's heads: every query head's where
+    heads, groups = q_BxTxHxK.shape[2], cache.k.shape[1]  # the cache's heads: every query head's where
     _, k_rot = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), positions_BxT, positions_BxT)  # per head
     cache.fill(grouped(k_rot, groups), repeat_heads(v_BxTxGxK, groups), positions_BxT,
                repeat_heads(k_BxTxGxK, groups), cache.length[...])
 
 
 def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, positions_Bx1) -> jax.Array:
-    """One new token per row: written into the cache, then attended over it. Returns B x 1 x H x K."""
-    heads, groups = q_Bx1xHxK.shape[2], cache.k.shape[2]
+    """One new token per row, attended over the cache and itself, then written into the cache. Returns
+    B x 1 x H x K. The products read the cache as it came in (the new token's slot is empty there, or
+    in a ring holds a token beyond the window) and the new key and value apart, so that the cache is
+    updated in place once: read after the update, XLA made a copy of the whole cache for each reader."""
+    heads, groups = q_Bx1xHxK.shape[2], cache.k.shape[1]
     q, k_new = scheme.rotate(q_Bx1xHxK, repeat_heads(k_Bx1xGxK, heads), positions_Bx1, positions_Bx1)
-    i_B = cache.append(grouped(k_new, groups)[:, 0], repeat_heads(v_Bx1xGxK, groups)[:, 0], positions_Bx1[:, 0],
-                       repeat_heads(k_Bx1xGxK, groups)[:, 0])
+    v_new = repeat_heads(v_Bx1xGxK, groups)
+    i_B = cache.length[...]  # the new token's index in its row
     k_pos = cache.pos[...]
     local = _grouped_logits(q, cache.k[...], positions_Bx1, k_pos, scheme)
-    logits = [jnp.where(cache.visible(i_B)[:, None, None, :], local, NEG_INF)]
-    values = [(cache.v[...], positions_Bx1, k_pos)]
+    logits = [jnp.where(cache.visible(i_B)[:, None, None, :], local, NEG_INF),
+              tile_logits(q, k_new, positions_Bx1, positions_Bx1, scheme)]
+    values = [(cache.v[...], positions_Bx1, k_pos), (jnp.swapaxes(v_new, 1, 2), positions_Bx1, positions_Bx1)]
     if cache.sinks:  # LM-Infinite's sink keys, seen from the window's distance (lambda_mask.sink_branch)
         n, first = cache.sinks, cache.first[...][:, None]
         sink_q_pos, sink_k_pos = first + cache.mask.limit, jnp.broadcast_to(first, (first.shape[0], n))
@@ -71,15 +77,16 @@ def decode(cache: LayerCache, scheme: Scheme, q_Bx1xHxK, k_Bx1xGxK, v_Bx1xGxK, p
         far = tile_logits(sink_q, sink_k, sink_q_pos, sink_k_pos, scheme)
         far_sinks = i_B[:, None] - jnp.arange(n)[None, :] >= cache.mask.window  # beyond the row's window
         logits.append(jnp.where(far_sinks[:, None, None, :], far, NEG_INF))
-        values.append((cache.sink_v[...], sink_q_pos, sink_k_pos))
+        values.append((jnp.swapaxes(cache.sink_v[...], 1, 2), sink_q_pos, sink_k_pos))
+    cache.append(grouped(k_new, groups)[:, 0], v_new[:, 0], positions_Bx1[:, 0], repeat_heads(k_Bx1xGxK, groups)[:, 0])
     probs = jax.nn.softmax(jnp.concatenate(logits, axis=-1), axis=-1)
     out, start = 0.0, 0
-    for (v_BxSxGxK, q_pos, k_pos) in values:
-        p = probs[..., start:start + v_BxSxGxK.shape[1]]
-        start += v_BxSxGxK.shape[1]
-        b, s, g, _ = v_BxSxGxK.shape  # each group of heads / g query heads reads its key / value head
-        p_grouped = p.reshape(b, g, heads // g, 1, s).astype(v_BxSxGxK.dtype)
-        out = out + jnp.einsum("bgrts,bsgk->btgrk", p_grouped, v_BxSxGxK).reshape(b, 1, heads, -1)
+    for (v_BxGxSxK, q_pos, k_pos) in values:
+        b, g, s, _ = v_BxGxSxK.shape  # each group of heads / g query heads reads its key / value head
+        p = probs[..., start:start + s]
+        start += s
+        p_grouped = p.reshape(b, g, heads // g, s).astype(v_BxGxSxK.dtype)
+        out = out + jnp.einsum("bgrs,bgsk->bgrk", p_grouped, v_BxGxSxK).reshape(b, 1, heads, -1)
         value_term = scheme.value_bias(p, q_pos, k_pos)
         if value_term is not None:
             out = out + value_term.astype(out.dtype)

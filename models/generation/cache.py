@@ -4,8 +4,10 @@ One `LayerCache` per layer, held by its `Attention` (`attn.kv`) on a copy of the
 generation makes, as `nnx.Cache` variables (so that a compiled step takes them in and gives them back
 updated, the parameters untouched). Per row of the batch it keeps, in slots:
 
-  k     the keys as the layer's scheme rotated them when they entered (at their own positions);
-  v     the values;
+  k     the keys as the layer's scheme rotated them when they entered (at their own positions),
+        B x G x slots x K: each key-value head's slots contiguous, the layout a decoding step's two
+        products read in place;
+  v     the values, B x G x slots x K;
   pos   each slot's position (what the scheme's bias, scale and value hooks read);
   idx   each slot's token index in its row (-1: empty), which the causal order and windows use;
   length  how many tokens the row has seen.
@@ -55,8 +57,8 @@ class LayerCache(nnx.Module):
         b, s, g = shape.batch, shape.slots, shape.kv_heads
         self.mask = mask
         self.ring = mask is not None
-        self.k = nnx.Cache(jnp.zeros((b, s, g, shape.key_dim), shape.dtype))
-        self.v = nnx.Cache(jnp.zeros((b, s, g, shape.value_dim), shape.dtype))
+        self.k = nnx.Cache(jnp.zeros((b, g, s, shape.key_dim), shape.dtype))
+        self.v = nnx.Cache(jnp.zeros((b, g, s, shape.value_dim), shape.dtype))
         self.pos = nnx.Cache(jnp.zeros((b, s), jnp.int32))
         self.idx = nnx.Cache(jnp.full((b, s), -1, jnp.int32))
         self.length = nnx.Cache(jnp.zeros((b,), jnp.int32))
@@ -68,7 +70,7 @@ class LayerCache(nnx.Module):
 
     @property
     def slots(self) -> int:
-        return self.k.shape[1]
+        return self.k.shape[2]
 
     def fill(self, k_BxTxGxK, v_BxTxGxK, positions_BxT, raw_k_BxTxGxK, lengths_B) -> None:
         """The cache of a prompt batch (right-padded to T; row b's first `lengths_B[b]` tokens are its
@@ -86,8 +88,9 @@ class LayerCache(nnx.Module):
             valid = token < lengths_B[:, None]
         source = jnp.clip(token, 0, t - 1)
         rows = jnp.arange(b)[:, None]
-        self.k[...] = jnp.where(valid[..., None, None], k_BxTxGxK[rows, source], 0).astype(self.k.dtype)
-        self.v[...] = jnp.where(valid[..., None, None], v_BxTxGxK[rows, source], 0).astype(self.v.dtype)
+        group_major = lambda x: jnp.swapaxes(jnp.where(valid[..., None, None], x[rows, source], 0), 1, 2)
+        self.k[...] = group_major(k_BxTxGxK).astype(self.k.dtype)
+        self.v[...] = group_major(v_BxTxGxK).astype(self.v.dtype)
         self.pos[...] = jnp.where(valid, positions_BxT[rows, source], 0)
         self.idx[...] = jnp.where(valid, token, -1)
         self.length[...] = lengths_B.astype(jnp.int32)
@@ -103,8 +106,8 @@ class LayerCache(nnx.Module):
         i = self.length[...]
         slot = i % self.slots if self.ring else i
         rows = jnp.arange(i.shape[0])
-        self.k[...] = self.k[...].at[rows, slot].set(k_BxGxK.astype(self.k.dtype))
-        self.v[...] = self.v[...].at[rows, slot].set(v_BxGxK.astype(self.v.dtype))
+        self.k[...] = _write_slots(self.k[...], k_BxGxK, slot)
+        self.v[...] = _write_slots(self.v[...], v_BxGxK, slot)
         self.pos[...] = self.pos[...].at[rows, slot].set(position_B)
         self.idx[...] = self.idx[...].at[rows, slot].set(i)
         if self.sinks:  # a row shorter than its sinks gathers them as they come
@@ -126,3 +129,12 @@ class LayerCache(nnx.Module):
         if self.ring:
             seen &= i_B[:, None] - idx < self.mask.window
         return seen
+
+
+def _write_slots(cache_BxGxSxK: jax.Array, new_BxGxK: jax.Array, slot_B: jax.Array) -> jax.Array:
+    """Row b's new entry in its slot `slot_B[b]`: one dynamic_update_slice per row, which XLA writes in
+    place (a scatter at rows and slots, indices on two axes apart, made it copy the whole cache)."""
+    for b in range(cache_BxGxSxK.shape[0]):
+        entry = new_BxGxK[b][None, :, None, :].astype(cache_BxGxSxK.dtype)
+        cache_BxGxSxK = jax.lax.dynamic_update_slice(cache_BxGxSxK, entry, (b, 0, slot_B[b], 0))
+    return cache_BxGxSxK

@@ -54,32 +54,57 @@ def _layer_cache(attn, batch: int, slots: int) -> LayerCache:
     return LayerCache(shape, mask)
 
 
+def _with_caches(model, batch: int, slots: int):
+    """A copy of `model`'s structure (its arrays shared) with a cache in every attention layer."""
+    model = nnx.merge(*nnx.split(model))
+    for block in model.blocks:
+        block.attn.kv = _layer_cache(block.attn, batch, slots)
+    return model
+
+
+def _head_of_last(model, tokens_BxT, positions_BxT, lengths_B):
+    hidden_BxTxD = model.hidden(tokens_BxT, positions_BxT)
+    return model.head(hidden_BxTxD[jnp.arange(tokens_BxT.shape[0]), lengths_B - 1])
+
+
+def _cpu_options() -> dict:
+    """XLA:CPU's copy insertion by region analysis: without it, a decoding step copied every layer's
+    cache twice (the products read the cache as it came in, while its new slot is written in place);
+    CPU only (benchmarks/README.md, "Long prefill")."""
+    return {"xla_cpu_copy_insertion_use_region_analysis": True} if jax.default_backend() == "cpu" else {}
+
+
 @functools.lru_cache(maxsize=8)
-def _programs(graphdef):
-    def prefill(rest, caches, tokens_BxT, positions_BxT, lengths_B):
-        model = nnx.merge(graphdef, rest, caches)
+def _prefill_program(graphdef, batch: int, slots: int):
+    """The prompts through the model (`graphdef`: without caches), its caches made inside the program,
+    so that no empty cache is allocated before it and copied over."""
+    def prefill(rest, tokens_BxT, positions_BxT, lengths_B):
+        model = _with_caches(nnx.merge(graphdef, rest), batch, slots)
         for block in model.blocks:
             block.attn.kv.length[...] = lengths_B
-        hidden_BxTxD = model.hidden(tokens_BxT, positions_BxT)
-        last_BxD = hidden_BxTxD[jnp.arange(tokens_BxT.shape[0]), lengths_B - 1]
-        return model.head(last_BxD), nnx.state(model, nnx.Cache)
+        return _head_of_last(model, tokens_BxT, positions_BxT, lengths_B), nnx.state(model, nnx.Cache)
+    return jax.jit(prefill)
 
+
+@functools.lru_cache(maxsize=8)
+def _step_program(graphdef):
     def step(rest, caches, tokens_B, positions_B):
         model = nnx.merge(graphdef, rest, caches)
         hidden_Bx1xD = model.hidden(tokens_B[:, None], positions_B[:, None])
         return model.head(hidden_Bx1xD[:, 0]), nnx.state(model, nnx.Cache)
-
-    return jax.jit(prefill, donate_argnums=1), jax.jit(step, donate_argnums=1)
+    return jax.jit(step, donate_argnums=1, compiler_options=_cpu_options())
 
 
 @dataclasses.dataclass
 class Session:
     """A batch of rows being generated: `prefill(prompts)` then `step(tokens)`, each returning the
     logits of every row's next token (B x V, float32, on the device); `lengths` is each row's number
-    of tokens so far (host)."""
+    of tokens so far (host). `graphdef` is the model's with caches (the step's), `plain` its own (the
+    prefill's); the caches exist from the prefill on."""
     graphdef: nnx.GraphDef
+    plain: nnx.GraphDef
     rest: nnx.State
-    caches: nnx.State
+    caches: nnx.State | None
     lengths: np.ndarray
     slots: int
 
@@ -89,17 +114,17 @@ class Session:
         why = refusal(model)
         if why:
             raise ValueError(why)
-        model = nnx.merge(*nnx.split(model))  # a copy of the structure; the arrays are shared
-        for block in model.blocks:
-            block.attn.kv = _layer_cache(block.attn, batch, slots)
-        graphdef, caches, rest = nnx.split(model, nnx.Cache, ...)
-        return cls(graphdef, rest, caches, np.zeros(batch, np.int64), slots)
+        plain, rest = nnx.split(model)
+        graphdef = nnx.graphdef(nnx.eval_shape(lambda: _with_caches(model, batch, slots)))
+        return cls(graphdef, plain, rest, None, np.zeros(batch, np.int64), slots)
 
     def prefill(self, prompts: list[list[int]]) -> jax.Array:
         """The prompts (one per row, each at least one token), right-padded: a pad takes its row's last
         position, so that nothing of a row depends on its padding (attention is causal by index, and a
         length-dependent scaling sees the row's own last position)."""
         lengths = np.array([len(p) for p in prompts])
+        if len(prompts) != len(self.lengths):
+            raise ValueError(f"this session generates {len(self.lengths)} rows; got {len(prompts)} prompts")
         if lengths.max() > self.slots:
             raise ValueError(f"a prompt of {lengths.max()} tokens does not fit caches of {self.slots} tokens per row")
         t = padded_length(int(lengths.max()))
@@ -108,9 +133,9 @@ class Session:
             tokens[row, :len(prompt)] = prompt
             tokens[row, len(prompt):] = prompt[-1]
         positions = np.minimum(np.arange(t)[None, :], lengths[:, None] - 1).astype(np.int32)
-        run, _ = _programs(self.graphdef)
-        logits, self.caches = run(self.rest, self.caches, jnp.asarray(tokens), jnp.asarray(positions),
-                                  jnp.asarray(lengths, jnp.int32))
+        run = _prefill_program(self.plain, len(prompts), self.slots)
+        self.caches = None  # (a second prefill: the earlier caches go first)
+        logits, self.caches = run(self.rest, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(lengths, jnp.int32))
         self.lengths = lengths.astype(np.int64)
         return logits
 
@@ -118,7 +143,9 @@ class Session:
         """One new token per row (at position `lengths`), cached; the logits after it."""
         if self.lengths.max() >= self.slots:
             raise ValueError(f"the caches hold {self.slots} tokens per row; a row has that many already")
-        _, run = _programs(self.graphdef)
+        if self.caches is None:
+            raise ValueError("prefill the session's prompts before its first step")
+        run = _step_program(self.graphdef)
         logits, self.caches = run(self.rest, self.caches, jnp.asarray(tokens_B, jnp.int32),
                                   jnp.asarray(self.lengths, jnp.int32))
         self.lengths = self.lengths + 1

@@ -169,20 +169,28 @@ def test_a_rotation_per_head_keeps_a_key_per_head_under_grouped_query_attention(
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
 
 
+def _cache_shapes(model, batch: int, slots: int) -> dict[str, set]:
+    """The shapes of every layer's cache arrays by name (k, v, pos, ..., sink_k) after a prefill."""
+    session = Session.start(model, batch, slots)
+    session.prefill([[1, 2, 3]] * batch)
+    shapes = {}
+    for path, leaf in jax.tree_util.tree_leaves_with_path(session.caches):
+        name = str(path[-2].key)  # ... ['kv'][name].value
+        shapes.setdefault(name, set()).add(leaf.shape)
+    return shapes
+
+
 def test_a_windowed_layer_caches_its_window_only():
     """LM-Infinite (10 sinks, window L) and a sliding window: ring caches of the window, whatever the
-    length asked for; the other layers one slot per token."""
+    length asked for; the other layers one slot per token. Keys and values are B x G x slots x K."""
     model = model_with(methods.options("lm_infinite", 10 * L, L))
-    session = Session.start(model, 2, 4096)
-    shapes = {leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(session.caches)
-              if str(path[-2]) in (".k", "['k']") or getattr(path[-2], "key", None) == "k"}
-    assert shapes == {(2, L, 2, 8)}
-    assert all(x.shape[1] in (L, 10) for x in jax.tree.leaves(session.caches) if x.ndim >= 2)
+    shapes = _cache_shapes(model, 2, 4096)
+    assert shapes["k"] == shapes["v"] == {(2, 2, L, 8)} and shapes["pos"] == shapes["idx"] == {(2, L)}
+    assert shapes["sink_k"] == {(2, 10, 2, 8)}
     gemma = dataclasses.replace(model.cfg, attention_sinks=0, attention_window=8, global_every=2,
                                 local_rope_base=10000.0)
     mixed = build_model(gemma, posenc.default_config("rope"), L, 0)
-    slots = sorted({x.shape[1] for x in jax.tree.leaves(Session.start(mixed, 1, 4096).caches) if x.ndim >= 2})
-    assert slots == [8, 4096]
+    assert sorted(shape[2] for shape in _cache_shapes(mixed, 1, 4096)["k"]) == [8, 4096]
 
 
 def test_stops_sampling_and_bad_input():
