@@ -191,3 +191,27 @@ def test_gpu_first_run_dry_run_runs_every_section(tmp_path):
     assert train["tokens_per_s"] > 0 and 0 < train["mfu"] and "attention_used" in train
     auto = json.loads(files["out/auto.json"])["schemes"][0]
     assert auto["train"] and auto["eval 1024"] and "error" not in auto
+
+
+def test_prefill_profile_puts_xla_ops_in_the_right_category():
+    from benchmarks.prefill_profile import category
+    branch = "jit(prefill)/while/body/closed_call/while/body/closed_call/cond/branch_1_fun/"
+    assert category("custom-call", "jit(prefill)/ffi_call", "custom-call.3") == "attention kernel (cpu_flash)"
+    assert category("fusion", "", "ynn_fusion.72") == "attention products (QK, PV)"  # a tile's product: no op name
+    assert category("fusion", "jit(prefill)/while/body/closed_call/dot_general", "ynn_fusion.242") == "weight products"
+    assert category("fusion", branch + "exp", "subtract_exponential_fusion") == "softmax exp"
+    assert category("fusion", branch + "reduce_max", "reduce_fusion.3") == "softmax max"
+    assert category("fusion", branch + "squeeze", "copy_bitcast_fusion.1") == "attention layout copies"
+    assert category("copy", "", "copy.13") == "attention layout copies"
+    assert category("fusion", "jit(prefill)/add", "add_fusion.2") == "other (norms, rotation, residuals, cache)"
+
+
+def test_generation_benchmark_counts_a_prefills_flops():
+    from benchmarks.vs_transformers_generate import matmul_shapes, prefill_flops
+    dims = {"layers": 30, "d_model": 576, "heads": 9, "kv_heads": 3, "head_dim": 64, "mlp_dim": 1536,
+            "vocab": 49152, "gated": True}
+    per_layer_weights = 576 * 960 + 576 * 576 + 3 * 576 * 1536  # qkv, output, gate / up / down
+    flops = prefill_flops(dims, 16384)
+    assert flops == 30 * (2 * per_layer_weights * 16384 + 2 * 16384 ** 2 * 576) + 2 * 576 * 49152
+    assert 12.5e12 < flops < 13e12  # the "about 3.5 + 9.3 TFLOP" at 16k
+    assert (4096, 576, 1536) in matmul_shapes(dims) and (2048, 2048, 2048) in matmul_shapes(dims)

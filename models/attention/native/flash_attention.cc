@@ -21,6 +21,7 @@
 #include <cstdint>
 #include <memory>
 #include <thread>
+#include <type_traits>
 #include <vector>
 
 #if defined(__x86_64__) || defined(__i386__)
@@ -114,10 +115,13 @@ static inline vf exp2v(vf x) {
 }
 
 // C[MR x NV*VW] = A[MR x kd] B[kd x NV*VW] (+ C where `accumulate`); with `M`, each row's running
-// maximum (one vector per row) takes the tile's entries too.
+// maximum (one vector per row) takes the tile's entries too; with `ref` (each row's reference) C gets
+// 2^(entry - ref) instead of the entry, and `sums` (one vector per row) their sum: the softmax's
+// exponentials computed while the tile is still in registers.
 template <int MR, int NV>
 static inline void tile(const float* __restrict A, long lda, const float* __restrict B, long ldb, float* __restrict C,
-                        long ldc, int kd, bool accumulate, float* __restrict M) {
+                        long ldc, int kd, bool accumulate, float* __restrict M, const float* __restrict ref,
+                        float* __restrict sums) {
   vf acc[MR][NV];
   for (int r = 0; r < MR; ++r)
     for (int v = 0; v < NV; ++v) acc[r][v] = accumulate ? load(C + r * ldc + v * VW) : splat(0.0f);
@@ -130,11 +134,22 @@ static inline void tile(const float* __restrict A, long lda, const float* __rest
     }
   }
   for (int r = 0; r < MR; ++r) {
-    for (int v = 0; v < NV; ++v) store(C + r * ldc + v * VW, acc[r][v]);
     if (M) {
       vf mx = load(M + r * VW);
       for (int v = 0; v < NV; ++v) mx = vmax(mx, acc[r][v]);
       store(M + r * VW, mx);
+    }
+    if (ref) {
+      const vf base = splat(ref[r]);
+      vf sum = load(sums + r * VW);
+      for (int v = 0; v < NV; ++v) {
+        vf e = exp2v(acc[r][v] - base);
+        store(C + r * ldc + v * VW, e);
+        sum += e;
+      }
+      store(sums + r * VW, sum);
+    } else {
+      for (int v = 0; v < NV; ++v) store(C + r * ldc + v * VW, acc[r][v]);
     }
   }
 }
@@ -142,19 +157,21 @@ static inline void tile(const float* __restrict A, long lda, const float* __rest
 // `tile` over `rows` rows: MR at a time, then the rest.
 template <int MR, int NV>
 static void tile_rows(int rows, const float* A, long lda, const float* B, long ldb, float* C, long ldc, int kd,
-                      bool accumulate, float* M) {
+                      bool accumulate, float* M = nullptr, const float* ref = nullptr, float* sums = nullptr) {
   int r = 0;
-  auto at = [&](int row) { return M ? M + row * VW : nullptr; };
-  for (; r + MR <= rows; r += MR) tile<MR, NV>(A + r * lda, lda, B, ldb, C + r * ldc, ldc, kd, accumulate, at(r));
-  const float* a = A + r * lda;
-  float* c = C + r * ldc;
+  auto vec = [](float* x, int row) { return x ? x + row * VW : nullptr; };
+  auto one = [&](auto rows_here) {
+    tile<decltype(rows_here)::value, NV>(A + r * lda, lda, B, ldb, C + r * ldc, ldc, kd, accumulate, vec(M, r),
+                                          ref ? ref + r : nullptr, vec(sums, r));
+  };
+  for (; r + MR <= rows; r += MR) one(std::integral_constant<int, MR>());
   switch (rows - r) {
     case 0: break;
-    case 1: tile<1, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
-    case 2: tile<2, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
-    case 3: tile<3, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
-    case 4: tile<4, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
-    default: tile<5, NV>(a, lda, B, ldb, c, ldc, kd, accumulate, at(r)); break;
+    case 1: one(std::integral_constant<int, 1>()); break;
+    case 2: one(std::integral_constant<int, 2>()); break;
+    case 3: one(std::integral_constant<int, 3>()); break;
+    case 4: one(std::integral_constant<int, 4>()); break;
+    default: one(std::integral_constant<int, 5>()); break;
   }
 }
 
@@ -164,26 +181,77 @@ struct Shape {
   float scale;          // times log2(e): logits in base 2
 };
 
-// One item's scratch: for each of the group's R query heads, Q (qb x D), O (qb x Dv), the running
-// maximum m and sum l (qb each); shared by the heads, S / P (qb x kb) and the row maxima M (qb x VW).
+// One item's scratch: for each of the group's R query heads, Q (qb x D), O (qb x Dv), the reference
+// maximum m and sum l (qb each); shared by the heads, S / P (qb x kb), the row maxima M and the row
+// sums E of one block (qb x VW each).
 struct Scratch {
   std::vector<float> data;
-  float *Q, *O, *m, *l, *S, *M;
+  float *Q, *O, *m, *l, *S, *M, *E;
   Scratch(const Shape& s, long heads)
-      : data(heads * s.qb * (s.D + s.Dv + 2) + s.qb * s.kb + s.qb * VW) {
+      : data(heads * s.qb * (s.D + s.Dv + 2) + s.qb * s.kb + 2 * s.qb * VW) {
     Q = data.data();
     O = Q + heads * s.qb * s.D;
     m = O + heads * s.qb * s.Dv;
     l = m + heads * s.qb;
     S = l + heads * s.qb;
     M = S + s.qb * s.kb;
+    E = M + s.qb * VW;
   }
 };
 
+// A block's exponentials are taken from each row's reference m while its logits are computed (`tile`
+// with `ref`), which may lie below the block's maximum: up to LAG (base 2) below it, m stays, else it is
+// raised to that maximum after the block (l and O scaled down with it), so every value stays below
+// 2^LAG times its final size; a block more than REDO above m (its exponentials might overflow) is
+// computed again from its maximum, as the first block of a row is.
+constexpr float LAG = 8.0f, REDO = 64.0f;
+
 // One query head's rows against one block of keys (k0 .. k0 + width): S = Q K^T with each row's
 // maximum, masked where `masked`, the online softmax's update of m, l and O, then O += P V.
+static void pv(const Shape& s, long rows, long k0, long width, const float* vbg, const float* P, float* O) {
+  for (long c = 0; c < width; c += KC) {
+    const int kc = (int)std::min<long>(KC, width - c);
+    long d = 0;
+    for (; d + PV_NV * VW <= s.Dv; d += PV_NV * VW)
+      tile_rows<PV_MR, PV_NV>(rows, P + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true);
+    for (; d < s.Dv; d += VW)
+      tile_rows<PV_MR, 1>(rows, P + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true);
+  }
+}
+
+// A block whose every logit is kept (no mask), for rows that have a reference already: the exponentials
+// taken in the QK kernel's registers (see LAG). False where a row's maximum lies more than REDO above
+// its reference: nothing was changed, and the caller computes the block in two passes.
+static bool fused_block(const Shape& s, long rows, long k0, long width, const float* kbg, const float* vbg,
+                        const float* Q, float* O, float* m, float* l, float* S, float* M, float* E) {
+  for (long r = 0; r < rows; ++r) {
+    store(M + r * VW, splat(-INFINITY));
+    store(E + r * VW, splat(0.0f));
+  }
+  for (long c = 0; c < width; c += PW)
+    tile_rows<QK_MR, QK_NV>(rows, Q, s.D, kbg + (k0 + c) * s.D, PW, S + c, s.kb, s.D, false, M, m, E);
+  for (long r = 0; r < rows; ++r)
+    if (hmax(load(M + r * VW)) > m[r] + REDO) return false;
+  pv(s, rows, k0, width, vbg, S, O);
+  for (long r = 0; r < rows; ++r) {
+    l[r] += hsum(load(E + r * VW));
+    const float top = hmax(load(M + r * VW));
+    if (top > m[r] + LAG) {
+      const float corr = std::exp2(m[r] - top);
+      float* Or = O + r * s.Dv;
+      for (long d = 0; d < s.Dv; d += VW) store(Or + d, load(Or + d) * splat(corr));
+      l[r] *= corr;
+      m[r] = top;
+    }
+  }
+  return true;
+}
+
 static void block(const Shape& s, long r0, long rows, long k0, long width, bool masked, const float* kbg,
-                  const float* vbg, float* Q, float* O, float* m, float* l, float* S, float* M) {
+                  const float* vbg, float* Q, float* O, float* m, float* l, float* S, float* M, float* E) {
+  if (!masked && std::all_of(m, m + rows, [](float x) { return x > -INFINITY; }) &&
+      fused_block(s, rows, k0, width, kbg, vbg, Q, O, m, l, S, M, E))
+    return;
   for (long r = 0; r < rows; ++r) store(M + r * VW, splat(-INFINITY));
   for (long c = 0; c < width; c += PW)
     tile_rows<QK_MR, QK_NV>(rows, Q, s.D, kbg + (k0 + c) * s.D, PW, S + c, s.kb, s.D, false, M);
@@ -217,14 +285,7 @@ static void block(const Shape& s, long r0, long rows, long k0, long width, bool 
     if (corr != 1.0f)
       for (long d = 0; d < s.Dv; d += VW) store(Or + d, load(Or + d) * splat(corr));
   }
-  for (long c = 0; c < width; c += KC) {
-    const int kc = (int)std::min<long>(KC, width - c);
-    long d = 0;
-    for (; d + PV_NV * VW <= s.Dv; d += PV_NV * VW)
-      tile_rows<PV_MR, PV_NV>(rows, S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true, nullptr);
-    for (; d < s.Dv; d += VW)
-      tile_rows<PV_MR, 1>(rows, S + c, s.kb, vbg + (k0 + c) * s.Dv + d, s.Dv, O + d, s.Dv, kc, true, nullptr);
-  }
+  pv(s, rows, k0, width, vbg, S, O);
 }
 
 // Item `idx`: one row b, one key-value group g, one block of qb queries, for each of the group's query
@@ -254,7 +315,7 @@ static void item(const Shape& s, const float* q, const float* kp, const float* v
     const bool masked = k0 + width - 1 > r0 || (s.window > 0 && k0 <= last - s.window);
     for (long e = 0; e < heads; ++e)
       block(s, r0, rows, k0, width, masked, kbg, vbg, w.Q + e * s.qb * s.D, w.O + e * s.qb * s.Dv,
-            w.m + e * s.qb, w.l + e * s.qb, w.S, w.M);
+            w.m + e * s.qb, w.l + e * s.qb, w.S, w.M, w.E);
   }
   for (long e = 0; e < heads; ++e) {
     const long h = g * heads + e;
