@@ -49,6 +49,8 @@ for _option in options(KINDS):
         flags.DEFINE_list(_option.name, _option.default, f"{_option.help}: {', '.join(_option.choices)}")
         flags.register_validator(_option.name, lambda names, known=_option.choices: all(n in known for n in names or []),
                                  f"each name must be one of {', '.join(_option.choices)} (e.g. {_option.example})")
+    elif _option.kind is str and _option.sequence:  # a comma-separated list of free strings (--needle_distances)
+        flags.DEFINE_list(_option.name, _option.default, f"{_option.help} (e.g. {_option.example})")
     elif _option.choices:
         flags.DEFINE_enum(_option.name, _option.default, list(_option.choices), _option.help)
     else:

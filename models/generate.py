@@ -108,6 +108,60 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, te
     return stops.outputs()
 
 
+def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
+    """How many first tokens every prompt shares, leaving each at least one token of its own."""
+    shortest = min(len(p) for p in prompts)
+    n = 0
+    while n < shortest - 1 and all(p[n] == prompts[0][n] for p in prompts):
+        n += 1
+    return n
+
+
+def generate_shared(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
+                    stop: Sequence[int | str] | None = None, tokenizer=None, stats: dict | None = None) -> list[list[int]]:
+    """Greedy answers to prompts that begin alike (k questions about one long context): the tokens they
+    share go through the model once, their caches are copied to one row per prompt, and each row reads
+    the rest of its prompt a token at a time against its cache, then answers. The same new ids as
+    `generate(model, prompts, ...)` at temperature 0 (each step's logits those of a full forward pass
+    over the row's tokens, as every decoding step's are), at the cost of one prefill of the shared part
+    and a decoding step per token of each prompt's own part. `stats` as `generate`'s, with
+    `shared_tokens`."""
+    prompts = _checked(prompts, max_new_tokens, model.cfg.vocab_size)
+    stops = Stops(stop, tokenizer, len(prompts))
+    shared = shared_prefix_length(prompts)
+    if shared == 0:
+        return generate(model, prompts, max_new_tokens, stop=stop, tokenizer=tokenizer, stats=stats)
+    longest = max(len(p) for p in prompts)
+    model.scheme.check_length(longest + max_new_tokens)
+    slots = -(-(padded_length(longest) + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
+    start = time.perf_counter()
+    session = Session.start(model, len(prompts), slots)
+    logits = session.prefill_shared(prompts[0][:shared])
+    prefilled = time.perf_counter()
+    own = [list(p[shared:]) for p in prompts]
+    read = np.zeros(len(prompts), np.int64)  # tokens of its own part each row has read
+    new = np.zeros(len(prompts), np.int64)
+    steps = 0
+    while True:
+        answering = read >= np.array([len(o) for o in own])
+        greedy = np.asarray(_sample(logits, jax.random.key(0), 0.0, 1.0))
+        ids = np.array([greedy[r] if answering[r] else own[r][read[r]] for r in range(len(prompts))], np.int32)
+        stops.add(ids, active=answering)
+        new += answering
+        stops.done |= answering & (new >= max_new_tokens)
+        if stops.all_done():
+            break
+        read += ~answering
+        logits = session.step(ids)
+        steps += 1
+    if stats is not None:
+        stats.update(prefill_seconds=prefilled - start, prefill_tokens=shared, shared_tokens=shared,
+                     decode_seconds=time.perf_counter() - prefilled, decode_steps=steps * len(prompts))
+    del session, logits
+    release_freed_host_memory()
+    return stops.outputs()
+
+
 def release_freed_host_memory() -> None:
     """Give the memory glibc keeps after a generation (its caches, the compiler's work on a new shape)
     back to the system, on the CPU backend: else the next prompt's caches come on top of it (a 16k

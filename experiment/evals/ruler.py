@@ -10,6 +10,17 @@ The prompt is RULER's `base` template (the task's text, then its answer prefix) 
 prefix after the assistant's turn begins; the record says which. Example i of a (task, length, seed)
 is the same for every method, so methods are compared on the same prompts.
 
+Needles by design (corpora/ruler/designed.py): with --needle_distances (tokens from the prompt's end,
+or multiples of the model's window, config.train.seq_len: `--needle_distances 0.5w,1.25w,1.75w`) each
+asked needle of a needle task sits at one of those distances, every distance asked equally often, in
+place of RULER's random depths; with --questions_per_prefill k a context holds k needles of distinct
+keys and each is asked in a question of its own: the context is prefilled once and each question read
+and answered from a copy of its cache (models/generate.py `generate_shared`; the same answers as k
+prompts). --samples counts questions (a multiple of k). The records say `placement` ("designed";
+RULER's: "ruler" or absent), the distances asked, each question's `targets`, measured `distances` and
+`contexts` (its context's index: questions of one context are one cluster, experiment/report/pairs.py),
+and the two placements are never taken for the same cell.
+
 Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): one per (task,
 eval_length, template, overrides or method), written as each finishes: its mean `score`, each
 example's (`scores`), `count`, the prompts' token counts, the start of each answer and its length in
@@ -30,7 +41,8 @@ from experiment.evals.kinds import EvalKind, Option, Request, Target, same_evalu
 from experiment.evals.partial import Partial
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
-from models.generate import generate
+from corpora.ruler import designed
+from models.generate import generate, generate_shared
 from models.generation.chat import TEMPLATE_FILE
 from models.generation.text import Text
 from posenc.domains import at_least
@@ -50,6 +62,29 @@ class RulerSpec:
     seed: int = 42
     template: str = "base"
     skip_done: bool = False
+    distances: tuple[str, ...] = ()  # needles by design: tokens from the end, or multiples of the window ('1.25w')
+    questions: int = 1               # needles asked per context, one prefill for them all
+
+    @property
+    def placement(self) -> str:
+        return "designed" if self.distances else "ruler"
+
+
+def distance_tokens(text: str, window: int) -> int:
+    """A needle distance in tokens: '12000', or a multiple of the model's window ('1.25w')."""
+    item = str(text).strip().lower()
+    try:
+        value = float(item[:-1]) * window if item.endswith("w") else float(item)
+    except ValueError:
+        raise ValueError(f"--needle_distances: {text!r} is neither a number of tokens (12000) nor a multiple of the "
+                         f"model's window (1.25w)") from None
+    if value <= 0:
+        raise ValueError(f"--needle_distances: {text!r} must be above 0")
+    return int(round(value))
+
+
+def targets_of(spec: RulerSpec, window: int) -> list[int]:
+    return [distance_tokens(d, window) for d in spec.distances]
 
 
 def prompter(text: Text, template: str) -> task_lib.Prompter:
@@ -65,13 +100,15 @@ def text_of(run, tokenizer, template: str) -> Text:
 
 
 def cell_record(task: task_lib.Task, length: int, spec: RulerSpec, built: list[task_lib.Built],
-                answers: list[str], seconds: float, header: dict, answer_tokens: list[int] | None = None) -> dict:
+                answers: list[str], seconds: float, header: dict, answer_tokens: list[int] | None = None,
+                design: dict | None = None) -> dict:
     """The record of one (task, length): RULER's score of each answer, their mean and what was asked;
     `answer_tokens`: each answer's length in tokens, its end of text not counted (tokens_to_generate:
-    it ran to RULER's budget)."""
+    it ran to RULER's budget); `design`: the fields of needles placed by design (`_design`)."""
     scores = [task_lib.score(answer, b.example.references) for answer, b in zip(answers, built)]
     tokens = [len(b.ids) for b in built]
-    return {**header, "task": task.name, "eval_length": int(length), "template": spec.template, "seed": spec.seed,
+    return {**header, **(design or {}), "task": task.name, "eval_length": int(length), "template": spec.template,
+            "seed": spec.seed,
             "count": len(scores), "score": sum(scores) / len(scores), "scores": scores,
             "haystack": task.haystack, "tokens_to_generate": task.tokens_to_generate,
             "prompt_tokens": [min(tokens), max(tokens)], "seconds": round(seconds, 1),
@@ -88,20 +125,43 @@ def _done(scoring: Scoring, spec: RulerSpec) -> set[tuple[str, int]]:
 
 def _same_settings(record: dict, spec: RulerSpec) -> bool:
     return (record.get("template") == spec.template and record.get("seed") == spec.seed
-            and record.get("count") == spec.samples)
+            and record.get("count") == spec.samples and record.get("placement", "ruler") == spec.placement
+            and list(record.get("needle_distances", [])) == list(spec.distances)
+            and int(record.get("questions_per_prefill", 1)) == spec.questions)
+
+
+def _design(spec: RulerSpec, window: int, contexts) -> dict:
+    """A designed cell's record fields: what was asked, and each question's context and distances."""
+    return {"placement": "designed", "needle_distances": list(spec.distances), "window": int(window),
+            "needle_distance_tokens": targets_of(spec, window), "questions_per_prefill": spec.questions,
+            "contexts": [j for j, c in enumerate(contexts) for _ in c.examples],
+            "targets": [int(d) for c in contexts for d in c.targets],
+            "distances": [int(d) for c in contexts for d in c.distances]}
+
+
+def _build(name: str, length: int, spec: RulerSpec, prompts, window: int, contexts: int | None = None):
+    """(the prompts of a cell, its contexts where placed by design, else None)."""
+    if not spec.distances:
+        return task_lib.build(name, length, spec.samples, spec.seed, prompts), None
+    made = designed.build(name, length, contexts or spec.samples // spec.questions, spec.seed, prompts,
+                          targets_of(spec, window), spec.questions)
+    return [b for c in made for b in c.examples], made
 
 
 def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, rows: int, progress, partial: Partial,
-             start: float, stopped) -> tuple[list[str], list[int]]:
+             start: float, stopped, shared: int = 1) -> tuple[list[str], list[int]]:
     """The greedy answer of each prompt and its length in tokens, `rows` prompts a batch, each at most
     `max_new` tokens; each batch kept in `partial` as it comes, and the answers it already holds not
-    generated again."""
+    generated again. `shared` > 1: the prompts come in groups of that many questions about one context,
+    each group a batch whose context is prefilled once (`generate_shared`)."""
     if partial.answers:
         progress.update(len(partial.answers))
+    rows = shared if shared > 1 else rows
     for lo in range(len(partial.answers), len(built), rows):
         interrupts.check(stopped)
         batch = [b.ids for b in built[lo:lo + rows]]
-        new = generate(model, batch, max_new, stop=source.stop_ids or None)
+        ask = generate_shared if shared > 1 else generate
+        new = ask(model, batch, max_new, stop=source.stop_ids or None)
         partial.add([[source.decode(ids), len(ids)] for ids in new], time.perf_counter() - start)
         progress.update(len(batch))
     return [text for text, _ in partial.answers], [int(n) for _, n in partial.answers]
@@ -114,6 +174,7 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
     model.compile_calls = True
     done = _done(scoring, spec) if spec.skip_done else set()
     method = f" {scoring.method}" if scoring.method else ""
+    window = int(scoring.config.train.seq_len)
     results, finished = [], []
     for length in scoring.lengths:
         for name in spec.tasks:
@@ -122,19 +183,24 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
             interrupts.check(functools.partial(scoring.interrupted, "ruler", list(finished), length))
             task = task_lib.task(name)
             start = time.perf_counter()
-            built = task_lib.build(name, length, spec.samples, spec.seed, prompts)
+            built, contexts = _build(name, length, spec, prompts, window)
+            design = _design(spec, window, contexts) if contexts is not None else {}
             rows = max(1, min(spec.samples, batch_tokens // length))
             partial = Partial.open(scoring.run, "ruler", {**scoring.header(), "task": name, "eval_length": int(length),
                                                           "template": spec.template, "seed": spec.seed,
-                                                          "tokens_to_generate": task.tokens_to_generate},
+                                                          "tokens_to_generate": task.tokens_to_generate,
+                                                          **{k: design[k] for k in ("placement", "needle_distances",
+                                                                                    "questions_per_prefill")
+                                                             if k in design}},
                                    [b.ids for b in built])
             stopped = functools.partial(_stopped, scoring, list(finished), length, name, partial, len(built))
             with Progress(f"ruler {name}{method} L={length}", spec.samples, "prompts",
                           shown=scoring.run.writer) as progress:
                 answers, answer_tokens = _answers(model, source, built, task.tokens_to_generate, rows, progress,
-                                                  partial, start, stopped)
+                                                  partial, start, stopped, spec.questions)
             record = cell_record(task, length, spec, built, answers,
-                                 partial.total_seconds(time.perf_counter() - start), scoring.header(), answer_tokens)
+                                 partial.total_seconds(time.perf_counter() - start), scoring.header(), answer_tokens,
+                                 design)
             log.info("ruler %s%s L=%d: %.3f over %d examples (%.0f s)", name, method, length, record["score"],
                      record["count"], record["seconds"])
             scoring.write("ruler", [record])  # each cell kept as it finishes
@@ -157,7 +223,14 @@ OPTIONS = (
     Option("ruler_template", RulerSpec().template, "ruler: RULER's base template, or the model's chat template",
            kind=str, choices=TEMPLATES),
     Option("ruler_seed", RulerSpec().seed, "ruler: seed of the examples", domain=at_least(0),
-           example="--ruler_seed=42", sequence=False))
+           example="--ruler_seed=42", sequence=False),
+    Option("needle_distances", [], "ruler: each asked needle at one of these distances from the prompt's end, in "
+           "tokens or multiples of the model's window, in place of RULER's random depths (needle tasks asking one "
+           "value: " + ", ".join(designed.DESIGNED_TASKS) + ")", kind=str, example="--needle_distances=0.5w,1.25w,1.75w",
+           sequence=True),
+    Option("questions_per_prefill", RulerSpec().questions, "ruler, with --needle_distances: needles asked about one "
+           "context, prefilled once (--samples counts questions, a multiple of it)", domain=at_least(1),
+           example="--questions_per_prefill=4", sequence=False))
 
 
 def checked_spec(target: Target, spec: RulerSpec) -> RulerSpec:
@@ -169,31 +242,47 @@ def checked_spec(target: Target, spec: RulerSpec) -> RulerSpec:
     if not tasks or spec.samples < 1 or spec.template not in TEMPLATES:
         raise ValueError(f"ruler needs tasks, samples >= 1 and a template of {', '.join(TEMPLATES)}; got tasks "
                          f"{list(tasks)}, samples {spec.samples}, template {spec.template!r}")
+    window = int(target.config.train.seq_len)
+    if spec.questions > 1 and not spec.distances:
+        raise ValueError(f"--questions_per_prefill={spec.questions} places its needles by design: give "
+                         f"--needle_distances (as many distances as questions, or more)")
+    if spec.distances:
+        targets_of(spec, window)
+        refused = [t for t in tasks if not designed.supports(t)]
+        if refused:
+            raise ValueError(f"--needle_distances: {', '.join(refused)} cannot place needles by distance; use "
+                             f"--ruler_tasks from {', '.join(designed.DESIGNED_TASKS)}")
+        if spec.samples % spec.questions:
+            raise ValueError(f"--samples={spec.samples} counts questions: make it a multiple of "
+                             f"--questions_per_prefill={spec.questions}")
     run = target.run
     if spec.template == "chat" and not (run.path / TEMPLATE_FILE).is_file():
         raise ValueError(f"--ruler_template chat: {run.path} has no {TEMPLATE_FILE}; put the checkpoint's chat "
                          f"template there, or drop --ruler_template")
-    _buildable(run, target.config, tasks, min(target.lengths), spec.seed, spec.template)
+    _buildable(run, target.config, tasks, min(target.lengths), spec)
     return dataclasses.replace(spec, tasks=tasks)
 
 
 _BUILT: set[tuple] = set()  # the checks already passed in this process (one per method otherwise)
 
 
-def _buildable(run, config, tasks: tuple[str, ...], length: int, seed: int, template: str) -> None:
-    """Build example 0 of each task at `length` (a RulerError where its fixed text does not fit)."""
-    key = (str(run.path), tasks, length, seed, template)
+def _buildable(run, config, tasks: tuple[str, ...], length: int, spec: RulerSpec) -> None:
+    """Build example 0 (context 0) of each task at `length` (a RulerError where its fixed text does
+    not fit, or a designed distance does not)."""
+    key = (str(run.path), tasks, length, spec.seed, spec.template, spec.distances, spec.questions)
     if key in _BUILT:
         return
-    prompts = prompter(text_of(run, run.tokenizer(config.data, write=False), template), template)
+    prompts = prompter(text_of(run, run.tokenizer(config.data, write=False), spec.template), spec.template)
+    one = dataclasses.replace(spec, samples=spec.questions)
     for name in tasks:
-        task_lib.build(name, length, 1, seed, prompts)
+        _build(name, length, one, prompts, int(config.train.seq_len), contexts=1)
     _BUILT.add(key)
 
 
 def _check(target: Target, request: Request) -> RulerSpec:
-    tasks, samples, template, seed = (request.option(option) for option in OPTIONS)
-    spec = RulerSpec(tuple(tasks), int(samples), int(seed), str(template), request.skip_done)
+    tasks, samples, template, seed, distances, questions = (request.option(option) for option in OPTIONS)
+    spec = RulerSpec(tuple(tasks), int(samples), int(seed), str(template), request.skip_done,
+                     tuple(str(d) for d in distances or ()), int(questions))
     return checked_spec(target, spec)
 
 
@@ -208,5 +297,7 @@ def _recorded(recs: list[dict], header: dict, spec: RulerSpec) -> dict[int, list
 KIND = EvalKind("ruler", "score RULER's synthetic tasks (generated answers, RULER's score) into DIR/eval/ruler.json",
                 OPTIONS, _check, _evaluate_ruler,
                 lambda r: (f"ruler{' ' + r['method'] if r.get('method') else ''} L={r['eval_length']:>6}  "
-                           f"{r['task']:<16} score {r['score']:.2f} ({r['count']} examples)"),
+                           f"{r['task']:<16} score {r['score']:.2f} ({r['count']} examples"
+                           + (f"; needles at {','.join(r['needle_distances'])}, {r['questions_per_prefill']} a prefill"
+                              if r.get("placement") == "designed" else "") + ")"),
                 "ruler", recorded=_recorded)

@@ -6,7 +6,9 @@ text, as LM-Infinite's window does, keeps it flat too).
 Bands are positions inside the evaluation window relative to the window L the model was trained at
 (before L, L-2L, 2L-4L, ...: experiment/store/bands.py). The comparisons are paired bootstraps over
 the records' blocks of 512 tokens (experiment/report/bootstrap.py): a method's perplexity over its
-reference's in per cent, with its 95% interval, in bold where the interval leaves out 0.
+reference's in per cent, with its 95% interval, in bold where the interval leaves out 0. Blocks of
+one book are not independent, so each comparison is also given document by document (each book's
+difference) with the interval that resamples documents, their blocks kept together.
 """
 from __future__ import annotations
 
@@ -52,6 +54,56 @@ def _blocks(record: dict) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
         return None
     first, tokens, loss = (np.array(col) for col in zip(*rows))
     return first, tokens, loss
+
+
+def documents_of(record: dict, first: np.ndarray) -> np.ndarray:
+    """Each block's document: where every document gave the same tokens (max_tokens each, as the books
+    do), its windows taken in order by document; else each evaluation window counts as one."""
+    windows = bootstrap.windows_of(first)
+    count = int(windows.max()) + 1 if len(windows) else 0
+    documents = int(record.get("documents") or 0)
+    if documents and count % documents == 0 and int(record["tokens"]) == documents * int(record.get("max_tokens") or 0):
+        return windows // (count // documents)
+    return windows
+
+
+def by_document(record: dict, reference: dict, train_length: int) -> dict[str, tuple[list[float], bootstrap.Difference]]:
+    """{band label or 'all': (the difference in each document, nats per token; the bootstrap over
+    documents)} of record against reference: the interval of a text whose blocks are not independent."""
+    a, b = _blocks(record), _blocks(reference)
+    if a is None or b is None or len(a[1]) != len(b[1]) or not (a[1] == b[1]).all():
+        return {}
+    first, tokens = a[0], a[1]
+    docs = documents_of(record, first)
+    band = np.array([bands_lib.band_of(int(p), train_length) for p in first])
+    out = {}
+    edges = bands_lib.band_edges(int(record["eval_length"]), train_length)
+    for label, keep in [("all", np.ones(len(first), bool))] + [
+            (bands_lib.band_label(lo, hi, train_length), band == i) for i, (lo, hi) in enumerate(edges)]:
+        if keep.any() and len(set(docs[keep].tolist())) > 1:
+            out[label] = (bootstrap.per_cluster(a[2][keep], b[2][keep], tokens[keep], docs[keep]),
+                          bootstrap.paired_bootstrap(a[2][keep], b[2][keep], tokens[keep], clusters=docs[keep]))
+    return out
+
+
+def _document_rows(label: str, length: int, by_method: dict[str, dict], ref: str, ref_label: str,
+                   train_length: int) -> list[str]:
+    """The comparison with `ref` by document: each document's difference and the interval over documents."""
+    rows = []
+    for name in _order(by_method):
+        if name == ref or by_method[name].get("same_as"):
+            continue
+        for band, (each, diff) in by_document(by_method[name], by_method[ref], train_length).items():
+            if band == "all" and len(by_document(by_method[name], by_method[ref], train_length)) > 2:
+                continue  # the bands say it
+            cells = ", ".join(f"{100 * (np.exp(d) - 1):+.1f}" for d in each)
+            text = bootstrap.percent(diff)
+            rows.append(f"| {name} | {band} | {cells} | {f'**{text}**' if diff.certain else text} |")
+    if not rows:
+        return []
+    return ["", f"{label}, L_valid = {length:,}: against {ref_label}, document by document (per cent), and the "
+                f"95% interval resampling documents (their blocks kept together; with few documents, wide):", "",
+            "| method | band | each document | over documents [95%] |", "|---|---|---|---:|"] + rows
 
 
 def compare(record: dict, reference: dict, train_length: int) -> dict[str, bootstrap.Difference]:
@@ -118,6 +170,7 @@ def length_tables(label: str, length: int, by_method: dict[str, dict], train_len
                           f"{by_method[ref].get('block_size', bands_lib.BLOCK)} tokens):", "",
                       "| method | all | " + " | ".join(h for _, h in columns) + " |",
                       "|---|" + "---:|" * (len(columns) + 1)] + rows
+            lines += _document_rows(label, length, by_method, ref, ref_label, train_length)
     return lines
 
 

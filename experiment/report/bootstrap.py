@@ -42,11 +42,22 @@ class Difference:
         return self.low > 0 or self.high < 0
 
 
+def windows_of(first_positions) -> np.ndarray:
+    """Each block's evaluation window (0, 1, ...): a new window begins where a block's first position
+    is not after the one before (every window starts at position 0; a document is one window or more)."""
+    first = np.asarray(first_positions)
+    return np.concatenate([[0], np.cumsum(first[1:] <= first[:-1])]).astype(np.int64) if len(first) else first
+
+
 def paired_bootstrap(loss_a, loss_b, tokens, samples: int = SAMPLES, seed: int = 0,
-                     level: float = LEVEL) -> Difference:
+                     level: float = LEVEL, clusters=None) -> Difference:
     """The token-weighted mean of loss_a - loss_b over blocks (each array one value per block, the
     same blocks in the same order) with its `level` percentile interval over `samples` resamplings of
-    the blocks (draws from `seed`: the same numbers give the same interval)."""
+    the blocks (draws from `seed`: the same numbers give the same interval). `clusters`: each block's
+    cluster (its document or window); the clusters are resampled, each bringing all its blocks (the
+    interval of a text whose neighbouring blocks are not independent)."""
+    if clusters is not None:
+        return _cluster_bootstrap(loss_a, loss_b, tokens, clusters, samples, seed, level)
     a, b, w = (np.asarray(x, dtype=np.float64) for x in (loss_a, loss_b, tokens))
     if not (a.shape == b.shape == w.shape) or a.ndim != 1 or not len(a):
         raise ValueError(f"paired_bootstrap needs one loss of each method and a token count per block, the same "
@@ -70,3 +81,26 @@ def percent(difference: Difference) -> str:
     """'+1.2% [+0.8, +1.6]': the perplexity of A against B's, with the interval, in per cent."""
     mid, low, high = (100 * (r - 1) for r in difference.ratio)
     return f"{mid:+.1f}% [{low:+.1f}, {high:+.1f}]"
+
+
+def _cluster_bootstrap(loss_a, loss_b, tokens, clusters, samples: int, seed: int, level: float) -> Difference:
+    a, b, w = (np.asarray(x, dtype=np.float64) for x in (loss_a, loss_b, tokens))
+    groups = np.asarray(clusters)
+    if not (a.shape == b.shape == w.shape == groups.shape) or a.ndim != 1 or not len(a):
+        raise ValueError(f"paired_bootstrap needs a loss of each method, a token count and a cluster per block; got "
+                         f"{a.shape}, {b.shape}, {w.shape} and {groups.shape}")
+    ids, inverse = np.unique(groups, return_inverse=True)
+    diff = np.bincount(inverse, weights=(a - b) * w, minlength=len(ids))
+    weight = np.bincount(inverse, weights=w, minlength=len(ids))
+    rng = np.random.default_rng(seed)
+    picks = rng.integers(0, len(ids), size=(samples, len(ids)))
+    draws = diff[picks].sum(axis=1) / weight[picks].sum(axis=1)
+    tail = (1 - level) / 2
+    low, high = np.quantile(draws, [tail, 1 - tail])
+    return Difference(float(diff.sum() / weight.sum()), float(low), float(high), int(len(a)), int(w.sum()))
+
+
+def per_cluster(loss_a, loss_b, tokens, clusters) -> list[float]:
+    """The token-weighted mean of loss_a - loss_b within each cluster, in the clusters' order."""
+    a, b, w, groups = (np.asarray(x) for x in (loss_a, loss_b, tokens, clusters))
+    return [float(((a - b) * w)[groups == g].sum() / w[groups == g].sum()) for g in dict.fromkeys(groups.tolist())]

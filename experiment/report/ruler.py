@@ -23,7 +23,7 @@ from collections import defaultdict
 
 import numpy as np
 
-from experiment.report import plots
+from experiment.report import distances, pairs, plots
 from experiment.report.runs import describe, distinguish, file_stems, name_runs
 from experiment.report.seeds import members, wilson
 from experiment.store import files
@@ -161,10 +161,29 @@ def tables(by_column: dict[str, list[dict]], book_tasks: set[str]) -> str:
                 row.append("" if hits is None else _cell(hits / count, wilson(hits, count)) + f" (n={count})")
             lines.append(f"| {n:,} | " + " | ".join(row) + " |")
         lines.append("")
+        lines += _pairs_lines(by_column, task, lengths)
         task_lengths = sorted({n for (t, n) in set().union(*got.values()) if t == task})
         if len(task_lengths) > 1 and tasks != [task]:  # the average's table is this task's already
             lines += _effective_lines(by_column, [task], task_lengths, f"#### {label}: effective length")
     return "\n".join(lines)
+
+
+def _pairs_lines(by_column: dict[str, list[dict]], task: str, lengths: list[int]) -> list[str]:
+    """Per length, every pair of columns that answered the same examples of `task` (the same count and
+    seed: example i is the same prompt), compared question by question (experiment/report/pairs.py)."""
+    out = []
+    for n in lengths:
+        cells = {c: r for c, recs in by_column.items() for r in recs if r["task"] == task and int(r["eval_length"]) == n}
+        same = {}
+        for c, r in cells.items():
+            if len(r.get("scores") or []) != int(r["count"]):
+                continue
+            same.setdefault((int(r["count"]), r.get("seed"), r.get("template", "base")), {})[c] = r["scores"]
+        for (count, _, _), columns in same.items():
+            if len(columns) > 1:
+                out += [f"{task} at {n:,}: pairs on the same {count} prompts (exact McNemar; separated at 95%)", "",
+                        pairs.pairs_table(columns)]
+    return out
 
 
 def _effective_lines(by_column: dict[str, list[dict]], tasks: list[str], lengths: list[int], heading: str) -> list[str]:
@@ -257,19 +276,24 @@ def write(workdirs: list, out: str | pathlib.Path) -> dict:
                                 f"(python eval_extrapolate.py --workdir DIR --ruler)")
     runs = [{"label": run.get("label") or run["name"], "records": run["run"].records("ruler")} for run in described]
     distinguish(runs)
-    by_column = columns([(run["label"], run["records"]) for run in runs])
+    every = columns([(run["label"], run["records"]) for run in runs])
+    by_column = {c: kept for c, recs in every.items() if (kept := [r for r in recs if not distances.is_designed(r)])}
     book = {r["task"] for recs in by_column.values() for r in recs if r.get("haystack") == "book"}
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
-    tasks = averaged_tasks(by_column)
-    plots.save(average_figure(by_column, tasks), out / "ruler_average.png")
-    heatmaps = []
-    for stem, (label, records) in zip(file_stems(list(by_column)), by_column.items()):
-        path = out / f"ruler_heatmap_{stem}.png"
-        plots.save(heatmap_figure(label, records, book), path)
-        heatmaps.append(str(path))
-    files.write_atomically(out / "ruler.md", "# RULER by task, length and method\n\n" + tables(by_column, book))
-    return {"md": str(out / "ruler.md"), "png": str(out / "ruler_average.png"), "heatmaps": heatmaps}
+    heatmaps, text = [], "# RULER by task, length and method\n\n"
+    if by_column:  # RULER's own placements
+        tasks = averaged_tasks(by_column)
+        plots.save(average_figure(by_column, tasks), out / "ruler_average.png")
+        for stem, (label, records) in zip(file_stems(list(by_column)), by_column.items()):
+            path = out / f"ruler_heatmap_{stem}.png"
+            plots.save(heatmap_figure(label, records, book), path)
+            heatmaps.append(str(path))
+        text += tables(by_column, book)
+    designed = distances.tables(every)
+    files.write_atomically(out / "ruler.md", text + ("\n\n" + designed if designed else ""))
+    return {"md": str(out / "ruler.md"), "png": str(out / "ruler_average.png") if by_column else None,
+            "heatmaps": heatmaps}
 
 
 def report(runs: list[dict], out: str | pathlib.Path) -> dict:
@@ -282,10 +306,12 @@ def report(runs: list[dict], out: str | pathlib.Path) -> dict:
 def compare(committed: list[dict], new: list[dict], tolerance: float = 0.0) -> tuple[str, bool]:
     """(a summary, whether every cell of `new` is within `tolerance` of the committed one): the cells
     of `new` (task, length, column) matched with the committed records' (results/NAME/run.sh --check)."""
-    old = {(column_name(r), r["task"], int(r["eval_length"])): r for r in committed}
+    def key_of(r):
+        return (column_name(r), r["task"], int(r["eval_length"])) + distances.cell_key(r)[4:]
+    old = {key_of(r): r for r in committed}
     worst, missing, lines = 0.0, [], []
     for r in new:
-        key = (column_name(r), r["task"], int(r["eval_length"]))
+        key = key_of(r)
         if key not in old:
             missing.append(key)
             continue
@@ -313,7 +339,7 @@ def main(argv: list[str]) -> int:
     args = parser.parse_args(argv)
     try:
         paths = write(args.runs, args.out)
-        print(f"wrote {paths['md']}, {paths['png']} and {len(paths['heatmaps'])} heat maps")
+        print(f"wrote {paths['md']}, {paths['png'] or 'no average figure'} and {len(paths['heatmaps'])} heat maps")
         if args.compare_with:
             committed = json.loads(pathlib.Path(args.compare_with).read_text())
             new = [r for run in args.runs for r in describe(run)["run"].records("ruler")]

@@ -21,7 +21,9 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
 - ruler (eval/ruler.json): `task`, `eval_length`, `template`, `seed`, `count`, `score` (RULER's: the
   mean over the examples of the fraction of references found), `scores` (each example's), `haystack`,
   `tokens_to_generate`, `prompt_tokens` ([fewest, most]), `seconds`, `answers` (each answer's start),
-  `answer_tokens` (each answer's length in tokens; tokens_to_generate: it ran to the budget; optional).
+  `answer_tokens` (each answer's length in tokens; tokens_to_generate: it ran to the budget; optional);
+  needles placed by design (optional): `placement` "designed", `needle_distances`, `needle_distance_tokens`,
+  `window`, `questions_per_prefill`, and per example `contexts`, `targets`, `distances`.
 """
 from __future__ import annotations
 
@@ -72,8 +74,11 @@ def passkey_key(record: dict) -> tuple:
 
 
 def ruler_key(record: dict) -> tuple:
-    """One RULER record per (task, eval_length, template, overrides or method)."""
-    return (record["task"], int(record["eval_length"]), record.get("template", "base"), curve_options(record))
+    """One RULER record per (task, eval_length, template, overrides or method, needle placement: RULER's
+    random depths, or the distances and questions per prefill of needles placed by design)."""
+    return (record["task"], int(record["eval_length"]), record.get("template", "base"), curve_options(record),
+            record.get("placement", "ruler"), tuple(record.get("needle_distances", ())),
+            int(record.get("questions_per_prefill", 1)))
 
 
 def attention_key(record: dict) -> tuple:
@@ -175,8 +180,13 @@ KINDS = {kind.name: kind for kind in (
           "seconds": NUMBER, "answers": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v),
                                          "a list of strings"),
           "answer_tokens": (lambda v: isinstance(v, list) and all(_int(x) and x >= 0 for x in v),
-                            "a list of token counts")},
-         lambda r: next((f"{k} holds {len(r[k])} values for a count of {r['count']}" for k in ("scores", "answer_tokens")
+                            "a list of token counts"),
+          "placement": (lambda v: v in ("ruler", "designed"), "ruler or designed"),
+          "questions_per_prefill": POSITIVE,
+          **{k: (lambda v: isinstance(v, list) and all(_int(x) and x >= 0 for x in v), "a list of counts")
+             for k in ("targets", "distances", "contexts")}},
+         lambda r: next((f"{k} holds {len(r[k])} values for a count of {r['count']}"
+                         for k in ("scores", "answer_tokens", "targets", "distances", "contexts")
                          if k in r and len(r[k]) != r["count"]), None), "--ruler"))}
 
 

@@ -139,6 +139,25 @@ class Session:
         self.lengths = lengths.astype(np.int64)
         return logits
 
+    def prefill_shared(self, prefix: list[int]) -> jax.Array:
+        """One prompt's prefix through the model once, its caches then copied to every row of the
+        session (each row goes on from it with its own tokens: `step`); the logits after it, per row."""
+        rows = len(self.lengths)
+        if len(prefix) > self.slots:
+            raise ValueError(f"a prefix of {len(prefix)} tokens does not fit caches of {self.slots} tokens per row")
+        t = padded_length(len(prefix))
+        tokens = np.full((1, t), prefix[-1], np.int32)
+        tokens[0, :len(prefix)] = prefix
+        positions = np.minimum(np.arange(t), len(prefix) - 1)[None, :].astype(np.int32)
+        run = _prefill_program(self.plain, 1, self.slots)
+        self.caches = None
+        logits, caches = run(self.rest, jnp.asarray(tokens), jnp.asarray(positions),
+                             jnp.asarray([len(prefix)], jnp.int32))
+        self.caches = jax.tree.map(lambda x: jnp.repeat(x, rows, axis=0), caches)  # every leaf: rows first
+        del caches
+        self.lengths = np.full(rows, len(prefix), np.int64)
+        return jnp.repeat(logits, rows, axis=0)
+
     def step(self, tokens_B) -> jax.Array:
         """One new token per row (at position `lengths`), cached; the logits after it."""
         if self.lengths.max() >= self.slots:

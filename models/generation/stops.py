@@ -21,9 +21,10 @@ class Stops:
         self.tokens: list[list[int]] = [[] for _ in range(rows)]
         self.done = np.zeros(rows, bool)
 
-    def add(self, ids_B: np.ndarray) -> None:
+    def add(self, ids_B: np.ndarray, active: Sequence[bool] | None = None) -> None:
+        """One token per row; rows where `active` is False take none (a row still reading its prompt)."""
         for row, token in enumerate(np.asarray(ids_B).tolist()):
-            if self.done[row]:
+            if self.done[row] or (active is not None and not active[row]):
                 continue
             if token in self.ids:
                 self.done[row] = True

@@ -177,3 +177,42 @@ def test_kept_words_are_the_books_derivation():
     assert haystacks.sentences('He said "Go." Then she left! 3 men came.') == ['He said "Go."', "Then she left!",
                                                                               "3 men came."]
     assert json.dumps(list(haystacks.DEPTHS[:3])) == "[0, 3, 5]" and haystacks.DEPTHS[-1] == 100
+
+
+DESIGNED_LENGTH = 4096
+
+
+@pytest.mark.parametrize("name", ["niah_single_1", "niah_single_2", "niah_multikey_1", "niah_multikey_3"])
+def test_needles_placed_by_design_sit_at_the_distances_asked_in_the_models_tokens(name, prompter, book):
+    """--needle_distances: context j holds k = 3 needles, each asked in a question of its own, at
+    distances (tokens from each question's prompt end, measured as corpora.ruler.needle_distances
+    measures them) within two haystack units of those asked; every distance asked equally often;
+    the questions of a context differ only in their end; the same contexts whatever else is asked."""
+    from corpora.ruler import designed
+    targets = [400, 1500, 2600, 3400]
+    contexts = designed.build(name, DESIGNED_LENGTH, 4, 7, prompter, targets, questions=3, book=book)
+    assert [c.targets for c in contexts] == [[400, 1500, 2600], [3400, 400, 1500], [2600, 3400, 400],
+                                             [1500, 2600, 3400]]
+    for c in contexts:
+        assert c.distances == [ruler.needle_distances(b, prompter)[0] for b in c.examples]
+        assert c.grain < 0.04 * DESIGNED_LENGTH  # a line or a sentence (of this byte-level tokenizer's tokens)
+        assert all(abs(got - asked) <= 1.5 * c.grain for got, asked in zip(c.distances, c.targets)), (c.distances, c.targets)
+        assert all(len(b.ids) <= DESIGNED_LENGTH - ruler.task(name).tokens_to_generate for b in c.examples)
+        texts = [prompter.text(b.example) for b in c.examples]
+        question = texts[0].rindex("What is")
+        assert all(t[:question] == texts[0][:question] for t in texts)  # one context, k questions
+        values = [b.example.references[0] for b in c.examples]
+        assert len(set(values)) == 3 and all(texts[0].count(v) == 1 for v in values)
+    again = designed.build(name, DESIGNED_LENGTH, 2, 7, prompter, targets, questions=3, book=book)
+    assert [b.ids for c in again for b in c.examples] == [b.ids for c in contexts[:2] for b in c.examples]
+
+
+def test_needles_by_design_refuse_what_they_cannot_place(prompter, book):
+    from corpora.ruler import designed
+    with pytest.raises(RulerError, match="niah_multivalue: needles by distance take"):
+        designed.build("niah_multivalue", DESIGNED_LENGTH, 1, 7, prompter, [1000], book=book)
+    with pytest.raises(RulerError, match="3 questions per context need as many distinct distances"):
+        designed.build("niah_single_1", DESIGNED_LENGTH, 1, 7, prompter, [1000, 2000], questions=3)
+    with pytest.raises(RulerError, match="must lie in"):
+        designed.build("niah_single_1", DESIGNED_LENGTH, 1, 7, prompter, [5000])
+    assert "vt" not in designed.DESIGNED_TASKS and "niah_single_2" in designed.DESIGNED_TASKS

@@ -19,7 +19,7 @@ from models import compiled
 from models.config import ModelConfig
 from models.decoder import build_model
 from models.formats import hf
-from models.generate import generate
+from models.generate import generate, generate_shared, shared_prefix_length
 from models.generation.session import Session
 from tests.models.test_gemma3 import gemma3_config, gemma3_tensors, hf_folder
 
@@ -191,6 +191,24 @@ def test_a_windowed_layer_caches_its_window_only():
                                 local_rope_base=10000.0)
     mixed = build_model(gemma, posenc.default_config("rope"), L, 0)
     assert sorted(shape[2] for shape in _cache_shapes(mixed, 1, 4096)["k"]) == [8, 4096]
+
+
+@pytest.mark.parametrize("method", ["direct", "self_extend", "lm_infinite"])
+def test_questions_after_one_shared_context_get_the_answers_of_separate_prompts(method):
+    """k prompts that share a 45-token context (past L = 16): the context prefilled once, its caches
+    copied to k rows, each row reading its own question a token at a time, give the greedy answers
+    that k separate prompts give (RULER's --questions_per_prefill); a stop ends its row alone."""
+    model = model_with(methods.options(method, 64, L))
+    context = [int(x) for x in np.random.RandomState(2).randint(0, 50, 45)]
+    prompts = [context + [7, 8], context + [9, 10, 11, 12, 13], context + [14]]
+    assert shared_prefix_length(prompts) == 45 and shared_prefix_length([[1, 2], [1, 2]]) == 1
+    separate = generate(model, prompts, 6)
+    stats = {}
+    assert generate_shared(model, prompts, 6, stats=stats) == separate
+    assert stats["shared_tokens"] == 45 and stats["prefill_tokens"] == 45
+    stop = separate[1][2]
+    assert generate_shared(model, prompts, 6, stop=[stop]) == generate(model, prompts, 6, stop=[stop])
+    assert generate_shared(model, [[1, 2, 3], [4, 5]], 3) == generate(model, [[1, 2, 3], [4, 5]], 3)  # none shared
 
 
 def test_stops_sampling_and_bad_input():

@@ -96,3 +96,47 @@ def test_an_unknown_task_is_one_line_and_exit_2(trained):
     assert result.returncode != 0 and "each name must be one of niah_single_1" in result.stderr
     result = run_entry("eval_extrapolate.py", "--workdir", str(trained), "--ruler", "--lengths", "200")
     assert result.returncode == 2 and "evaluate a longer length" in result.stderr.strip().splitlines()[-1]
+
+
+def test_needle_distances_read_tokens_or_multiples_of_the_window_and_keep_their_cells_apart():
+    assert ruler.distance_tokens("12000", 8192) == 12000 and ruler.distance_tokens("1.25w", 8192) == 10240
+    for bad in ("far", "-1w", "0"):
+        with pytest.raises(ValueError, match="--needle_distances"):
+            ruler.distance_tokens(bad, 8192)
+    header = {"step": 3, "method": "yarn"}
+    spec = ruler.RulerSpec(tasks=("niah_single_1",), samples=4, seed=5, distances=("1.25w",), questions=2)
+    rec = {"task": "niah_single_1", "eval_length": 1024, "step": 3, "method": "yarn", "template": "base", "seed": 5,
+           "count": 4, "score": 0.5}
+    designed = {**rec, "placement": "designed", "needle_distances": ["1.25w"], "questions_per_prefill": 2}
+    assert list(ruler._recorded([rec], header, spec)) == [] and list(ruler._recorded([designed], header, spec)) == [1024]
+    assert list(ruler._recorded([designed], header, ruler.RulerSpec(tasks=("niah_single_1",), samples=4, seed=5))) == []
+    key = records.record_kind("ruler").key
+    assert key(rec) != key(designed) != key({**designed, "questions_per_prefill": 1})
+
+
+@pytest.mark.slow
+def test_needles_by_distance_end_to_end_one_prefill_for_two_questions(trained, tmp_path):
+    """niah_single_1 at 1024 with needles 300 and 700 tokens back, 2 questions a prefill, 4 questions,
+    two methods: records with each question's context and measured distance, the report's band and pairs
+    tables; bad requests refused before anything runs."""
+    from experiment.report import ruler as report
+    options = {"ruler_tasks": ("niah_single_1",), "samples": 4, "needle_distances": ("300", "700"),
+               "questions_per_prefill": 2}
+    request = kinds_lib.Request(lengths=(1024,), options=options, methods=("direct", "yarn"), skip_done=True)
+    out = kinds_lib.evaluate_kinds(trained, ("ruler",), request)["ruler"]
+    assert len(out) == 2
+    for r in out:
+        assert r["placement"] == "designed" and r["questions_per_prefill"] == 2 and r["contexts"] == [0, 0, 1, 1]
+        assert r["targets"] == [300, 700, 300, 700] and r["needle_distance_tokens"] == [300, 700]
+        assert all(abs(d - t) <= 200 for d, t in zip(r["distances"], r["targets"]))  # a noise line: ~90 bytes
+        assert records.problem("ruler", [r]) is None
+    assert kinds_lib.evaluate_kinds(trained, ("ruler",), request)["ruler"] == []  # --skip_done
+    report.write([trained], tmp_path / "report")
+    text = (tmp_path / "report" / "ruler.md").read_text()
+    assert "Needles placed by distance" in text and "| direct | yarn |" in text and "bootstrap, 2 contexts" in text
+    for bad, match in (({"questions_per_prefill": 2, "needle_distances": ()}, "give\n?.*--needle_distances"),
+                       ({"ruler_tasks": ("vt",)}, "vt cannot place needles by distance"),
+                       ({"samples": 3}, "multiple of\n?.*--questions_per_prefill=2"),
+                       ({"needle_distances": ("300", "2000")}, "must lie in")):
+        with pytest.raises(ValueError, match=match):
+            kinds_lib.check_request(trained, ("ruler",), kinds_lib.Request(lengths=(1024,), options={**options, **bad}))

@@ -76,3 +76,26 @@ def test_the_band_report_shows_where_a_method_differs_from_direct_and_lm_infinit
     assert bands.groups({"records": recs})  # every record holds bands: one group
     # the perplexity table names the books as its text, not the run's own dataset
     assert "on the four books of corpora/books.py" in pathlib.Path(paths["md"]).read_text()
+
+
+def test_resampling_documents_shows_a_difference_that_one_book_carries():
+    """Four documents of 8 blocks; A is 0.3 nats better than B in one document and equal in the others:
+    blocks taken as independent call it certain; resampling documents (their blocks together) does not,
+    and the per-document differences say where it comes from."""
+    rng = np.random.default_rng(3)
+    b = rng.normal(3.0, 0.01, size=32)
+    a = b.copy()
+    a[8:16] -= 0.3
+    tokens = np.full(32, 512)
+    firsts = np.tile(np.arange(8) * 512, 4)  # each document one window from position 0
+    docs = bootstrap.windows_of(firsts)
+    assert docs.tolist() == [i // 8 for i in range(32)]
+    blocks = bootstrap.paired_bootstrap(a, b, tokens)
+    by_doc = bootstrap.paired_bootstrap(a, b, tokens, clusters=docs)
+    assert blocks.certain and not by_doc.certain and by_doc.estimate == pytest.approx(blocks.estimate)
+    assert bootstrap.per_cluster(a, b, tokens, docs) == pytest.approx([0.0, -0.3, 0.0, 0.0])
+    record = {"eval_length": 4096, "tokens": 4 * 4096, "max_tokens": 4096, "documents": 4,
+              "block_nll": [[int(p), 512, float(x)] for p, x in zip(firsts, a)]}
+    reference = {**record, "block_nll": [[int(p), 512, float(x)] for p, x in zip(firsts, b)]}
+    each, interval = bands.by_document(record, reference, 4096)["all"]
+    assert each == pytest.approx([0.0, -0.3, 0.0, 0.0]) and not interval.certain

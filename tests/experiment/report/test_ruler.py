@@ -108,3 +108,24 @@ def test_compare_matches_cells_by_column_task_and_length():
     assert not ok and "niah_single_1 L=4096: 90.0 (committed 100.0" in text
     assert report.compare(RECORDS, moved, tolerance=0.1)[1]
     assert not report.compare(RECORDS, [{**RECORDS[0], "eval_length": 65536}])[1]  # not committed: not the same
+
+
+def test_each_task_has_its_pairs_of_methods_on_the_same_prompts_and_designed_cells_apart():
+    """Two methods on the same 10 prompts: their pairs table (McNemar); a designed cell (needles by
+    distance) is left out of RULER's tables and reported by distance band with its own pairs."""
+    direct = _rec("niah_single_1", 16384, 0.0, method="direct", scores=[0.0] * 10)
+    yarn = _rec("niah_single_1", 16384, 0.9, method="yarn", scores=[1.0] * 9 + [0.0])
+    designed = {"placement": "designed", "needle_distances": ["1.5w"], "needle_distance_tokens": [12288],
+                "window": 8192, "questions_per_prefill": 1, "contexts": list(range(4)), "targets": [12288] * 4,
+                "distances": [12290, 12270, 12301, 12280]}
+    far = [_rec("niah_single_2", 16384, 0.75, count=4, method="yarn", scores=[1.0, 1.0, 1.0, 0.0], **designed),
+           _rec("niah_single_2", 16384, 0.0, count=4, method="lm_infinite", scores=[0.0] * 4, **designed)]
+    text = report.tables(report.columns([("run", [direct, yarn])]), set())
+    assert "niah_single_1 at 16,384: pairs on the same 10 prompts" in text
+    row = next(line for line in text.splitlines() if line.startswith("| direct | yarn |"))
+    assert "0 / 9" in row and "McNemar p = 0.00391" in row and row.endswith("| **separated** |")
+    from experiment.report import distances
+    by_column = report.columns([("run", [direct, yarn] + far)])
+    band = distances.tables(by_column)
+    assert "niah_single_2, L = 16,384, needles at 1.5w" in band and "12,288 back (past the window)" in band
+    assert "| yarn | lm_infinite |" in band and "niah_single_1" not in band

@@ -1,0 +1,94 @@
+"""RULER needles placed by design (experiment/evals/ruler.py --needle_distances): each method's score by
+the needle's distance from the prompt's end, and every pair of methods compared on the same questions
+(experiment/report/pairs.py) over all of a cell's questions and over those past the model's window.
+
+A cell: (task, length, template, seed, the distances asked, questions per prefill); its columns are the
+methods (or eval-time options) that answered it. Questions are matched by their index, and a column
+whose measured distances differ from the first column's (another tokenizer, another build) is refused.
+A band's interval is Wilson's where each question had its own prefill, else a bootstrap over contexts.
+RULER's random placements are never pooled with these (experiment/report/ruler.py keeps them apart).
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import numpy as np
+
+from experiment.report import pairs
+from experiment.report.seeds import wilson
+
+
+def is_designed(record: dict) -> bool:
+    return record.get("placement") == "designed"
+
+
+def cell_key(record: dict) -> tuple:
+    return (record["task"], int(record["eval_length"]), record.get("template", "base"), record.get("seed"),
+            tuple(record.get("needle_distances", ())), int(record.get("questions_per_prefill", 1)))
+
+
+def _interval(scores: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
+    if len(np.unique(clusters)) == len(scores):
+        return wilson(float(scores.sum()), len(scores))
+    return pairs.cluster_bootstrap(scores, clusters)
+
+
+def _band_cell(scores: np.ndarray, clusters: np.ndarray) -> str:
+    if not len(scores):
+        return "-"
+    low, high = _interval(scores, clusters)
+    return f"{100 * scores.mean():.0f} [{100 * low:.0f}, {100 * high:.0f}] ({len(scores)})"
+
+
+def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
+    """One cell's tables: scores by distance band per column, then the pairs (all, and past the window)."""
+    task, length, template, seed, asked, k = key
+    first = next(iter(by_column.values()))
+    window = int(first.get("window", 0))
+    distances = np.asarray(first["distances"])
+    clusters = np.asarray(first["contexts"])
+    for name, record in by_column.items():
+        if list(record["distances"]) != list(first["distances"]):
+            raise ValueError(f"{task} L={length}: {name}'s questions are not the first column's (their measured "
+                             f"distances differ); compare methods on the same prompts (same seed and tokenizer)")
+    targets = np.asarray(first["targets"])
+    bands = sorted(set(targets.tolist()))
+    lines = [f"### {task}, L = {length:,}, needles at {', '.join(asked)} ({k} question(s) a prefill, "
+             f"{len(np.unique(clusters))} contexts, {len(targets)} questions; window {window:,})\n",
+             "Score in percent [95%] (questions) by the distance asked; the measured distance of each question is in "
+             "the records (`distances`).\n",
+             "| method | " + " | ".join(f"{d:,} back{' (past the window)' if window and d > window else ''}"
+                                      for d in bands) + " | all |",
+             "|---|" + "---|" * (len(bands) + 1)]
+    for name, record in by_column.items():
+        scores = np.asarray(record["scores"], np.float64)
+        cells = [_band_cell(scores[targets == d], clusters[targets == d]) for d in bands]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_band_cell(scores, clusters)} |")
+    lines.append("")
+    if len(by_column) > 1:
+        columns = {name: np.asarray(r["scores"], np.float64) for name, r in by_column.items()}
+        lines += ["Pairs, every question:\n", pairs.pairs_table(columns, clusters)]
+        far = distances > window if window else np.zeros(len(distances), bool)
+        if far.any() and not far.all():
+            lines += [f"Pairs, the {int(far.sum())} questions past the window (measured distance > {window:,}):\n",
+                      pairs.pairs_table({n: s[far] for n, s in columns.items()}, clusters[far])]
+    return "\n".join(lines)
+
+
+def tables(by_column: dict[str, list[dict]]) -> str:
+    """Every designed cell of the columns ({column: its records}), one section each."""
+    cells: dict[tuple, dict[str, dict]] = defaultdict(dict)
+    for name, records in by_column.items():
+        for r in records:
+            if is_designed(r):
+                cells[cell_key(r)][name] = r
+    if not cells:
+        return ""
+    out = ["## Needles placed by distance (`--needle_distances`)\n",
+           "Each asked needle sits at a chosen distance from the prompt's end (RULER's random depths are not pooled "
+           "with these). A pair is **separated** where its test says so at 95%: the exact McNemar test where each "
+           "question had its own prefill, else a bootstrap over contexts (the questions of one prefill move "
+           "together).\n"]
+    for key in sorted(cells, key=lambda c: (c[1], c[0], c[2], str(c[3]), c[4], c[5])):
+        out.append(cell_tables(key, cells[key]))
+    return "\n".join(out)

@@ -1,0 +1,43 @@
+"""experiment/report/pairs.py: paired comparisons of methods on the same questions (exact McNemar;
+a bootstrap over contexts where one prefill served several questions)."""
+import numpy as np
+import pytest
+
+from experiment.report import pairs
+
+
+def test_the_exact_mcnemar_p_value():
+    assert pairs.mcnemar_p(0, 0) == 1.0
+    assert pairs.mcnemar_p(6, 0) == pytest.approx(2 / 64)           # 6 discordant, all one way
+    assert pairs.mcnemar_p(1, 5) == pytest.approx(2 * 7 / 64)       # 2 * P(X <= 1), X ~ Bin(6, 1/2)
+    assert pairs.mcnemar_p(5, 5) == 1.0
+    d = pairs.paired([1] * 10 + [0] * 10, [0] * 10 + [0] * 10)      # 10 vs 0 discordant: p = 2 / 1024
+    assert d.test == "mcnemar" and d.separated and d.estimate == pytest.approx(0.5) and (d.a_only, d.b_only) == (10, 0)
+    d = pairs.paired([1, 1, 1, 0, 0], [0, 0, 1, 0, 1])              # 2 vs 1: not separated
+    assert not d.separated and d.p == pytest.approx(1.0)
+
+
+def test_questions_of_one_context_move_together_in_the_interval():
+    """Eight contexts of four questions, each context all right or all wrong for A (B always wrong):
+    as independent questions the difference would look sure; resampling contexts shows 8 draws' worth."""
+    a = np.repeat([1, 1, 1, 1, 1, 0, 0, 0], 4).astype(float)
+    b = np.zeros(32)
+    clusters = np.repeat(np.arange(8), 4)
+    d = pairs.paired(a, b, clusters)
+    assert d.test == "cluster bootstrap" and d.clusters == 8 and d.estimate == pytest.approx(5 / 8)
+    independent = pairs.paired(a, b)
+    assert (d.high - d.low) > 1.5 * (independent.high - independent.low)
+    assert d.low > 0 and d.separated  # 5 of 8 contexts against none
+    tied = pairs.paired(np.repeat([1, 0, 1, 0], 4), np.repeat([0, 1, 1, 0], 4), np.repeat(np.arange(4), 4))
+    assert not tied.separated and tied.low < 0 < tied.high
+
+
+def test_the_pairs_table_says_which_pairs_are_separated():
+    text = pairs.pairs_table({"self_extend": [1] * 12 + [0] * 4, "yarn": [1] * 10 + [0] * 6,
+                              "lm_infinite": [0] * 16})
+    rows = text.strip().splitlines()[2:]
+    assert len(rows) == 3
+    assert rows[0].startswith("| self_extend | yarn |") and rows[0].endswith("| not separated |")
+    assert rows[1].startswith("| self_extend | lm_infinite |") and "**separated**" in rows[1]
+    with pytest.raises(ValueError, match="same questions"):
+        pairs.paired([1, 0], [1, 0, 1])
