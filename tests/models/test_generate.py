@@ -193,7 +193,8 @@ def test_a_windowed_layer_caches_its_window_only():
     assert sorted(shape[2] for shape in _cache_shapes(mixed, 1, 4096)["k"]) == [8, 4096]
 
 
-@pytest.mark.parametrize("method", ["direct", "self_extend", "lm_infinite"])
+@pytest.mark.parametrize("method", ["direct"] + [pytest.param(m, marks=pytest.mark.slow) for m in ("self_extend",
+                                                                                                 "lm_infinite")])
 def test_questions_after_one_shared_context_get_the_answers_of_separate_prompts(method):
     """k prompts that share a 45-token context (past L = 16): the context prefilled once, its caches
     copied to k rows, each row reading its own question a token at a time, give the greedy answers
