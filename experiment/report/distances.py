@@ -36,6 +36,8 @@ def _interval(scores: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
 def _band_cell(scores: np.ndarray, clusters: np.ndarray) -> str:
     if not len(scores):
         return "-"
+    if len(np.unique(clusters)) < 2 < len(scores):
+        return f"{100 * scores.mean():.0f} (one context: no interval) ({len(scores)})"
     low, high = _interval(scores, clusters)
     return f"{100 * scores.mean():.0f} [{100 * low:.0f}, {100 * high:.0f}] ({len(scores)})"
 
