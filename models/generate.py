@@ -71,6 +71,13 @@ def sample(logits_BxV: jax.Array, key: jax.Array, temperature: float, top_p: flo
 _sample = jax.jit(sample, static_argnums=(2, 3))
 
 
+def _slots(model, prompts: list[list[int]], max_new_tokens: int) -> int:
+    """Cache slots per row for `prompts` and their new tokens (the scheme checked for that length)."""
+    longest = max(len(p) for p in prompts)
+    model.scheme.check_length(longest + max_new_tokens)
+    return -(-(padded_length(longest) + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
+
+
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_p: float = 1.0, seed: int = 0, stop: Sequence[int | str] | None = None,
              tokenizer=None, stats: dict | None = None) -> list[list[int]]:
@@ -84,11 +91,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, te
         raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
     prompts = _checked(prompts, max_new_tokens, model.cfg.vocab_size)
     stops = Stops(stop, tokenizer, len(prompts))
-    longest = max(len(p) for p in prompts)
-    model.scheme.check_length(longest + max_new_tokens)
-    slots = -(-(padded_length(longest) + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
     start = time.perf_counter()
-    session = Session.start(model, len(prompts), slots)
+    session = Session.start(model, len(prompts), _slots(model, prompts, max_new_tokens))
     logits = session.prefill(prompts)
     key = jax.random.key(seed)
     steps, prefilled = 0, None
@@ -131,20 +135,18 @@ def generate_shared(model, prompts: Sequence[Sequence[int]], max_new_tokens: int
     shared = shared_prefix_length(prompts)
     if shared == 0:
         return generate(model, prompts, max_new_tokens, stop=stop, tokenizer=tokenizer, stats=stats)
-    longest = max(len(p) for p in prompts)
-    model.scheme.check_length(longest + max_new_tokens)
-    slots = -(-(padded_length(longest) + max_new_tokens) // SLOT_ROUND) * SLOT_ROUND
     start = time.perf_counter()
-    session = Session.start(model, len(prompts), slots)
+    session = Session.start(model, len(prompts), _slots(model, prompts, max_new_tokens))
     logits = session.prefill_shared(prompts[0][:shared])
     prefilled = time.perf_counter()
     own = [list(p[shared:]) for p in prompts]
+    own_length = np.array([len(o) for o in own])
     read = np.zeros(len(prompts), np.int64)  # tokens of its own part each row has read
     new = np.zeros(len(prompts), np.int64)
-    steps = 0
+    key, steps = jax.random.key(0), 0  # (unused at temperature 0)
     while True:
-        answering = read >= np.array([len(o) for o in own])
-        greedy = np.asarray(_sample(logits, jax.random.key(0), 0.0, 1.0))
+        answering = read >= own_length
+        greedy = np.asarray(_sample(logits, key, 0.0, 1.0))
         ids = np.array([greedy[r] if answering[r] else own[r][read[r]] for r in range(len(prompts))], np.int32)
         stops.add(ids, active=answering)
         new += answering

@@ -25,7 +25,7 @@ from typing import Sequence
 from corpora.ruler import haystacks, niah
 from corpora.ruler.haystacks import DRAWS, distinct, stream
 from corpora.ruler.prompt import Example, Prompter, RulerError, fit
-from corpora.ruler.tasks import NEEDLE, NIAH_PREFIX, NIAH_TEMPLATE, NOISE, Task, task
+from corpora.ruler.tasks import NEEDLE, NIAH_PREFIX, NIAH_TEMPLATE, Task, task
 
 ROUNDS = 8  # placements tried per context before giving up on a target
 
@@ -50,19 +50,6 @@ DESIGNED_TASKS = tuple(n for n in ("niah_single_1", "niah_single_2", "niah_singl
                                    "niah_multikey_2", "niah_multikey_3") if supports(n))
 
 
-def _units(t: Task, seed: str, size: int, avoid: list[str], book: Sequence[str] | None) -> tuple[list[str], str]:
-    """The haystack of `size` units, as niah.py makes it, and what joins them."""
-    if t.haystack == "book":
-        return haystacks.sentences(haystacks.book_stretch(book, stream(seed, "book"), size)), " "
-    if t.haystack == "noise":
-        return [NOISE] * size, "\n"
-    filler = stream(seed, "distractors")
-    kind = t.settings["type_needle_v"]
-    values = DRAWS[kind]
-    return [NEEDLE.format(kind=kind, key=key, value=values(filler))
-            for key in distinct(filler, DRAWS[t.settings["type_needle_k"]], size, avoid)], "\n"
-
-
 def _examples(t: Task, seed: str, size: int, at: list[float], questions: int,
               book: Sequence[str] | None) -> tuple[list[Example], int]:
     """(the k questions of one context of `size` haystack units, how many units it holds): asked needle
@@ -73,7 +60,7 @@ def _examples(t: Task, seed: str, size: int, at: list[float], questions: int,
     keys = distinct(draw, DRAWS[s["type_needle_k"]], max(s["num_needle_k"], questions))
     values = [distinct(draw, DRAWS[kind], 1)[0] for _ in keys]
     needles = [NEEDLE.format(kind=kind, key=key, value=value) for key, value in zip(keys, values)]
-    units, joiner = _units(t, seed, size, keys, book)
+    units, joiner = niah.haystack_units(t, seed, size, keys, book)
     count = len(units)
     place = stream(seed, "place")
     spots = [int(round(min(1.0, max(0.0, a)) * count)) for a in at]

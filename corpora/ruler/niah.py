@@ -23,33 +23,39 @@ def _singular(text: str) -> str:
     return text
 
 
+def haystack_units(task: Task, seed: str, size: int, avoid: list[str],
+                   book: Sequence[str] | None) -> tuple[list[str], str]:
+    """(the haystack of `size` units: a book's sentences, noise lines or distractor lines; what joins
+    them), the needles not yet in it."""
+    if task.haystack == "book":
+        if book is None:
+            raise ValueError(f"{task.name} needs the book haystack (corpora/books.py)")
+        return sentences(book_stretch(book, stream(seed, "book"), size)), " "
+    if task.haystack == "noise":
+        return [NOISE] * size, "\n"
+    filler = stream(seed, "distractors")  # needle: every line a distractor needle of another key
+    kind = task.settings["type_needle_v"]
+    values = DRAWS[kind]
+    return [NEEDLE.format(kind=kind, key=key, value=values(filler))
+            for key in distinct(filler, DRAWS[task.settings["type_needle_k"]], size, avoid)], "\n"
+
+
 def _context(task: Task, seed: str, size: int, needles: list[str], avoid: list[str],
              book: Sequence[str] | None) -> str:
     """The haystack of `size` units (lines, or a book's words) with the needles in it."""
     place = stream(seed, "place")
-    kind = task.settings["type_needle_v"]
-    if task.haystack == "book":
-        if book is None:
-            raise ValueError(f"{task.name} needs the book haystack (corpora/books.py)")
-        parts = sentences(book_stretch(book, stream(seed, "book"), size))
-        cuts = [0] + sorted(int(len(parts) * depth / 100) for depth in place.sample(DEPTHS, len(needles))) + [len(parts)]
+    units, joiner = haystack_units(task, seed, size, avoid, book)
+    if task.haystack == "book":  # between sentences at RULER's depths
+        cuts = [0] + sorted(int(len(units) * depth / 100) for depth in place.sample(DEPTHS, len(needles))) + [len(units)]
         pieces = []
         for i in range(1, len(cuts)):
-            pieces.append(" ".join(parts[cuts[i - 1]:cuts[i]]))
+            pieces.append(" ".join(units[cuts[i - 1]:cuts[i]]))
             if i - 1 < len(needles):
                 pieces.append(needles[i - 1])
         return " ".join(p for p in pieces if p)
-    if task.haystack == "noise":
-        lines = [NOISE] * size
-    else:  # needle: every line a distractor needle of another key
-        filler = stream(seed, "distractors")
-        keys = DRAWS[task.settings["type_needle_k"]]
-        values = DRAWS[kind]
-        lines = [NEEDLE.format(kind=kind, key=key, value=values(filler))
-                 for key in distinct(filler, keys, size, avoid)]
     for index in sorted(place.sample(range(size), len(needles)), reverse=True):
-        lines.insert(index, needles.pop())
-    return "\n".join(lines)
+        units.insert(index, needles.pop())
+    return joiner.join(units)
 
 
 def niah(task: Task, seed: str, size: int, book: Sequence[str] | None = None) -> Example:

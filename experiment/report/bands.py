@@ -93,8 +93,9 @@ def _document_rows(label: str, length: int, by_method: dict[str, dict], ref: str
     for name in _order(by_method):
         if name == ref or by_method[name].get("same_as"):
             continue
-        for band, (each, diff) in by_document(by_method[name], by_method[ref], train_length).items():
-            if band == "all" and len(by_document(by_method[name], by_method[ref], train_length)) > 2:
+        documents = by_document(by_method[name], by_method[ref], train_length)
+        for band, (each, diff) in documents.items():
+            if band == "all" and len(documents) > 2:
                 continue  # the bands say it
             cells = ", ".join(f"{100 * (np.exp(d) - 1):+.1f}" for d in each)
             text = bootstrap.percent(diff)

@@ -11,7 +11,7 @@ together. A pair is "separated" at 95% where p < 0.05 (McNemar) or the interval 
 (clusters). Nothing here imports JAX.
 
     diff = paired(scores_a, scores_b, clusters)     # clusters: each question's context (None: its own)
-    diff.separated, diff.text()
+    diff.separated, diff.estimate, diff.low, diff.high, diff.p
 """
 from __future__ import annotations
 
@@ -21,7 +21,9 @@ from typing import Sequence
 
 import numpy as np
 
-LEVEL = 0.95
+from experiment.report import bootstrap
+
+LEVEL = 0.95  # bootstrap.py's level too
 SAMPLES = 4000
 
 
@@ -46,13 +48,6 @@ class Paired:
             return self.p is not None and self.p < 1 - LEVEL
         return self.low > 0 or self.high < 0
 
-    def text(self) -> str:
-        """'+12.5 points [+4.2, +20.8], 9 vs 3 discordant, p = 0.15' and the like."""
-        core = f"{100 * self.estimate:+.1f} points [{100 * self.low:+.1f}, {100 * self.high:+.1f}]"
-        disc = f"{self.a_only} vs {self.b_only} discordant"
-        test = f"McNemar p = {self.p:.3g}" if self.test == "mcnemar" else f"bootstrap over {self.clusters} contexts"
-        return f"{core}, {disc}, {test}"
-
 
 def mcnemar_p(a_only: int, b_only: int) -> float:
     """The exact two-sided McNemar p-value: twice the binomial(n, 1/2) tail of the smaller count (at
@@ -65,19 +60,13 @@ def mcnemar_p(a_only: int, b_only: int) -> float:
     return min(1.0, 2 * tail)
 
 
-def cluster_bootstrap(diff: np.ndarray, clusters: np.ndarray, samples: int = SAMPLES, seed: int = 0,
-                      level: float = LEVEL) -> tuple[float, float]:
-    """The percentile interval of the mean of `diff` over resamplings of its clusters (each drawn
-    cluster brings all its questions; the mean is over the questions drawn)."""
-    ids, inverse = np.unique(clusters, return_inverse=True)
-    sums = np.bincount(inverse, weights=diff, minlength=len(ids))
-    sizes = np.bincount(inverse, minlength=len(ids)).astype(np.float64)
-    rng = np.random.default_rng(seed)
-    picks = rng.integers(0, len(ids), size=(samples, len(ids)))
-    means = sums[picks].sum(axis=1) / sizes[picks].sum(axis=1)
-    tail = (1 - level) / 2
-    low, high = np.quantile(means, [tail, 1 - tail])
-    return float(low), float(high)
+def cluster_bootstrap(values, clusters, seed: int = 0) -> tuple[float, float]:
+    """The 95% percentile interval of the mean of `values` over resamplings of their clusters (each
+    drawn cluster brings all its questions): experiment/report/bootstrap.py's, every question weighing
+    one."""
+    ones = np.ones(len(values))
+    d = bootstrap.paired_bootstrap(values, np.zeros(len(values)), ones, samples=SAMPLES, seed=seed, clusters=clusters)
+    return d.low, d.high
 
 
 def paired(scores_a: Sequence[float], scores_b: Sequence[float], clusters: Sequence[int] | None = None,
@@ -92,16 +81,13 @@ def paired(scores_a: Sequence[float], scores_b: Sequence[float], clusters: Seque
     if groups.shape != a.shape:
         raise ValueError(f"clusters: one per question, got {groups.shape} for {a.shape}")
     diff = a - b
-    a_only, b_only = int(((a > b)).sum()), int(((b > a)).sum())
-    independent = len(np.unique(groups)) == len(a)
+    a_only, b_only = int((a > b).sum()), int((b > a).sum())
+    count = len(np.unique(groups))
     binary = bool(np.isin(a, (0.0, 1.0)).all() and np.isin(b, (0.0, 1.0)).all())
-    if independent and binary:
-        low, high = cluster_bootstrap(diff, groups, seed=seed)  # shown beside McNemar's p, which decides
-        return Paired(float(diff.mean()), low, high, len(a), len(a), a_only, b_only, "mcnemar",
-                      mcnemar_p(a_only, b_only))
-    low, high = cluster_bootstrap(diff, groups, seed=seed)
-    return Paired(float(diff.mean()), low, high, len(a), int(len(np.unique(groups))), a_only, b_only,
-                  "cluster bootstrap", None)
+    mcnemar = count == len(a) and binary  # independent questions scored 0 or 1: McNemar decides
+    low, high = cluster_bootstrap(diff, groups, seed=seed)  # (beside McNemar's p: the size of the difference)
+    return Paired(float(diff.mean()), low, high, len(a), count, a_only, b_only,
+                  "mcnemar" if mcnemar else "cluster bootstrap", mcnemar_p(a_only, b_only) if mcnemar else None)
 
 
 def pairs_table(columns: dict[str, Sequence[float]], clusters: Sequence[int] | None = None,

@@ -122,9 +122,24 @@ class Session:
         """The prompts (one per row, each at least one token), right-padded: a pad takes its row's last
         position, so that nothing of a row depends on its padding (attention is causal by index, and a
         length-dependent scaling sees the row's own last position)."""
-        lengths = np.array([len(p) for p in prompts])
         if len(prompts) != len(self.lengths):
             raise ValueError(f"this session generates {len(self.lengths)} rows; got {len(prompts)} prompts")
+        logits, self.caches, self.lengths = self._prefilled(prompts)
+        return logits
+
+    def prefill_shared(self, prefix: list[int]) -> jax.Array:
+        """One prompt's prefix through the model once, its caches then copied to every row of the
+        session (each row goes on from it with its own tokens: `step`); the logits after it, per row."""
+        rows = len(self.lengths)
+        logits, caches, lengths = self._prefilled([prefix])
+        self.caches = jax.tree.map(lambda x: jnp.repeat(x, rows, axis=0), caches)  # every leaf: rows first
+        del caches
+        self.lengths = np.repeat(lengths, rows)
+        return jnp.repeat(logits, rows, axis=0)
+
+    def _prefilled(self, prompts: list[list[int]]):
+        """(logits, caches, lengths) of `prompts` right-padded through the prefill program of their count."""
+        lengths = np.array([len(p) for p in prompts])
         if lengths.max() > self.slots:
             raise ValueError(f"a prompt of {lengths.max()} tokens does not fit caches of {self.slots} tokens per row")
         t = padded_length(int(lengths.max()))
@@ -135,28 +150,8 @@ class Session:
         positions = np.minimum(np.arange(t)[None, :], lengths[:, None] - 1).astype(np.int32)
         run = _prefill_program(self.plain, len(prompts), self.slots)
         self.caches = None  # (a second prefill: the earlier caches go first)
-        logits, self.caches = run(self.rest, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(lengths, jnp.int32))
-        self.lengths = lengths.astype(np.int64)
-        return logits
-
-    def prefill_shared(self, prefix: list[int]) -> jax.Array:
-        """One prompt's prefix through the model once, its caches then copied to every row of the
-        session (each row goes on from it with its own tokens: `step`); the logits after it, per row."""
-        rows = len(self.lengths)
-        if len(prefix) > self.slots:
-            raise ValueError(f"a prefix of {len(prefix)} tokens does not fit caches of {self.slots} tokens per row")
-        t = padded_length(len(prefix))
-        tokens = np.full((1, t), prefix[-1], np.int32)
-        tokens[0, :len(prefix)] = prefix
-        positions = np.minimum(np.arange(t), len(prefix) - 1)[None, :].astype(np.int32)
-        run = _prefill_program(self.plain, 1, self.slots)
-        self.caches = None
-        logits, caches = run(self.rest, jnp.asarray(tokens), jnp.asarray(positions),
-                             jnp.asarray([len(prefix)], jnp.int32))
-        self.caches = jax.tree.map(lambda x: jnp.repeat(x, rows, axis=0), caches)  # every leaf: rows first
-        del caches
-        self.lengths = np.full(rows, len(prefix), np.int64)
-        return jnp.repeat(logits, rows, axis=0)
+        logits, caches = run(self.rest, jnp.asarray(tokens), jnp.asarray(positions), jnp.asarray(lengths, jnp.int32))
+        return logits, caches, lengths.astype(np.int64)
 
     def step(self, tokens_B) -> jax.Array:
         """One new token per row (at position `lengths`), cached; the logits after it."""
