@@ -23,6 +23,8 @@ import sys
 from absl import app, flags
 
 from experiment.cli import define_numbers, overrides_from_flags, parse_flags, run_cleanly
+from experiment.runtime import interrupts
+from experiment.runtime.progress import Progress
 from posenc.domains import at_least, between
 
 flags.DEFINE_string("workdir", None, "run folder, Hugging Face folder, GGUF file or packaged model (smollm2)")
@@ -51,7 +53,12 @@ def prompt_text() -> str:
         path = pathlib.Path(FLAGS.prompt_file)
         if not path.is_file():
             raise ValueError(f"--prompt_file {path}: no such file")
-        text = path.read_text()
+        data = path.read_bytes()
+        try:
+            text = data.decode("utf-8")
+        except UnicodeDecodeError as e:
+            raise ValueError(f"--prompt_file {path}: not UTF-8 text (byte {data[e.start]:#04x} at position {e.start}); "
+                             f"save it as UTF-8 (e.g. iconv -f latin1 -t utf-8 {path} > prompt.txt)") from None
     else:
         text = FLAGS.prompt
     if not text.strip():
@@ -67,22 +74,29 @@ def main(argv):
         from experiment.generation import open_source
         from models.generate import generate
         text = prompt_text()
-        source = open_source(FLAGS.workdir)
+        source = open_source(FLAGS.workdir, "--workdir")
         ids = source.chat([{"role": "user", "content": text}]) if FLAGS.chat else source.encode(text)
         length = len(ids) + FLAGS.max_new_tokens
         model = source.model(FLAGS.method, length, overrides_from_flags(FLAGS.set))
         print(f"prompt: {len(ids):,} tokens; method: {FLAGS.method or 'as trained'} at {length:,} tokens "
               f"(window {source.window:,})", file=sys.stderr)
         stats = {}
-        new = generate(model, [ids], FLAGS.max_new_tokens, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
-                       seed=FLAGS.seed, stop=[*source.stop_ids, *FLAGS.stop], tokenizer=source.tokenizer,
-                       stats=stats)[0]
+        with Progress("generating", FLAGS.max_new_tokens, "tokens") as progress:
+            def on_token(done, so_far):
+                progress.update(done - progress.done)
+                if interrupts.requested():  # the safe point between two tokens: the text so far, then the line
+                    print(source.decode(so_far()[0]), flush=True)
+                    interrupts.check(f"interrupted after {done} of {FLAGS.max_new_tokens} new tokens (the text so far "
+                                     f"is printed above); generate.py writes no file")
+            new = generate(model, [ids], FLAGS.max_new_tokens, temperature=FLAGS.temperature, top_p=FLAGS.top_p,
+                           seed=FLAGS.seed, stop=[*source.stop_ids, *FLAGS.stop], tokenizer=source.tokenizer,
+                           stats=stats, on_token=on_token)[0]
         print(source.decode(new))
         decoding = (f"; {stats['decode_steps']} decoding steps in {stats['decode_seconds']:.1f} s "
                     f"({stats['decode_steps'] / stats['decode_seconds']:.1f} tokens/s)" if stats["decode_steps"] else "")
         print(f"{len(new)} new tokens; prefill of {stats['prefill_tokens']:,} tokens in {stats['prefill_seconds']:.1f} s"
               f"{decoding}; compilation included", file=sys.stderr)
-    run_cleanly(go)
+    run_cleanly(go, second="generate.py writes no file, so nothing is left half-written")
 
 
 if __name__ == "__main__":

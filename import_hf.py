@@ -8,7 +8,9 @@ becomes a run at step 0 (experiment/convert/hf.py) that eval_extrapolate.py, rep
 train.init_from take like any other. --rope_parameters replaces the checkpoint's rope scaling
 (HF's dict as JSON text or a .json file); --data_* set the run's evaluation data (default: the
 demo's built-in corpus; a folder that cannot be read is refused; DIR/config.json's data section may
-also be edited before evaluating). --tokenizer: the checkpoint's tokenizer.json where it is kept apart.
+also be edited before evaluating). --tokenizer: the checkpoint's tokenizer.json where it is kept apart;
+checked against the checkpoint (its embedding rows, the special ids of its config, and where it carries
+a tokenizer of its own, the same size and special tokens; a replacement is announced).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
@@ -31,7 +33,8 @@ flags.DEFINE_enum("dtype", "float32", ["float32", "bfloat16"], "compute dtype of
 flags.DEFINE_string("data_source", None, "data.source of the run: builtin | local | hf")
 flags.DEFINE_string("data_path", None, "data.path of the run (a local folder)")
 flags.DEFINE_string("data_name", None, "data.name of the run (builtin corpus or HF dataset)")
-flags.DEFINE_string("tokenizer", None, "the checkpoint's tokenizer.json (or a folder holding one), where SRC has none")
+flags.DEFINE_string("tokenizer", None, "the checkpoint's tokenizer.json (or a folder holding one), where SRC has none; "
+                    "checked against SRC's vocabulary")
 flags.mark_flags_as_required(["workdir"])
 FLAGS = flags.FLAGS
 

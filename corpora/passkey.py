@@ -351,18 +351,30 @@ def instructed_example(tokenizer, length: int, depth: float, seed: int,
     if not 0.0 <= depth <= 1.0 or digits < 1:
         raise PasskeyError(f"depth must be in [0, 1] and digits >= 1, got {depth} and {digits}")
     instruction, sentences, question = _instructed_pieces(tokenizer, frame)
-    key_rng = np.random.default_rng([_KEY_STREAM, int(seed) & (2**64 - 1), digits])
-    answer = str(key_rng.integers(1, 10)) + "".join(str(d) for d in key_rng.integers(0, 10, size=digits - 1))
-    key_sentence = _encode(tokenizer, KEY_SENTENCE.format(key=answer))
+    answer, key_sentence = _instructed_key(tokenizer, seed, digits)
     span = length - len(instruction) - len(key_sentence) - len(question)
     if span < 0:
-        raise PasskeyError(f"an instructed passkey prompt needs length >= {length - span} tokens, got {length}")
+        raise PasskeyError(f"an instructed passkey prompt needs >= {length - span} tokens, got {length}")
     at = int(round(depth * span))
     rng = np.random.default_rng([_FILLER_STREAM, int(seed) & (2**64 - 1), length, _depth_code(depth), digits, 1])
     before, after = _whole(rng, sentences, at), _whole(rng, sentences, span - at)
     ids = np.concatenate([instruction, before, key_sentence, after, question]).astype(np.int32)
     assert len(ids) == length, (len(ids), length)
     return PromptedExample(ids, answer, len(instruction) + at, float(depth))
+
+
+def _instructed_key(tokenizer, seed: int, digits: int) -> tuple[str, np.ndarray]:
+    """(the key of (seed, digits), the key sentence's ids)."""
+    key_rng = np.random.default_rng([_KEY_STREAM, int(seed) & (2**64 - 1), digits])
+    answer = str(key_rng.integers(1, 10)) + "".join(str(d) for d in key_rng.integers(0, 10, size=digits - 1))
+    return answer, _encode(tokenizer, KEY_SENTENCE.format(key=answer))
+
+
+def instructed_minimum(tokenizer, seed: int, digits: int = INSTRUCTED_DIGITS, frame: ChatFrame | None = None) -> int:
+    """The fewest tokens an instructed prompt of (seed, digits) takes: its instruction, key sentence and
+    question, with no filler."""
+    instruction, _, question = _instructed_pieces(tokenizer, frame)
+    return len(instruction) + len(_instructed_key(tokenizer, seed, digits)[1]) + len(question)
 
 
 def instructed_batch(tokenizer, length: int, depths: float | Sequence[float], count: int, seed: int,

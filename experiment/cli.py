@@ -35,14 +35,15 @@ flags.DEFINE_integer("process_id", None, "several processes as one job: this one
 USER_OS_ERRORS = (errno.EACCES, errno.EPERM, errno.EROFS, errno.ENOSPC, errno.EDQUOT)
 
 
-def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None) -> None:
+def run_cleanly(fn: Callable[[], object], *, at_once: str | None = None, second: str | None = None) -> None:
     """Run `fn`; a known user error prints one line and exits 2 (LX_TRACEBACK=1 shows the traceback).
     Ctrl-C (or SIGTERM), at any moment, stops at the next safe point and exits 130 (143) with a line
     that says what is saved (experiment/runtime/interrupts.py); `at_once`: fn has no safe points and
     stopping it anywhere is harmless (it writes whole files, or a folder moved in at the end), so
-    Ctrl-C stops it at once, and this line says what is left."""
+    Ctrl-C stops it at once, and this line says what is left; `second`: what a second Ctrl-C (which
+    stops at once) leaves, where the default (files as a kill leaves them) does not fit the command."""
     f = flags.FLAGS
-    with interrupts.deferred(exit_on_second=True):
+    with interrupts.deferred(exit_on_second=True, **({"second": second} if second else {})):
         try:
             start_runtime(*((f.coordinator_address, f.num_processes, f.process_id) if f.is_parsed() else ()))
             interrupts.check("interrupted during start-up; nothing was written")

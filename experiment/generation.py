@@ -96,9 +96,13 @@ class Source:
         return self.text.stop_ids
 
 
-def open_source(source: str | pathlib.Path) -> Source:
+def open_source(source: str | pathlib.Path, flag: str = "--workdir") -> Source:
     """A run folder, a Hugging Face folder, a GGUF file or a packaged model's name, opened (module
-    docstring). A run is read, not locked: generation writes nothing into it."""
+    docstring). A run is read, not locked: generation writes nothing into it. `flag`: how the user
+    gave `source`, for the error where it names nothing."""
+    missing = _missing(source, flag)
+    if missing:
+        raise FileNotFoundError(missing)
     folder = pathlib.Path(source)
     hf_folder = (folder / "model.safetensors").exists() or (folder / "model.safetensors.index.json").exists()
     if folder.is_dir() and (folder / "config.json").exists() and not hf_folder:  # (an HF folder has one too)
@@ -116,3 +120,17 @@ def open_source(source: str | pathlib.Path) -> Source:
     bos = loaded.config.get("bos_token_id")
     bos_token = (tokenizer.tokenizer.id_to_token(int(bos)) or "") if bos is not None else ""
     return Source(config, nnx.split(loaded.model)[1], tokenizer, loaded.chat_template, str(loaded.source), bos_token)
+
+
+def _missing(source: str | pathlib.Path, flag: str) -> str | None:
+    """Why `source` names nothing (None where it may: a path that exists, a packaged model's name, or a
+    hub id (`owner/name`, `name`), which models/formats/hf.py fetches or explains)."""
+    from models.formats.packaged import PACKAGED
+    text = str(source)
+    if pathlib.Path(text).expanduser().exists() or text in PACKAGED:
+        return None
+    if text.count("/") <= 1 and not text.startswith((".", "/", "~")):
+        return None
+    given = f"{flag}{text}" if flag.endswith("=") else f"{flag} {text}"
+    return (f"{given}: no such file or folder; {flag} takes a run folder (train.py, import_hf.py), a Hugging "
+            f"Face folder, a GGUF file or the name of a packaged model ({', '.join(PACKAGED)})")

@@ -29,8 +29,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 from flax import nnx
-from lm_eval.api.model import TemplateLM
-from lm_eval.api.registry import register_model
+
+NEEDS = "the lm-evaluation-harness is not installed: pip install -e '.[harness]' (lm_eval==0.4.13)"
+try:
+    from lm_eval.api.model import TemplateLM
+    from lm_eval.api.registry import register_model
+except ModuleNotFoundError as e:
+    if (e.name or "").split(".")[0] != "lm_eval":
+        raise
+    if __name__ == "__main__":  # python -m experiment.harness: one line, rc 2, as every entry point's errors
+        print(f"error: {NEEDS}", file=sys.stderr)
+        sys.exit(2)
+    raise ModuleNotFoundError(f"experiment.harness: {NEEDS}", name="lm_eval") from None
 
 from experiment.generation import open_source
 from models.generate import generate
@@ -56,6 +66,14 @@ def _scorer(graphdef):
     return jax.jit(score)
 
 
+def _count(name: str, value) -> int:
+    """A model argument that counts something (lm_eval passes them as text): a whole number >= 1."""
+    text = str(value).strip()
+    if not text.isdigit() or int(text) < 1:
+        raise ValueError(f"lengthx model_args: {name}={value}: give a whole number >= 1")
+    return int(text)
+
+
 @register_model("lengthx")
 class LengthxLM(TemplateLM):
     """lm_eval's model of a lengthx checkpoint (module docstring)."""
@@ -68,12 +86,12 @@ class LengthxLM(TemplateLM):
         if ignored:
             raise ValueError(f"lengthx model_args: unknown {', '.join(ignored)}; valid: pretrained, method, max_length, "
                              f"batch_size, max_gen_toks and eval-time options as posenc.<scheme>.<option>=VALUE")
-        self.source = open_source(str(pretrained))
-        self.max_length = int(max_length or self.source.window)
+        self.source = open_source(str(pretrained), "pretrained=")
+        self.max_length = _count("max_length", max_length) if max_length else self.source.window
         self.method = method or None
         self.model = self.source.model(self.method, self.max_length, overrides)
-        self.batch_size = 1 if str(batch_size).startswith("auto") else int(batch_size)
-        self.max_gen_toks = int(max_gen_toks)
+        self.batch_size = 1 if str(batch_size).startswith("auto") else _count("batch_size", batch_size)
+        self.max_gen_toks = _count("max_gen_toks", max_gen_toks)
         self.tokenizer = self.source.tokenizer  # lm_eval reads `tokenizer` to know that chat templates apply
 
     # --- tokens ----------------------------------------------------------------------------------

@@ -21,9 +21,11 @@ new token's query and key use the current length (transformers' convention, mode
 from __future__ import annotations
 
 import ctypes
+import math
+import numbers
 import sys
 import time
-from typing import Sequence
+from typing import Callable, Sequence
 
 import jax
 import jax.numpy as jnp
@@ -32,7 +34,29 @@ import numpy as np
 from models.generation.session import Session, padded_length
 from models.generation.stops import Stops
 
+OnToken = Callable[[int, Callable[[], list[list[int]]]], None]  # (tokens done, the new ids so far) -> None
 SLOT_ROUND = 128  # cache slots per row: the padded prompt plus the new tokens, rounded up to this
+
+
+def _count(value, name: str) -> int:
+    """`value`, a count: an int (or NumPy integer) >= 1; a float, even 2.0, is refused (a count is not one)."""
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or value < 1:
+        raise ValueError(f"{name} must be a whole number >= 1 (an int), got {value!r}")
+    return int(value)
+
+
+def _checked_sampling(temperature, top_p, seed) -> tuple[float, float, int]:
+    """(temperature, top_p, seed) checked: finite numbers, temperature >= 0, top_p in (0, 1], a whole seed."""
+    def real(value, name):
+        if isinstance(value, bool) or not isinstance(value, numbers.Real) or not math.isfinite(value):
+            raise ValueError(f"{name} must be a finite number, got {value!r}")
+        return float(value)
+    temperature, top_p = real(temperature, "temperature"), real(top_p, "top_p")
+    if temperature < 0 or not 0 < top_p <= 1:
+        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral):
+        raise ValueError(f"seed must be a whole number, got {seed!r}")
+    return temperature, top_p, int(seed)
 
 
 def _checked(prompts, max_new_tokens: int, vocab_size: int) -> list[list[int]]:
@@ -47,8 +71,6 @@ def _checked(prompts, max_new_tokens: int, vocab_size: int) -> list[list[int]]:
         if bad:
             raise ValueError(f"prompt {i} holds token id {bad[0]}, outside the model's vocabulary of {vocab_size}")
         out.append(ids)
-    if max_new_tokens < 1:
-        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     return out
 
 
@@ -80,15 +102,18 @@ def _slots(model, prompts: list[list[int]], max_new_tokens: int) -> int:
 
 def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, temperature: float = 0.0,
              top_p: float = 1.0, seed: int = 0, stop: Sequence[int | str] | None = None,
-             tokenizer=None, stats: dict | None = None) -> list[list[int]]:
+             tokenizer=None, stats: dict | None = None, on_token: OnToken | None = None) -> list[list[int]]:
     """The new token ids of each prompt (without the prompt): greedy at temperature 0, else sampled
     (`temperature`, `top_p`, draws from `seed`). `stop`: token ids and / or strings that end a row;
     the stop is not returned (a string: the tokens from the one in which it begins are dropped;
     strings need `tokenizer`, a `tokenizers.Tokenizer` or anything with `decode(ids)`). A row also
     ends after `max_new_tokens`. `stats`, where given, receives the seconds of the prefill and of the
-    decoding steps (compilations included) and the number of tokens of each."""
-    if temperature < 0 or not 0 < top_p <= 1:
-        raise ValueError(f"temperature must be >= 0 and top_p in (0, 1], got {temperature} and {top_p}")
+    decoding steps (compilations included) and the number of tokens of each. `on_token(done, so_far)`,
+    where given, is called after each new token of every row (`done` of `max_new_tokens`; `so_far()`:
+    the new ids until now, as returned): a caller's progress line, or its safe point for Ctrl-C
+    (generate.py raises there, and prints the text so far)."""
+    temperature, top_p, seed = _checked_sampling(temperature, top_p, seed)
+    max_new_tokens = _count(max_new_tokens, "max_new_tokens")
     prompts = _checked(prompts, max_new_tokens, model.cfg.vocab_size)
     stops = Stops(stop, tokenizer, len(prompts))
     start = time.perf_counter()
@@ -100,6 +125,8 @@ def generate(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *, te
         ids = np.asarray(_sample(logits, jax.random.fold_in(key, step), float(temperature), float(top_p)))
         prefilled = prefilled or time.perf_counter()
         stops.add(ids)
+        if on_token is not None:
+            on_token(step + 1, stops.outputs)
         if stops.all_done() or step == max_new_tokens - 1:
             break
         logits = session.step(ids)
@@ -122,14 +149,16 @@ def shared_prefix_length(prompts: Sequence[Sequence[int]]) -> int:
 
 
 def generate_shared(model, prompts: Sequence[Sequence[int]], max_new_tokens: int, *,
-                    stop: Sequence[int | str] | None = None, tokenizer=None, stats: dict | None = None) -> list[list[int]]:
+                    stop: Sequence[int | str] | None = None, tokenizer=None, stats: dict | None = None,
+                    on_token: OnToken | None = None) -> list[list[int]]:
     """Greedy answers to prompts that begin alike (k questions about one long context): the tokens they
     share go through the model once, their caches are copied to one row per prompt, and each row reads
     the rest of its prompt a token at a time against its cache, then answers. The same new ids as
     `generate(model, prompts, ...)` at temperature 0 (each step's logits those of a full forward pass
     over the row's tokens, as every decoding step's are), at the cost of one prefill of the shared part
     and a decoding step per token of each prompt's own part. `stats` as `generate`'s, with
-    `shared_tokens`."""
+    `shared_tokens`; `on_token` as `generate`'s, after every step (`done`: the most new tokens of a row)."""
+    max_new_tokens = _count(max_new_tokens, "max_new_tokens")
     prompts = _checked(prompts, max_new_tokens, model.cfg.vocab_size)
     stops = Stops(stop, tokenizer, len(prompts))
     shared = shared_prefix_length(prompts)
@@ -151,6 +180,8 @@ def generate_shared(model, prompts: Sequence[Sequence[int]], max_new_tokens: int
         stops.add(ids, active=answering)
         new += answering
         stops.done |= answering & (new >= max_new_tokens)
+        if on_token is not None:
+            on_token(int(new.max()), stops.outputs)
         if stops.all_done():
             break
         read += ~answering

@@ -23,6 +23,7 @@ import pathlib
 import posenc
 from experiment import config as config_lib
 from experiment.convert.hf import hf_rope_parameters, kept_special_tokens
+from experiment.convert.read_back import read_back
 from experiment.evals.common import apply_overrides, load_checkpoint
 from experiment.evals.methods import METHODS
 from experiment.store import files
@@ -83,6 +84,10 @@ def _claim(out: pathlib.Path, force: bool) -> None:
         raise RunError(f"--gguf {out} is a folder; give a file name, e.g. --gguf {out / 'model.gguf'}")
     if out.exists() and not force:
         raise RunError(f"--gguf {out} exists; give a new file name, or --force to replace it")
+    folder = next(p for p in (out.absolute().parent, *out.absolute().parents) if p.exists())
+    if not os.access(folder, os.W_OK):  # (a read-only file system included, for root too)
+        raise RunError(f"--gguf {out}: cannot write in {folder} (read-only, or no permission); give a --gguf in a "
+                       f"folder you can write")
 
 
 def export_gguf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: dict | None = None,
@@ -119,6 +124,7 @@ def export_gguf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides:
         with files.space_for(out, prepared.nbytes, staging):
             prepared.write(staging, lambda done, total: done % 50 == 0 and log.info(
                 "writing %s: %d of %d tensors", out, done, total))
+        read_back(staging, out, model, hf_tokenizer)
         _claim(out, force)
         os.replace(staging, out)
     finally:

@@ -32,6 +32,7 @@ import corpora
 import posenc
 from experiment import config as config_lib
 from experiment.config import Config
+from experiment.convert.read_back import read_back
 from experiment.evals.common import apply_overrides, load_checkpoint
 from experiment.store import checkpoints, files, output
 from experiment.store.files import first_line
@@ -134,6 +135,40 @@ def given_tokenizer(path: str | pathlib.Path) -> tuple[object, pathlib.Path]:
                       f"({first_line(e)})") from None
 
 
+SPECIAL_IDS = ("bos_token_id", "eos_token_id", "pad_token_id")
+SPARE_ROWS = 0.05  # embedding rows past the tokenizer's last id that a checkpoint may pad (Phi-2: 1.8%)
+
+
+def check_given_tokenizer(path, given, own, hf_cfg: dict, rows: int, src) -> None:
+    """import_hf.py --tokenizer PATH checked against the checkpoint `src` (HFError on a mismatch, a
+    warning that names both where it replaces the checkpoint's own tokenizer): it must fit the model's
+    `rows` embedding rows (at most `SPARE_ROWS` of them unused, as checkpoints pad their embeddings),
+    hold the config's special ids, and where the checkpoint carries a tokenizer (`own`), have its
+    vocabulary size and give the special ids the same tokens."""
+    size = given.get_vocab_size(with_added_tokens=True)
+    fix = f"drop --tokenizer (or give {src}'s own tokenizer.json)"
+    if own is not None:
+        theirs = own.get_vocab_size(with_added_tokens=True)
+        if size != theirs:
+            raise HFError(f"--tokenizer {path}: {size:,} tokens, but {src} carries a tokenizer of {theirs:,}; {fix}")
+    if not rows * (1 - SPARE_ROWS) <= size <= rows:
+        raise HFError(f"--tokenizer {path}: {size:,} tokens for a model of {rows:,} embedding rows: every id would "
+                      f"score the wrong row; {fix}")
+    for key in SPECIAL_IDS:
+        index = hf_cfg.get(key)
+        if not isinstance(index, int):
+            continue
+        token = given.id_to_token(index)
+        if token is None:
+            raise HFError(f"--tokenizer {path}: no token of id {index}, the checkpoint's {key}; {fix}")
+        if own is not None and own.id_to_token(index) != token:
+            raise HFError(f"--tokenizer {path}: id {index} ({key}) is {token!r}, the checkpoint's own tokenizer "
+                          f"has {own.id_to_token(index)!r} there; {fix}")
+    if own is not None:
+        log.warning("--tokenizer %s replaces the tokenizer %s carries (the same %d tokens and special ids)",
+                    path, src, size)
+
+
 IMPORT_DATA_FLAGS = {"--config.data.source": "--data_source", "--config.data.path": "--data_path",
                      "--config.data.name": "--data_name"}
 
@@ -230,6 +265,8 @@ def import_hf(src: str | pathlib.Path, workdir: str | pathlib.Path, rope_paramet
                                                                             dtype=dtype)
     config = run_config(hf_cfg, rope_parameters, dtype, data)
     check_data(config)
+    if given is not None:
+        check_given_tokenizer(tokenizer, given[0], hf_tokenizer, hf_cfg, int(model.cfg.vocab_size), src)
     hf_tokenizer, tokenizer_folder = given if given is not None else (hf_tokenizer, folder)
     tokenizer = pretrained_tokenizer(tokenizer_folder, hf_cfg, hf_tokenizer,
                                      config_path=folder / "config.json" if folder.is_dir() else folder)
@@ -299,9 +336,9 @@ def hf_rope_parameters(posenc_cfg: ml_collections.ConfigDict, max_length: int) -
     params = _candidate(options, max_length)
     full = {**params, "rope_theta": float(options.base), "partial_rotary_factor": float(options.fraction)}
     expressed = rope_options({"max_position_embeddings": max_length}, full)
-    read_back = {**posenc.default_config("rope").rope.to_dict(), **expressed}
+    as_read = {**posenc.default_config("rope").rope.to_dict(), **expressed}
     # original_length matters only to the scalings that scale from it (not to default and linear)
-    differ = sorted(k for k in options.keys() if k in read_back and not _close(options[k], read_back[k])
+    differ = sorted(k for k in options.keys() if k in as_read and not _close(options[k], as_read[k])
                     and not (k == "original_length" and (not options[k] or k not in expressed)))
     if differ:
         raise HFError(f"rope option(s) {', '.join(f'{k}={options[k]}' for k in differ)} have no Hugging Face "
@@ -351,5 +388,6 @@ def export_hf(workdir: str | pathlib.Path, out: str | pathlib.Path, overrides: d
         for key, token in special.items():  # bos_token -> bos_token_id, ...
             exported[f"{key}_id"] = hf_tokenizer.token_to_id(token)
         files.write_atomically(staging / "config.json", json.dumps(exported, indent=2) + "\n")
+        read_back(staging, out, model, hf_tokenizer)
     log.info("exported %s at step %d to %s", run.path, scoring.step, out)
     return out

@@ -37,6 +37,9 @@ MAX_LOGITS_BYTES = 1 << 30
 MAX_SCORES_BYTES = 1 << 30
 EVAL_POSITIONS_STREAM = 7  # folded into the run's seed for evaluation-time position draws
 EVAL_OVERRIDABLE = ("posenc.", "model.attention")
+# Records this process has written, by kind and run: what a Ctrl-C line reports, whichever method or
+# length of a command (eval_extrapolate.py --methods a,b,c) it stops in.
+WRITTEN: dict[tuple[str, str], list[str]] = {}
 
 
 # --- what to evaluate -----------------------------------------------------------------------
@@ -169,12 +172,21 @@ class Scoring:
         """Merge records of `kind` into the run's file (the writing process only)."""
         if self.run.writer and records:
             self.run.add_records(kind, records)
+            WRITTEN.setdefault((kind, str(self.run.path)), []).extend(
+                f"{r.get('method') or self.method or 'as trained'} L={r.get('eval_length', '?')}" for r in records)
 
     def interrupted(self, kind: str, done: list[int], length: int) -> str:
-        """What a Ctrl-C while scoring `length` leaves: the records of the lengths `done`."""
+        """What a Ctrl-C while scoring `length` leaves: the records this command wrote (of this method's
+        lengths `done`, and of the methods before it)."""
         path = self.run.records_path(kind)
-        kept = (f"the records of L={', '.join(map(str, done))} are in {path}" if done
-                else f"no {kind} record of this evaluation was written")
+        written = WRITTEN.get((kind, str(self.run.path)), [])
+        if written:
+            shown = ", ".join(written[:6]) + (f" and {len(written) - 6} more" if len(written) > 6 else "")
+            kept = f"the {len(written)} {kind} record(s) this command wrote ({shown}) are kept in {path}"
+        elif done:
+            kept = f"the records of L={', '.join(map(str, done))} are in {path}"
+        else:
+            kept = f"no {kind} record of this evaluation was written"
         return f"interrupted while scoring {kind} at L={length}; {kept}: the same command evaluates again"
 
 

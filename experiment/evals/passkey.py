@@ -136,8 +136,14 @@ def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, ove
         from experiment.evals.passkey_generated import chat_frame
         frame = chat_frame(run, tokenizer)
     for length in lengths:
-        if spec.form in GENERATED:
-            task.instructed_example(tokenizer, length - task.answer_tokens(digits), 0.5, spec.seed, digits, frame)
+        if spec.form in GENERATED:  # an evaluation length holds the prompt and the answer's tokens
+            prompt, answer = task.instructed_minimum(tokenizer, spec.seed, digits, frame), task.answer_tokens(digits)
+            if length < prompt + answer:
+                raise task.PasskeyError(
+                    f"--lengths {length}: the {spec.form} passkey needs L >= {prompt + answer} tokens (a prompt of at "
+                    f"least {prompt} and {answer} kept for the answer: {digits} digits + 4); give lengths >= "
+                    f"{prompt + answer}")
+            task.instructed_example(tokenizer, length - answer, 0.5, spec.seed, digits, frame)
         else:
             task.passkey_example(tokenizer, length, 0.5, spec.seed, digits)
     return dataclasses.replace(spec, depths=depths, digits=digits)

@@ -51,7 +51,10 @@ class Interrupted(KeyboardInterrupt):
         self.saved = saved
 
 
-_state = {"on": False, "requested": False, "immediate": None, "exit_on_second": False, "signal": signal.SIGINT}
+SECOND = ("every file is as a kill leaves it (the newest complete checkpoint and records are kept): the same "
+          "command goes on from there")  # what a second Ctrl-C leaves, unless the command says otherwise
+_state = {"on": False, "requested": False, "immediate": None, "exit_on_second": False, "signal": signal.SIGINT,
+          "second": SECOND}
 
 
 def exit_code() -> int:
@@ -60,8 +63,7 @@ def exit_code() -> int:
 
 
 def _exit_at_once(signum: int) -> None:
-    sys.stderr.write(f"second {SIGNALS.get(signum, 'signal')}: stopped at once; every file is as a kill leaves it "
-                     f"(the newest complete checkpoint and records are kept): the same command goes on from there\n")
+    sys.stderr.write(f"second {SIGNALS.get(signum, 'signal')}: stopped at once; {_state['second']}\n")
     sys.stderr.flush()
     os._exit(128 + int(signum))
 
@@ -116,15 +118,17 @@ def _handler(signum, frame):
 
 
 @contextlib.contextmanager
-def deferred(*, exit_on_second: bool = False):
+def deferred(*, exit_on_second: bool = False, second: str = SECOND):
     """Ctrl-C and SIGTERM are recorded, not raised, inside this block (see the module docstring);
     nested blocks and other threads than the main one change nothing. A second one raises
-    KeyboardInterrupt at once, or with `exit_on_second` (the entry points) ends the process."""
+    KeyboardInterrupt at once, or with `exit_on_second` (the entry points) ends the process with a
+    line that says `second` (what the command leaves: by default files as a kill leaves them)."""
     if _state["on"] or threading.current_thread() is not threading.main_thread():
         yield
         return
     previous = {signum: signal.signal(signum, _handler) for signum in SIGNALS}
-    _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second, signal=signal.SIGINT)
+    _state.update(on=True, requested=False, immediate=None, exit_on_second=exit_on_second, signal=signal.SIGINT,
+                  second=second)
     gc.callbacks.append(_track_collection)
     try:
         yield
@@ -134,7 +138,8 @@ def deferred(*, exit_on_second: bool = False):
         for signum, handler in previous.items():
             default = signal.default_int_handler if signum == signal.SIGINT else signal.SIG_DFL
             signal.signal(signum, handler if handler is not None else default)
-        _state.update(on=False, requested=False, immediate=None, exit_on_second=False, signal=signal.SIGINT)
+        _state.update(on=False, requested=False, immediate=None, exit_on_second=False, signal=signal.SIGINT,
+                      second=SECOND)
 
 
 @contextlib.contextmanager

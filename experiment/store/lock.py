@@ -39,15 +39,16 @@ class NotWritable(ConfigError):
     """The run directory cannot be written (read-only, no permission) or its lock file is not one."""
 
 
-def _open(lock_path: pathlib.Path) -> int:
-    """The lock file, opened for writing; NotWritable, naming the folder or the file, otherwise."""
+def _open(lock_path: pathlib.Path, unwritable: str | None = None) -> int:
+    """The lock file, opened for writing; NotWritable, naming the folder or the file, otherwise
+    (`unwritable`: what to do where the folder cannot be written; default: a run folder's fix)."""
     try:
         return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
         if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            raise NotWritable(f"cannot write in {lock_path.parent} ({e.strerror}): training and evaluation write "
-                              f"their files and a lock there; copy the run somewhere writable (cp -r "
-                              f"{lock_path.parent} NEW) and use --workdir NEW") from None
+            fix = unwritable or (f"training and evaluation write their files and a lock there; copy the run somewhere "
+                                 f"writable (cp -r {lock_path.parent} NEW) and use --workdir NEW")
+            raise NotWritable(f"cannot write in {lock_path.parent} ({e.strerror}): {fix}") from None
         raise NotWritable(f"{lock_path} cannot be opened as the run directory's lock file ({e.strerror}); no "
                           f"process holds a lock there, so remove it: rm -r {lock_path}") from None
 
@@ -83,10 +84,11 @@ def holding(folder: pathlib.Path, purpose: str) -> Iterator[None]:
 
 
 def acquire(lock_path: pathlib.Path, purpose: str, *, name: str | None = None,
-            instead: str = "or use another --workdir") -> Callable[[], None]:
+            instead: str = "or use another --workdir", unwritable: str | None = None) -> Callable[[], None]:
     """Take the lock; returns the function that releases it. A busy lock is a WorkdirBusy naming
-    `name` (default: the lock's folder) and its holder, and saying `instead`."""
-    fd = _open(lock_path)
+    `name` (default: the lock's folder) and its holder, and saying `instead`; a folder that cannot be
+    written a NotWritable saying `unwritable` (default: a run folder's fix)."""
+    fd = _open(lock_path, unwritable)
     try:
         fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
     except OSError as e:

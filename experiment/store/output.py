@@ -120,7 +120,8 @@ def replacing(out: str | pathlib.Path, command: str, flag: str = "--out") -> Ite
     real.parent.mkdir(parents=True, exist_ok=True)
     lock_path = real.parent / f".{real.name}.lock"
     release = lock.acquire(lock_path, command, name=f"{flag} {out}" if flag.startswith("--") else str(out),
-                           instead=f"or give another --out, e.g. --out {_free(out, command)}")
+                           instead=f"or give another --out, e.g. --out {_free(out, command)}",
+                           unwritable=f"{command} writes {flag} {out} there; give a {flag} in a folder you can write")
     staging = real.parent / f".{real.name}.writing-{os.getpid()}"
     try:
         claim(out, command, flag)  # again, now that no other writer can change it

@@ -135,8 +135,20 @@ def _typed(array: np.ndarray, qtype: Q) -> np.ndarray:
     return gguf.quants.quantize(np.ascontiguousarray(array, np.float32), qtype)
 
 
+class _Writer(gguf.GGUFWriter):
+    """gguf's writer, except that an empty array is written (gguf's `add_array` drops it without a word
+    and its packer refuses it): a byte-level tokenizer has no merges, and llama.cpp's loader, like
+    ours, requires the `tokenizer.ggml.merges` key all the same."""
+
+    def _pack_val(self, val, vtype, add_vtype, sub_type=None):
+        if vtype == gguf.GGUFValueType.ARRAY and len(val) == 0:
+            head = self._pack("I", vtype) if add_vtype else b""
+            return head + self._pack("I", sub_type or gguf.GGUFValueType.STRING) + self._pack("Q", 0)
+        return super()._pack_val(val, vtype, add_vtype, sub_type)
+
+
 def _add(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
-    """A metadata value typed as llama.cpp's converter types it."""
+    """A metadata value typed as llama.cpp's converter types it; an empty list an empty array of strings."""
     if isinstance(value, bool):
         writer.add_bool(key, value)
     elif isinstance(value, (int, np.integer)):
@@ -145,6 +157,8 @@ def _add(writer: gguf.GGUFWriter, key: str, value: Any) -> None:
         writer.add_float32(key, float(value))
     elif isinstance(value, str):
         writer.add_string(key, value)
+    elif len(value) == 0:
+        writer.add_key_value(key, [], gguf.GGUFValueType.ARRAY, sub_type=gguf.GGUFValueType.STRING)
     else:
         writer.add_array(key, list(value))
 
@@ -166,7 +180,7 @@ class Prepared:
     def write(self, path: str | Path, progress: Callable[[int, int], None] | None = None) -> None:
         """Write the file at `path`, tensors one at a time; `progress(done, total)` after each."""
         logging.getLogger("gguf.gguf_writer").setLevel(logging.WARNING)  # its lines of what it writes: ours say it
-        writer = gguf.GGUFWriter(str(path), self.arch)
+        writer = _Writer(str(path), self.arch)
         try:
             for key, value in self.metadata.items():
                 _add(writer, key, value)

@@ -52,14 +52,16 @@ def resolve(path: str | Path) -> Path:
     if local.is_dir():
         return local
     text = str(path)
-    if local.exists() or text.startswith((".", "/", "~")) or text.count("/") > 1:
+    if local.exists():
         raise HFError(f"{text}: not a folder with a Hugging Face checkpoint (config.json, model.safetensors)")
+    if text.startswith((".", "/", "~")) or text.count("/") > 1:
+        raise HFError(f"{text}: no such file or folder (nor a hub id owner/name)")
     import huggingface_hub
     try:
         return Path(huggingface_hub.snapshot_download(text, allow_patterns=HUB_FILES))
     except Exception as e:  # offline, unknown id, gated, network: one line, whatever the cause
-        raise HFError(f"cannot fetch {text!r} from the Hugging Face hub ({_one_line(e)}); "
-                      f"pass a local folder with config.json and model.safetensors") from None
+        raise HFError(f"{text}: no such local folder, and it cannot be fetched from the Hugging Face hub as a hub "
+                      f"id ({_one_line(e)}); pass a local folder with config.json and model.safetensors") from None
 
 
 class Tensors(contextlib.ExitStack):

@@ -143,6 +143,8 @@ def rope_parameters_of(config: dict, override: dict | None = None) -> dict:
     """HF's rope parameters in their current form: config.json's `rope_parameters` (or the older
     `rope_scaling`, `type` read as `rope_type`), `override` in their place where given; rope_theta
     and partial_rotary_factor from the checkpoint where the chosen dict has none."""
+    if override is not None:
+        check_written_rope(override)
     saved = config.get("rope_parameters") or {}
     saved = saved.get("full_attention", saved)  # Gemma 3's per layer type: the global layers' (the scheme's)
     params = dict(override if override is not None else saved or config.get("rope_scaling") or {})
@@ -155,6 +157,33 @@ def rope_parameters_of(config: dict, override: dict | None = None) -> dict:
     if fraction is not None:
         params.setdefault("partial_rotary_factor", fraction)
     return params
+
+
+# The keys of each rope_type that transformers reads (its rope initialisers), besides rope_type, rope_theta
+# and partial_rotary_factor: a dict a user writes (import_hf.py --rope_parameters) holds no other.
+ROPE_KEYS = {"default": (), "linear": ("factor",), "dynamic": ("factor", "original_max_position_embeddings"),
+             "yarn": ("factor", "original_max_position_embeddings", "attention_factor", "beta_fast", "beta_slow",
+                      "mscale", "mscale_all_dim", "truncate"),
+             "llama3": ("factor", "original_max_position_embeddings", "low_freq_factor", "high_freq_factor"),
+             "longrope": ("short_factor", "long_factor", "factor", "original_max_position_embeddings",
+                          "attention_factor")}
+
+
+def check_written_rope(params: dict) -> None:
+    """A rope dict given in place of the checkpoint's: it names its rope_type (a dict without one would be
+    read as plain RoPE, its factor ignored), and holds only that type's keys (a misspelt key is an
+    option silently not applied)."""
+    kind = params.get("rope_type", params.get("type"))
+    if kind is None:
+        raise HFError(f"no rope_type in {json.dumps(params)}: name the scaling, e.g. "
+                      f"{{\"rope_type\": \"yarn\", \"factor\": 4}}; types: {', '.join(ROPE_KEYS)}")
+    if kind not in ROPE_KEYS:
+        raise HFError(f"rope_type {kind!r} is not supported; supported: {', '.join(ROPE_KEYS)}")
+    known = {"rope_type", "type", "rope_theta", "partial_rotary_factor", *ROPE_KEYS[kind]}
+    unknown = sorted(set(params) - known)
+    if unknown:
+        keys = ", ".join(sorted(known - {"type"}))
+        raise HFError(f"{unknown[0]!r} is not a key of rope_type {kind!r}; its keys: {keys}")
 
 
 # The values of HF's rope dict, checked before they become our options (an error then names HF's key,

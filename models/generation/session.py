@@ -18,6 +18,7 @@ from flax import nnx
 
 from models.attention.lambda_mask import lambda_mask
 from models.generation.cache import CacheShape, LayerCache
+from models.generation.memory import check_fits
 
 PROMPT_BUCKET = 128  # prompts are right-padded to a multiple of this (few compilations across prompts)
 
@@ -115,7 +116,10 @@ class Session:
         if why:
             raise ValueError(why)
         plain, rest = nnx.split(model)
-        graphdef = nnx.graphdef(nnx.eval_shape(lambda: _with_caches(model, batch, slots)))
+        abstract = nnx.eval_shape(lambda: _with_caches(model, batch, slots))
+        check_fits(sum(x.size * x.dtype.itemsize for x in jax.tree.leaves(nnx.state(abstract, nnx.Cache))),
+                   batch, slots)
+        graphdef = nnx.graphdef(abstract)
         return cls(graphdef, plain, rest, None, np.zeros(batch, np.int64), slots)
 
     def prefill(self, prompts: list[list[int]]) -> jax.Array:

@@ -126,7 +126,7 @@ def test_instructed_prompt_has_exact_length_an_instruction_first_and_whole_sente
 def test_instructed_prompt_refuses_a_word_vocabulary_and_a_short_length(tokenizers):
     with pytest.raises(pk.PasskeyError, match="--passkey_form compact"):
         pk.instructed_example(tokenizers["word"], 300, 0.5, 1)
-    with pytest.raises(pk.PasskeyError, match="needs length >= "):
+    with pytest.raises(pk.PasskeyError, match="prompt needs >= "):
         pk.instructed_example(tokenizers["byte"], 100, 0.5, 1)
 
 

@@ -88,6 +88,11 @@ def test_lengthx_refuses_what_it_cannot_do_honestly(tmp_path):
         lm.generate_until([request])
     with pytest.raises(ValueError, match="unknown colour"):
         LengthxLM(pretrained=TINY, colour="blue")
+    for name, value in (("max_length", "2.5"), ("max_gen_toks", "nan"), ("batch_size", "0")):
+        with pytest.raises(ValueError, match=rf"^lengthx model_args: {name}={value}: give a whole number >= 1$"):
+            LengthxLM(pretrained=TINY, **{name: value})
+    with pytest.raises(FileNotFoundError, match="^pretrained=no/such/run: no such file or folder"):
+        LengthxLM(pretrained="no/such/run")
     with pytest.raises(ValueError, match="posenc.rope.yarn_scale"):  # the method sets it otherwise
         LengthxLM(pretrained=TINY, method="yarn", max_length=256, **{"posenc.rope.yarn_scale": "2"})
 

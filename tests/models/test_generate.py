@@ -259,3 +259,36 @@ def test_smollm2_greedy_output_equals_transformers(rope):
         first = np.asarray(session.prefill([prompt])[0])
         np.testing.assert_allclose(first, expected[f"{rope}_{length}_first_logits"], atol=2e-3)
         assert generate(model, [prompt], 32) == [expected[f"{rope}_{length}_tokens"].tolist()]
+
+
+@pytest.mark.parametrize("options, says", [
+    (dict(temperature=float("nan")), "temperature must be a finite number, got nan"),
+    (dict(temperature=float("inf")), "temperature must be a finite number"),
+    (dict(top_p=float("nan")), "top_p must be a finite number"),
+    (dict(max_new_tokens=2.5), r"max_new_tokens must be a whole number >= 1 \(an int\), got 2.5"),
+    (dict(max_new_tokens=2.0), "max_new_tokens must be a whole number"),
+    (dict(max_new_tokens=True), "max_new_tokens must be a whole number"),
+    (dict(seed=1.5), "seed must be a whole number"),
+])
+def test_values_that_cannot_be_right_are_refused_by_name(options, says):
+    """Issue 67, case 3: temperature=nan gave [[0, 0, 0, 0]]; max_new_tokens=2.5 a JAX shape TypeError."""
+    model = model_with({})
+    new = options.pop("max_new_tokens", 4)
+    with pytest.raises(ValueError, match=says):
+        generate(model, [[1, 2]], new, **options)
+    if not options:
+        with pytest.raises(ValueError, match=says):
+            generate_shared(model, [[1, 2, 3], [1, 2, 4]], new)
+
+
+def test_caches_that_would_not_fit_are_refused_before_they_are_allocated(monkeypatch):
+    """Issue 67, case 5: --max_new_tokens 10000000 sized an 8.6 GB cache up front, then ran for minutes."""
+    from models.generation import memory
+    assert memory.available_bytes() > 10**8  # this machine's free memory, read
+    model = model_with({})
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10**4)
+    with pytest.raises(ValueError, match=r"caches of 1 row\(s\) x 1,024 tokens need 0\.2\d MB, more than the 0.01 MB "
+                                         r"free; lower max_new_tokens"):
+        generate(model, [[1, 2]], 1000)
+    monkeypatch.setattr(memory, "available_bytes", lambda: 10**7)
+    assert len(generate(model, [[1, 2]], 3)[0]) == 3

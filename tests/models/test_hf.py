@@ -192,13 +192,16 @@ def test_unreachable_hub_id_is_one_line(tmp_path, monkeypatch):
     import huggingface_hub.constants
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_OFFLINE", True)
     monkeypatch.setattr(huggingface_hub.constants, "HF_HUB_CACHE", str(tmp_path))
-    refusal("nobody-here/tiny-llama", "cannot fetch 'nobody-here/tiny-llama' from the Hugging Face hub")
+    refusal("nobody-here/tiny-llama",
+            "nobody-here/tiny-llama: no such local folder, and it cannot be fetched from the Hugging Face hub")
 
     def unreachable(*args, **kwargs):
         raise ConnectionError("Max retries exceeded\nwith url: https://huggingface.co/...")
     monkeypatch.setattr(huggingface_hub, "snapshot_download", unreachable)
     refusal("nobody-here/tiny-llama", "ConnectionError: Max retries exceeded")
-    refusal(tmp_path / "no-such-folder", "not a folder")
+    refusal(tmp_path / "no-such-folder", "no-such-folder: no such file or folder")
+    (tmp_path / "file.txt").write_text("x")
+    refusal(tmp_path / "file.txt", "not a GGUF file")
 
 
 def params(model) -> dict:

@@ -230,3 +230,30 @@ def test_smollm2_exported_again_keeps_its_metadata_and_tokens(tmp_path):
     assert {k: after.get(k) for k in kept} == {k: before[k] for k in kept}
     text = (Path(__file__).resolve().parents[2] / "fixtures" / "smollm2" / "wiki_test_20000.txt").read_text()
     assert from_metadata(after).encode(text).ids == from_metadata(before).encode(text).ids
+
+
+def test_a_byte_level_tokenizer_keeps_its_empty_merges_key(tmp_path):
+    """A byte-level run (configs/training_free.py) has a BPE without merges: the key is written all the
+    same (gguf's add_array drops an empty list), as llama.cpp's loader and ours require it."""
+    from corpora.tokenizers import ByteTokenizer
+    from models.formats.gguf_writer import Prepared
+    tokenizer = ByteTokenizer().hf_tokenizer()
+    meta = tokenizer_metadata(tokenizer, 256, 10)
+    Prepared("llama", meta, []).write(tmp_path / "bytes.gguf")
+    back = fields(tmp_path / "bytes.gguf")
+    assert back["tokenizer.ggml.merges"] == []
+    assert from_metadata(back).encode("naïve\n").ids == tokenizer.encode("naïve\n").ids == list("naïve\n".encode())
+
+
+def test_an_export_that_does_not_read_back_is_refused_and_writes_nothing(llama_run, tmp_path, monkeypatch):
+    from models.formats import gguf_writer
+    monkeypatch.setattr(gguf_writer, "_add", lambda writer, key, value: None if key == "tokenizer.ggml.merges"
+                        else gguf_writer.gguf.GGUFWriter.add_key_value(writer, key, value, _type(value)))
+    out = tmp_path / "m.gguf"
+    with pytest.raises(HFError, match=r"m.gguf: the export does not read back \(.*tokenizer.ggml.merges"):
+        export_gguf(llama_run, out)
+    assert list(tmp_path.iterdir()) == []
+
+
+def _type(value):
+    return gguf.GGUFValueType.ARRAY if isinstance(value, list) else gguf.GGUFValueType.get_type(value)

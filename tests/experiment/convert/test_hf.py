@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 import shutil
 from pathlib import Path
 
@@ -173,6 +174,37 @@ def test_a_tokenizer_kept_apart_is_given_with_tokenizer(tmp_path):
         import_hf(src, tmp_path / "other", tokenizer=tmp_path)
 
 
+def _tokenizer_file(tmp_path: Path, tokenizer, name: str) -> Path:
+    path = tmp_path / name
+    tokenizer.save(str(path))
+    return path
+
+
+def test_a_given_tokenizer_is_checked_against_the_checkpoint_and_announced(tmp_path, caplog):
+    """Issue 67, case 2: a 320-token tokenizer for a 49,152-row embedding imported without a word."""
+    from tokenizers import Tokenizer
+    own = Tokenizer.from_file(str(FIXTURES / "llama" / "tokenizer.json"))
+    byte_level = _tokenizer_file(tmp_path, corpora.tokenizers.ByteTokenizer().hf_tokenizer(), "bytes.json")
+    src = checkpoint(tmp_path, "llama")
+    with pytest.raises(HFError, match=r"--tokenizer .*bytes.json: 256 tokens, but .* carries a tokenizer of 320; "
+                                      r"drop --tokenizer"):
+        import_hf(src, tmp_path / "run", tokenizer=byte_level)
+    with pytest.raises(HFError, match="256 tokens for a model of 320 embedding rows: every id would score the wrong"):
+        import_hf(_no_tokenizer(checkpoint(tmp_path / "b", "llama")), tmp_path / "run", tokenizer=byte_level)
+    spec = json.loads(own.to_str())  # the same size, another token at the end-of-sequence id
+    vocab = spec["model"]["vocab"]
+    eos, other = next(t for t, i in vocab.items() if i == 2), next(t for t, i in vocab.items() if i == 3)
+    vocab[eos], vocab[other] = 3, 2
+    swapped = _tokenizer_file(tmp_path, Tokenizer.from_str(json.dumps(spec)), "swapped.json")
+    with pytest.raises(HFError, match=re.escape(f"id 2 (eos_token_id) is {other!r}, the checkpoint's own "
+                                                  f"tokenizer has {eos!r} there")):
+        import_hf(src, tmp_path / "run", tokenizer=swapped)
+    assert not (tmp_path / "run").exists()
+    caplog.set_level("WARNING")
+    import_hf(src, tmp_path / "run", tokenizer=FIXTURES / "llama" / "tokenizer.json")
+    assert "replaces the tokenizer" in caplog.text and "the same 320 tokens" in caplog.text
+
+
 def test_a_missing_end_of_sequence_id_blames_the_config_that_lacks_it(tmp_path):
     """Issue 45, item 7: qwen2's config.json lacks eos_token_id, and the error blamed the llama folder
     given with --tokenizer."""
@@ -215,7 +247,7 @@ REFUSALS = {
               "model.norm.weight has shape"),
     "truncated": (lambda tmp: _truncate(checkpoint(tmp, "llama")), "truncated"),
     "no-tokenizer": (lambda tmp: _no_tokenizer(checkpoint(tmp, "llama")), "no tokenizer.json"),
-    "hub-id": (lambda tmp: "no-such-owner-lx/no-such-model", "cannot fetch"),
+    "hub-id": (lambda tmp: "no-such-owner-lx/no-such-model", "cannot be fetched from the Hugging Face hub"),
 }
 
 
@@ -312,3 +344,16 @@ def test_export_entry_point_and_rope_without_hf_form(tmp_path):
     block.rope.p_rope = 0.5
     with pytest.raises(HFError, match="p_rope"):
         hf_rope_parameters(block, 64)
+
+
+@pytest.mark.parametrize("rope, says", [
+    ({"factor": 4}, r'no rope_type in {"factor": 4}: name the scaling'),
+    ({"rope_type": "yarn", "factor": 4, "bogus_key": 1}, "'bogus_key' is not a key of rope_type 'yarn'"),
+    ({"rope_type": "linear", "factor": 2, "beta_fast": 8}, "'beta_fast' is not a key of rope_type 'linear'"),
+    ({"rope_type": "ntk", "factor": 2}, "rope_type 'ntk' is not supported"),
+])
+def test_a_written_rope_dict_names_its_type_and_holds_only_its_keys(tmp_path, rope, says):
+    """Issue 67, case 4: {"factor": 4} imported as plain RoPE, unknown keys taken without a word."""
+    with pytest.raises(HFError, match=re.escape("(import_hf.py --rope_parameters)") + ".*" + says):
+        import_hf(checkpoint(tmp_path, "llama"), tmp_path / "run", rope_parameters=rope)
+    assert not (tmp_path / "run").exists()

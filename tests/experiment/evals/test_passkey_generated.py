@@ -92,3 +92,19 @@ def test_the_chat_form_puts_the_prompt_in_the_models_template_and_is_a_series_of
         "passkey": []}
     table = passkey_report.passkey_table([("llama", saved)])
     assert "generated, chat" in table
+
+
+def test_a_length_too_short_names_the_shortest_that_works(imported):
+    """Issue 67, case 9: --lengths 280 said "needs length >= 277 tokens, got 271", the prompt's budget
+    against a bound and both called "length"; the shortest length that works was 286."""
+    from corpora import passkey as task
+    from experiment.evals.passkey import PasskeySpec, checked_spec
+    run = RunDir(imported.path)
+    config = run.load_config()
+    spec = PasskeySpec(form="generated")
+    shortest = task.instructed_minimum(run.tokenizer(config.data, write=False), spec.seed) + task.answer_tokens(5)
+    with pytest.raises(task.PasskeyError, match=rf"^--lengths {shortest - 1}: the generated passkey needs L >= "
+                                                rf"{shortest} tokens \(a prompt of at least {shortest - 9} and 9 kept "
+                                                rf"for the answer: 5 digits \+ 4\); give lengths >= {shortest}$"):
+        checked_spec(run, config, [shortest - 1], spec, {})
+    assert checked_spec(run, config, [shortest], spec, {}).digits == 5

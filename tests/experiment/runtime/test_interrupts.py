@@ -169,8 +169,14 @@ def test_ctrl_c_during_evaluation_keeps_the_lengths_scored(tmp_path):
                     "--max_steps=2", "--workdir", str(tmp_path)], cwd=REPO, check=True, capture_output=True)
     out = sigint_at("experiment.evals.perplexity:_score_length", "eval_extrapolate.py", "--workdir", str(tmp_path),
                     "--lengths", "16,32,64", nth=2)
-    assert_stopped(out, "interrupted while scoring perplexity at L=32; the records of L=16 are in")
+    assert_stopped(out, "interrupted while scoring perplexity at L=32; the 1 perplexity record(s) this command wrote "
+                        "(as trained L=16) are kept in")
     assert [r["eval_length"] for r in RunDir(tmp_path).records("perplexity")] == [16]
+    out = sigint_at("experiment.evals.perplexity:_score_length", "eval_extrapolate.py", "--workdir", str(tmp_path),
+                    "--lengths", "16,32", "--methods", "direct,yarn", nth=3, sent="SIGTERM")  # issue 67, case 8
+    last = out.stderr.strip().splitlines()[-1]
+    assert out.returncode == 143 and "interrupted while scoring perplexity at L=16; the 2 perplexity record(s) " \
+        "this command wrote (direct L=16, direct L=32) are kept in" in last, out.stderr[-3000:]
     out = sigint_at("experiment.evals.passkey:_evaluate_passkey", "eval_extrapolate.py", "--workdir", str(tmp_path),
                     "--passkey", "--lengths", "32,64", "--passkey_per_cell", "1")
     assert_stopped(out, "interrupted while scoring passkey at L=32; no passkey record of this evaluation")
@@ -186,6 +192,22 @@ def test_ctrl_c_during_a_sweep_says_which_runs_are_done_and_the_same_command_goe
     assert again.returncode == 0, again.stderr[-2000:]
     assert "alibi_L16: trained to step 2 already, not trained again" in again.stderr, again.stderr[-2000:]
     assert "rope: 0.0M parameters" in again.stderr and "alibi: 0.0M parameters" not in again.stderr
+
+
+def test_the_ctrl_c_line_of_an_evaluation_counts_every_record_the_command_wrote(tmp_path):
+    """Issue 67, case 8: SIGTERM in the third method said "no perplexity record of this evaluation was
+    written" although the first two methods' records were written and kept."""
+    from types import SimpleNamespace
+    from experiment.evals import common
+    run = SimpleNamespace(writer=True, path=tmp_path, add_records=lambda kind, records: None,
+                          records_path=lambda kind: tmp_path / "eval" / f"{kind}.json")
+    first, third = SimpleNamespace(run=run, method="direct"), SimpleNamespace(run=run, method="dca")
+    common.Scoring.write(first, "perplexity", [{"eval_length": 16, "method": "direct"}, {"eval_length": 32}])
+    line = common.Scoring.interrupted(third, "perplexity", [], 16)
+    assert line == (f"interrupted while scoring perplexity at L=16; the 2 perplexity record(s) this command wrote "
+                    f"(direct L=16, direct L=32) are kept in {tmp_path / 'eval' / 'perplexity.json'}: the same "
+                    f"command evaluates again")
+    assert "no passkey record of this evaluation" in common.Scoring.interrupted(third, "passkey", [], 16)
 
 
 def test_sigterm_is_held_to_the_next_safe_point_like_a_ctrl_c_and_ends_with_143():

@@ -144,3 +144,30 @@ def test_a_full_device_while_the_output_is_written_aside_names_the_file_where_it
         with output.replacing(out, "report.py") as staging:
             files.write_atomically(staging / "c.md", "x" * 5000)
     assert not out.exists() and sorted(p.name for p in tmp_path.iterdir()) == []
+
+
+def test_an_out_in_a_folder_that_cannot_be_written_names_the_flag_not_a_workdir(tmp_path, monkeypatch):
+    """Issue 67, case 10: export_hf.py and report.py with --out in a read-only folder were told to "use
+    --workdir NEW", which neither command has."""
+    import errno
+    import os
+
+    from experiment.convert import gguf as gguf_export
+    from experiment.store import lock, output
+    real_open = os.open
+
+    def read_only(path, *args):
+        if str(path).startswith(str(tmp_path)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args)
+    monkeypatch.setattr(lock.os, "open", read_only)
+    for command in ("report.py", "export_hf.py"):
+        with pytest.raises(lock.NotWritable) as refused:
+            with output.replacing(tmp_path / "out", command):
+                pass
+        assert str(refused.value) == (f"cannot write in {tmp_path} (Read-only file system): {command} writes --out "
+                                      f"{tmp_path / 'out'} there; give a --out in a folder you can write")
+    monkeypatch.setattr(gguf_export.os, "access", lambda path, mode: False)
+    with pytest.raises(RunError, match=rf"^--gguf {tmp_path / 'm.gguf'}: cannot write in {tmp_path} \(read-only, or "
+                                       rf"no permission\); give a --gguf in a folder you can write$"):
+        gguf_export.export_gguf(tmp_path / "no_run", tmp_path / "m.gguf")
