@@ -22,6 +22,7 @@ than `max_length` is an error naming it, never cut silently.
 from __future__ import annotations
 
 import functools
+import os
 import sys
 from typing import Any
 
@@ -208,10 +209,18 @@ class LengthxLM(TemplateLM):
 
 
 def main() -> None:
-    """The lm_eval command, with `lengthx` registered (this module's import did it)."""
+    """The lm_eval command, with `lengthx` registered (this module's import did it). A bad model argument
+    or source (ValueError, FileNotFoundError: ours and lm_eval's own) is one line and rc 2, as every
+    entry point's errors (LX_TRACEBACK=1 shows the traceback)."""
     from lm_eval.__main__ import cli_evaluate
     sys.argv[0] = "lm_eval"
-    cli_evaluate()
+    try:
+        cli_evaluate()
+    except (ValueError, FileNotFoundError) as e:
+        if os.environ.get("LX_TRACEBACK"):
+            raise
+        print(f"error: {e}", file=sys.stderr)
+        sys.exit(2)
 
 
 if __name__ == "__main__":

@@ -45,7 +45,7 @@ def _open(lock_path: pathlib.Path, unwritable: str | None = None) -> int:
     try:
         return os.open(lock_path, os.O_RDWR | os.O_CREAT, 0o644)
     except OSError as e:
-        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        if e.errno in (errno.EROFS, errno.EACCES, errno.EPERM) or not os.path.lexists(lock_path):
             fix = unwritable or (f"training and evaluation write their files and a lock there; copy the run somewhere "
                                  f"writable (cp -r {lock_path.parent} NEW) and use --workdir NEW")
             raise NotWritable(f"cannot write in {lock_path.parent} ({e.strerror}): {fix}") from None

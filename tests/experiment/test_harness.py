@@ -108,3 +108,9 @@ def test_the_harness_command_knows_lengthx(tmp_path):
                           text=True, timeout=900)
     assert done.returncode == 0, done.stderr[-2000:]
     assert "lengthx_mc" in done.stdout and "acc" in done.stdout
+    bad = subprocess.run([sys.executable, "-m", "experiment.harness", "--model", "lengthx", "--model_args",
+                          "pretrained=no/such/run", "--tasks", names[1], "--include_path", str(tmp_path)],
+                         env={k: v for k, v in env.items() if k != "LX_TRACEBACK"}, capture_output=True, text=True,
+                         timeout=900)
+    assert bad.returncode == 2 and "Traceback" not in bad.stderr, bad.stderr[-2000:]
+    assert bad.stderr.strip().splitlines()[-1].startswith("error: pretrained=no/such/run: no such file or folder")
