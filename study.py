@@ -41,12 +41,13 @@ def main(argv):
 
     def go():
         from experiment.study import load
-        from experiment.study.run import check_study, run_study
+        from experiment.study.run import check, check_study, run_study
         try:
             params = overrides_from_flags(FLAGS.param)
         except ValueError:
             raise ValueError(f"--param takes KEY=VALUE, got {FLAGS.param}") from None
         study, used = load(argv[1], params)
+        check(study)  # every cell against the registries, before anything runs
         suffix = "_check" if FLAGS.check else "_quick" if FLAGS.quick else ""
         workdir = pathlib.Path(FLAGS.workdir or f"runs/{study.name}{suffix}")
         out = pathlib.Path(FLAGS.out or f"results/{study.name}")

@@ -81,7 +81,7 @@ def needle_distances(built: Built, prompter: Prompter) -> list[int]:
     needle's value to the prompt's end (the value's first occurrence in the prompt, counted as the
     tokens of the text before it; a tokenizer that merges across that boundary can move it by a
     token). A reference farther back than a method's window is one that method must reach past the
-    window to find (experiment/report/needles.py)."""
+    window to find (experiment/study/needles.py)."""
     if task(built.example.task).family != "niah":
         raise RulerError(f"{built.example.task}: only the needle tasks hold each reference in one place")
     text = prompter.text(built.example)

