@@ -10,7 +10,7 @@ trains ALiBi at 64 ... 3072).
     # offline: point at a local copy of the three splits (wiki.{train,valid,test}.tokens)
     ... --config.data.source=local --config.data.path=/data/wikitext-103
 
-On 1, 2, 4 or 8 GPUs the same command trains with the paper's update (README, "On GPUs and TPUs"):
+On 1, 2, 4 or 8 GPUs the same command trains with the paper's update (docs/scale.md):
 train.device_batch_tokens = 9216 splits it into micro-steps. `configs/wikitext103.py:alibi,512,1.3b`
 is the appendix's larger model (25 layers, d = 2048, 16 heads, FFN 8192, 1.3B parameters).
 

@@ -1,4 +1,4 @@
-"""The library behind the entry points, by verb (README: Layout):
+"""The library behind the entry points, by verb (docs/architecture.md: Layout):
 
     config.py   the typed config (sections, defaults written once, legacy runs, differences)
     store/      the run folder at the ground: run.py (RunDir, opened), files, lock, records,

@@ -1,7 +1,7 @@
-"""The README's table of schemes, generated from the registry (so it cannot drift from the code).
+"""The table of schemes in docs/schemes.md, generated from the registry (so it cannot drift from the code).
 
     python -m posenc.catalogue            # print the table
-    python -m posenc.catalogue --write README.md   # replace the table between its markers
+    python -m posenc.catalogue --write docs/schemes.md   # replace the table between its markers (tests/test_docs.py)
 """
 from __future__ import annotations
 

@@ -142,7 +142,7 @@ class SSMax(Wrapper):
     factor multiplies the query vector after the inner scheme's rotation (the same as scaling
     q.k, and it keeps fused kernels usable), so it scales every term of the logit linear in q but
     not position-only biases (ALiBi, T5, ...), which the reference's input vector would include: a
-    departure from the paper's softmax((s log n) z), named in the README's reference defaults and in
+    departure from the paper's softmax((s log n) z), named in the the reference defaults of docs/schemes.md and in
     the table of every scheme (configs/all_schemes.py: NOTES). Measured (issue 34; random q, k, v,
     4 heads of 32, s = 0.43): around alibi the attention outputs of the two forms differ by up to 0.73
     within 64 positions and 3.8 at 1,024 (kerple_log 0.54 / 2.4, t5 at initialisation 0.02 / 0.08);

@@ -16,7 +16,8 @@ import pytest
 from tests.conftest import REPO
 
 PACKAGES = ("configs", "corpora", "experiment", "models", "posenc", "benchmarks")
-ENTRY_POINTS = ("train", "eval_extrapolate", "report", "sweep", "import_hf", "export_hf", "selfcheck")
+ENTRY_POINTS = ("train", "eval_extrapolate", "report", "sweep", "import_hf", "export_hf", "selfcheck", "generate",
+               "study")
 SCORING = ("experiment.evals", "experiment.train", "experiment.pipeline")
 ACCELERATOR_LIBRARIES = ("jax", "flax", "orbax", "optax")
 # What a config file, the typed config, the reports and the training-free methods' table reach must load

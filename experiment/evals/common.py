@@ -2,7 +2,7 @@
 opened for scoring, its newest readable checkpoint loaded once (`Scoring`), windows per batch, the
 positions of sampled-position schemes, and the header every record carries.
 
-Adding an evaluation kind is three files (README: Layout): its record kind in
+Adding an evaluation kind is three files (docs/architecture.md: Layout): its record kind in
 experiment/store/records.py, its module here (score, build records, `Scoring.write`, and its
 registry entry `KIND`: experiment/evals/kinds.py) and its module in experiment/report/.
 """

@@ -61,7 +61,8 @@ class Study:
     records results/NAME/records/ keeps; `reports`: "runs" (report.py's tables and figures), "ruler"
     (the RULER report), "needles" (each needle by its distance back); `check`: cells re-run in a new
     run folder and compared with the committed records (`tolerance`: absolute for accuracies and
-    scores, relative for perplexities); `quick`: a short version of the study, into its own folder."""
+    scores, relative for perplexities); `quick`: a short version of the study, into its own folder,
+    on the demo's built-in corpus (whatever `data` says)."""
     name: str
     model: str
     cells: tuple[Cell, ...]

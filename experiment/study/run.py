@@ -99,10 +99,12 @@ def evaluate_cells(workdir: pathlib.Path, cells: tuple[Cell, ...], say: Callable
         say(f"cell {i} of {len(cells)} done in {time.perf_counter() - start:.0f} s")
 
 
-def _imported(study: Study, workdir: pathlib.Path, say: Callable[[str], None]) -> pathlib.Path:
+def _imported(study: Study, workdir: pathlib.Path, say: Callable[[str], None], quick: bool = False) -> pathlib.Path:
+    """The run folder, the model imported there first where it is not (the study's data; the quick
+    version's: the demo's built-in corpus, which every machine has)."""
     if not (workdir / "config.json").exists():
         say(f"importing {study.model} into {workdir}")
-        import_hf(study.model, workdir, data=dict(study.data) or None)
+        import_hf(study.model, workdir, data=None if quick else dict(study.data) or None)
     return workdir
 
 
@@ -136,8 +138,9 @@ def write_reports(study: Study, workdir: pathlib.Path, out: pathlib.Path, say: C
 def run_study(study: Study, workdir: pathlib.Path, out: pathlib.Path, *, quick: bool = False,
               say: Callable[[str], None] = print) -> None:
     """Every cell of `study` (or its quick cells, reported in WORKDIR/report and not copied to OUT)."""
+    check(study)
     install_needs(study, say)
-    _imported(study, workdir, say)
+    _imported(study, workdir, say, quick)
     if quick:
         evaluate_cells(workdir, study.quick, say)
         write_reports(study, workdir, workdir, say)
@@ -155,6 +158,7 @@ def check_study(study: Study, workdir: pathlib.Path, out: pathlib.Path, say: Cal
     """The check cells in `workdir` (a new run folder), their records compared with OUT/records."""
     if not study.check:
         raise ValueError(f"study {study.name} has no check cells")
+    check(study)
     install_needs(study, say)
     _imported(study, workdir, say)
     evaluate_cells(workdir, study.check, say)

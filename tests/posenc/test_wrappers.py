@@ -125,7 +125,7 @@ def test_ssmax_attention_is_the_reference_scalable_softmax_of_each_causal_row():
 
 
 def test_ssmax_around_a_bias_scales_q_dot_k_but_not_the_bias_where_the_paper_scales_the_whole_logit():
-    """A named departure (README's reference defaults; configs/all_schemes.py): this project's ssmax
+    """A named departure (the reference defaults of docs/schemes.md; configs/all_schemes.py): this project's ssmax
     multiplies the query, so around alibi the logit is s log n q.k / sqrt(K) - slope (m - n), the bias
     unscaled; the paper's softmax((s log n) z) scales the whole logit z, bias included. Checked: our
     form, written out; and that the two forms' attention rows differ around alibi (issue 34 measured

@@ -106,7 +106,7 @@ def test_qwen2_tied_embeddings_and_biases_round_trip_and_q8_0_is_ggufs_quantizat
 @pytest.mark.slow
 def test_q8_0_logits_difference(llama_run, tmp_path):
     """The measured cost of Q8_0 on the tiny fixture (random weights of std 0.2): largest logit difference
-    2.25 (logits of std 2.2), 92% of the argmaxes kept (SmolLM2: README, GGUF export)."""
+    2.25 (logits of std 2.2), 92% of the argmaxes kept (SmolLM2: docs/checkpoints.md, GGUF export)."""
     run = RunDir(llama_run)
     ours = load_checkpoint(run, run.load_config(), [], {}).model()
     model, tokenizer = hf.load(export_gguf(llama_run, tmp_path / "q8.gguf", tensor_type="q8_0"))

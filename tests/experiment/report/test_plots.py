@@ -44,7 +44,7 @@ def _styles(ax) -> dict[str, tuple]:
 
 
 def test_every_series_has_its_own_colour_and_marker_and_every_run_its_line_style(tmp_path):
-    """The README's context-extension workflow: a base run evaluated plain, with pi_factor and with
+    """The context-extension workflow of docs/usage.md: a base run evaluated plain, with pi_factor and with
     yarn_scale set at evaluation, beside two fine-tuned runs."""
     base = fake_run(tmp_path, "rope", 64, "/data/mycorpus", {64: 4.4, 256: 7.8, 1024: 20.9}, tokenizer="byte",
                     name="base")
