@@ -4,7 +4,8 @@ compilation cache folder where one is set (the entry points set it: experiment/r
 so that each costs once per machine.
 
 A key names the device kind, the scheme with its options, heads, head dimension, dtype, launch
-configuration, jax version and the source of the kernels, their check and the scheme
+configuration, jax version, jaxlib / CUDA / cuDNN / driver versions (`runtime_versions`) and the
+source of the kernels, their check and the scheme
 (`source_digest`: an edit to any of them is checked again). A verdict that is a mismatch is kept on
 disk too (it is deterministic); a failure to compile or run, of the kernel or of the check itself,
 only in memory, so that the next process tries again; no failure inside the check ends the run
@@ -71,12 +72,33 @@ def _launch_slug(launch: Launch) -> str:
     return f"-{one(launch)}" + (f"-bwd{one(launch.backward)}" if launch.backward is not None else "")
 
 
+def runtime_versions() -> dict[str, str]:
+    """What below JAX decides what a kernel compiles to and how it runs: jaxlib, the backend's platform
+    version (on a GPU: the CUDA or ROCm runtime and the driver, as the plugin reports them) and, where
+    the CUDA plugin says it, cuDNN's version. A verdict kept under one is checked again under another."""
+    import jaxlib
+    versions = {"jaxlib": jaxlib.__version__}
+    try:
+        versions["platform"] = str(jax.devices()[0].client.platform_version)
+    except Exception:  # noqa: BLE001 - a backend that does not say: the other versions still key it
+        pass
+    try:
+        from jax._src.lib import cuda_versions
+        if cuda_versions is not None:
+            versions["cudnn"] = str(cuda_versions.cudnn_get_version())
+            versions["cuda_driver"] = str(cuda_versions.cuda_driver_get_version())
+    except Exception:  # noqa: BLE001 - no CUDA plugin, or one without these calls
+        pass
+    return versions
+
+
 def cache_key(kind: str, scheme: Scheme, dtype, launch: Launch | None, path: str = "pallas") -> str:
     """A file name for one (device kind, scheme with its options, heads, head dimension, dtype,
-    launch configuration, jax version, `source_digest`): readable, with a hash of what is not."""
+    launch configuration, jax version, `runtime_versions`, `source_digest`): readable, with a hash of
+    what is not."""
     device = jax.devices()[0].device_kind
     exact = json.dumps([verify.posenc_block(scheme), dataclasses.asdict(launch) if launch else None, jax.__version__,
-                        device, source_digest(scheme)], sort_keys=True, default=str)
+                        device, source_digest(scheme), runtime_versions()], sort_keys=True, default=str)
     config = "" if launch is None else _launch_slug(launch)
     interp = "-interpreted" if launch is not None and launch.interpret else ""
     slug = "".join(c if c.isalnum() else "_" for c in device.lower())

@@ -64,9 +64,11 @@ from posenc import Scheme
 
 FLOOR = {"float32": 1e-3, "bfloat16": 1e-2, "float16": 2e-3}  # the tolerance where XLA's own error is ~0
 CAP = {"float32": 1e-2, "bfloat16": 1e-1, "float16": 2e-2}  # and where XLA's paths are far off too
-# A correct kernel in bfloat16 errs ~1-3x as much as XLA's paths: margins >= 3.7 (benchmarks/check_margins.py);
-# the planted faults of tests/models/attention/test_verify_faults.py land 2.2-170x beyond their bounds.
-XLA_FACTOR = 10.0
+# A correct kernel errs at most ~1.9x as much as XLA's paths on an H200 (benchmarks/results/gpu_first_run_h200,
+# issue 68) and up to 2.5x in Pallas' interpreter on CPU (ALiBi with dropout, dK; 1.0-1.4x without dropout):
+# 3x passes every correct kernel measured (flash-attention's own tests allow 2x), where 10x let a softmax
+# scale or ALiBi slopes 2% off and a zeroed dK of the last key through (tests/models/attention/test_verify_faults.py).
+XLA_FACTOR = 3.0
 PARAMETER_FLOOR = {"float32": 1e-3, "bfloat16": 3e-2, "float16": 6e-3}  # rounded-O delta's ~1e-2 in bf16, 3x
 ROW_FLOOR = 0.05  # a row's error is over its own largest value, or this fraction of the whole's if larger
 ROW_CAP = 3.0  # a row's tolerance may reach this x CAP (a row's error is over its own, smaller largest value)

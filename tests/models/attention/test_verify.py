@@ -106,6 +106,13 @@ def test_a_correct_kernel_passes_and_its_verdict_is_kept_on_disk(gpu, monkeypatc
                   verdicts.cache_key("check", scheme, jnp.float32, LAUNCH.with_backward(Launch(16, interpret=True))),
                   verdicts.cache_key("check", _scheme("kerple_log", head_dim=32), jnp.float32, LAUNCH)):
         assert other != key
+    assert {"jaxlib", "platform"} <= set(verdicts.runtime_versions())  # issue 68, item 7
+    for changed in ("jaxlib", "platform", "cudnn", "cuda_driver"):  # another jaxlib, CUDA, cuDNN or driver
+        real = verdicts.runtime_versions()
+        monkeypatch.setattr(verdicts, "runtime_versions", lambda: {**real, changed: "another"})
+        assert verdicts.cache_key("check", scheme, jnp.float32, LAUNCH) != key
+        monkeypatch.setattr(verdicts, "runtime_versions", lambda: real)
+        assert verdicts.cache_key("check", scheme, jnp.float32, LAUNCH) == key
 
 
 def test_head_dimensions_the_compiled_kernel_cannot_take_are_refused_without_running(gpu, monkeypatch, capsys):

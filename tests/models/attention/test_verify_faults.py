@@ -1,8 +1,10 @@
 """The device check (models/attention/verify.py) judges fairly, in Pallas' interpreter on CPU: a
-correct kernel in bfloat16 passes with at least 3x margin on every output and their rows (2x on the
-parameters' gradients), with and without attention dropout, and each planted fault fails it: one key
-position off, the next head's bias, a wrong T5 bucket beyond max_distance, dropout keys shared
-across rows (the kernel vmapped over rows as training calls it). A failure inside the check is a
+correct kernel in bfloat16 passes (errs at most 2.7x as much as XLA's paths on every output and their
+rows, under a tolerance of 3x: verify.XLA_FACTOR; 2x inside the floor on the parameters' gradients),
+with and without attention dropout, and each planted fault fails it: one key position off, the next
+head's bias, a wrong T5 bucket beyond max_distance, dropout keys shared across rows (the kernel
+vmapped over rows as training calls it), and (issue 68) the small ones a 10x tolerance let through:
+a softmax scale or ALiBi slopes 2% off, a zeroed dK for the last key. A failure inside the check is a
 verdict, never an exception; an edit to a checked source keys the verdicts anew."""
 import dataclasses
 
@@ -42,7 +44,7 @@ def fresh(monkeypatch):
 
 @pytest.mark.parametrize("name", ["t5", "kerple_log", "alibi", "fire"])
 @pytest.mark.parametrize("path", ["pallas", "pallas+dropout"])
-def test_a_correct_kernel_passes_in_bfloat16_with_a_threefold_margin(name, path):
+def test_a_correct_kernel_passes_in_bfloat16_erring_at_most_2_7_times_as_much_as_xla(name, path):
     scheme = _t5() if name == "t5" else _scheme(name)
     verdict = verify.check(path, scheme, BF16, LAUNCH)
     assert verdict.status == "passed", verdict.reason
@@ -50,10 +52,13 @@ def test_a_correct_kernel_passes_in_bfloat16_with_a_threefold_margin(name, path)
     assert {"out/row", "dv/row"} <= set(margins)
     assert any(n.startswith("d[") for n in margins) == (name != "alibi")  # the bias's parameters are compared
     outputs = {n: m for n, m in margins.items() if not n.startswith("d[")}
-    assert min(outputs.values()) >= 3.0, {n: (round(m, 2), verdict.errors[n]) for n, m in margins.items()}
+    # margin = tolerance / error = 3 x XLA's error / error where the floor does not rule: >= 1.1 is an
+    # error of at most 2.7x XLA's (the worst correct ratio measured: 2.5x here, 1.9x on an H200)
+    assert min(outputs.values()) >= 1.1, {n: (round(m, 2), verdict.errors[n]) for n, m in margins.items()}
     # a parameter's gradient: its floor (verify.PARAMETER_FLOOR) is 3x the ~1e-2 that bfloat16's rounded
     # output leaves in a correct kernel's, so 2x and more (FIRE with dropout: 2.1 under issue 46's mask)
-    assert min(margins.values()) >= 2.0, {n: (round(m, 2), verdict.errors[n]) for n, m in margins.items()}
+    parameters = {n: m for n, m in margins.items() if n.startswith("d[")} or {"none": 2.0}
+    assert min(parameters.values()) >= 2.0, {n: (round(m, 2), verdict.errors[n]) for n, m in margins.items()}
 
 
 def _fails(path, scheme, *outputs):
@@ -158,3 +163,41 @@ def test_fused_names_its_implementation_cudnn_on_gpu_and_its_row_refuses_what_cu
     assert row.accepts(traits, dataclasses.replace(bf16, length=416)) is None
     assert "multiples of 8 up to 128, not 256" in row.accepts(traits, dataclasses.replace(bf16, length=416,
                                                                                            head_dim=256))
+
+
+# ---- issue 68, item 2: small faults that a tolerance of 10x XLA's error let through -----------------
+
+def test_a_softmax_scale_two_percent_off_fails(monkeypatch):
+    from models.attention import pallas_kernels
+    real = pallas_kernels._logits
+    monkeypatch.setattr(pallas_kernels, "_logits", lambda cfg, q, k, q_pos, k_pos, leaves, tile, scale:
+                        real(cfg, q, k, q_pos, k_pos, leaves, tile, scale * 1.02))
+    _fails("pallas", _scheme("rope"), "out", "out/row", "dq", "dk")
+
+
+def test_alibi_slopes_two_percent_off_fail(monkeypatch):
+    scheme = _scheme("alibi")
+    _bias_fn_changed(monkeypatch, scheme, lambda bias: dataclasses.replace(
+        bias, per_head=jax.tree.map(lambda x: x * 1.02, bias.per_head)))
+    _fails("pallas", scheme, "out", "out/row", "dq", "dk")
+
+
+def test_a_zeroed_key_gradient_for_the_last_key_fails(monkeypatch):
+    """RoPE: dK of the last key (one query attends to it) set to 0; over the whole dK it is a small part."""
+    row = paths.PATHS["pallas"]
+
+    @jax.custom_vjp
+    def last_key_dk_zeroed(k):
+        return k
+
+    def forward(k):
+        return k, None
+
+    def backward(_, dk):
+        return (dk.at[:, -1].set(0),)
+    last_key_dk_zeroed.defvjp(forward, backward)
+
+    def run(q, k, v, call):
+        return row.run(q, last_key_dk_zeroed(k), v, call)
+    monkeypatch.setitem(paths.PATHS, "pallas", dataclasses.replace(row, run=run))
+    _fails("pallas", _scheme("rope"), "dk", "dk/row")
