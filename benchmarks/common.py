@@ -200,6 +200,33 @@ def matmul_peak_flops(n: int = 2048, repeats: int = 5, dtype: str = "float32") -
     return 2 * n ** 3 / median_seconds(lambda: f(a), repeats)
 
 
+# The products the queued peak is the best of: square, and the tall and wide shapes of a model's layers
+PEAK_SHAPES = {"accelerator": ((8192, 8192, 8192), (16384, 4096, 4096), (4096, 4096, 16384), (4096, 16384, 4096)),
+               "cpu": ((1024, 1024, 1024), (2048, 2048, 2048), (4096, 576, 1536), (4096, 1536, 576))}
+
+
+def queued_matmul_peak(dtype: str = "bfloat16", shapes=None, queued: int = 50, rounds: int = 3) -> dict:
+    """The best FLOP/s of `queued` products of each (m, k, n) shape in `shapes` dispatched without waiting
+    (the device never idles between two, as in a training step), best of `rounds` rounds; per shape and
+    the best over them. One awaited product undercounts a GPU's rate (launch and sync around each)."""
+    shapes = shapes or PEAK_SHAPES["cpu" if jax.default_backend() == "cpu" else "accelerator"]
+    rng, per_shape = np.random.default_rng(0), {}
+    f = jax.jit(lambda a, b: a @ b)
+    for m, k, n in shapes:
+        a = jnp.asarray(rng.standard_normal((m, k)), jnp.dtype(dtype))
+        b = jnp.asarray(rng.standard_normal((k, n)), jnp.dtype(dtype))
+        jax.block_until_ready(f(a, b))  # compiled
+        best = 0.0
+        for _ in range(rounds):
+            start = time.perf_counter()
+            outs = [f(a, b) for _ in range(queued)]
+            jax.block_until_ready(outs)
+            best = max(best, 2 * m * k * n * queued / (time.perf_counter() - start))
+            del outs
+        per_shape[f"{m}x{k}x{n}"] = best
+    return {"dtype": dtype, "queued": queued, "per_shape": per_shape, "best": max(per_shape.values())}
+
+
 def in_fresh_process(target: Callable, *args):
     """What target(*args, queue) puts on its queue, run in a fresh (spawned) process: for settings that
     are process-wide (malloc options) or for the peak resident memory of one measurement alone."""

@@ -215,3 +215,12 @@ def test_generation_benchmark_counts_a_prefills_flops():
     assert flops == 30 * (2 * per_layer_weights * 16384 + 2 * 16384 ** 2 * 576) + 2 * 576 * 49152
     assert 12.5e12 < flops < 13e12  # the issue's "about 3.5 + 9.3 TFLOP" at 16k
     assert (4096, 576, 1536) in matmul_shapes(dims) and (2048, 2048, 2048) in matmul_shapes(dims)
+
+
+def test_the_matmul_peak_is_the_best_of_queued_products_of_several_shapes():
+    """Issue 68, item 1: 'MFU 0.43' rested on 10 single awaited products of one shape."""
+    from benchmarks import common
+    measured = common.queued_matmul_peak("float32", shapes=((64, 64, 64), (128, 32, 64)), queued=50, rounds=1)
+    assert set(measured["per_shape"]) == {"64x64x64", "128x32x64"} and measured["queued"] == 50
+    assert measured["best"] == max(measured["per_shape"].values()) > 0
+    assert len(common.PEAK_SHAPES["accelerator"]) >= 3 and len(common.PEAK_SHAPES["cpu"]) >= 3
