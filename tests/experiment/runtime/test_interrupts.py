@@ -173,10 +173,10 @@ def test_ctrl_c_during_evaluation_keeps_the_lengths_scored(tmp_path):
                         "(as trained L=16) are kept in")
     assert [r["eval_length"] for r in RunDir(tmp_path).records("perplexity")] == [16]
     out = sigint_at("experiment.evals.perplexity:_score_length", "eval_extrapolate.py", "--workdir", str(tmp_path),
-                    "--lengths", "16,32", "--methods", "direct,yarn", nth=3, sent="SIGTERM")  # issue 67, case 8
+                    "--lengths", "32,64", "--methods", "direct,lm_infinite", nth=3, sent="SIGTERM")  # issue 67, case 8
     last = out.stderr.strip().splitlines()[-1]
-    assert out.returncode == 143 and "interrupted while scoring perplexity at L=16; the 2 perplexity record(s) " \
-        "this command wrote (direct L=16, direct L=32) are kept in" in last, out.stderr[-3000:]
+    assert out.returncode == 143 and "interrupted while scoring perplexity at L=32; the 2 perplexity record(s) " \
+        "this command wrote (direct L=32, direct L=64) are kept in" in last, out.stderr[-3000:]
     out = sigint_at("experiment.evals.passkey:_evaluate_passkey", "eval_extrapolate.py", "--workdir", str(tmp_path),
                     "--passkey", "--lengths", "32,64", "--passkey_per_cell", "1")
     assert_stopped(out, "interrupted while scoring passkey at L=32; no passkey record of this evaluation")
