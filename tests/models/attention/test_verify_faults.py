@@ -167,6 +167,7 @@ def test_fused_names_its_implementation_cudnn_on_gpu_and_its_row_refuses_what_cu
 
 # ---- issue 68, item 2: small faults that a tolerance of 10x XLA's error let through -----------------
 
+@pytest.mark.slow  # ~15 s in the interpreter; the ALiBi case below stands for these in the default run
 def test_a_softmax_scale_two_percent_off_fails(monkeypatch):
     from models.attention import pallas_kernels
     real = pallas_kernels._logits
@@ -182,6 +183,7 @@ def test_alibi_slopes_two_percent_off_fail(monkeypatch):
     _fails("pallas", scheme, "out", "out/row", "dq", "dk")
 
 
+@pytest.mark.slow
 def test_a_zeroed_key_gradient_for_the_last_key_fails(monkeypatch):
     """RoPE: dK of the last key (one query attends to it) set to 0; over the whole dK it is a small part."""
     row = paths.PATHS["pallas"]
