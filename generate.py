@@ -74,6 +74,9 @@ def main(argv):
         from experiment.generation import open_source
         from models.generate import generate
         text = prompt_text()
+        if any(not stop for stop in FLAGS.stop):
+            raise ValueError("--stop '': an empty string ends nothing; give the text that ends the answer, e.g. "
+                             "--stop $'\\n' (a new line)")
         source = open_source(FLAGS.workdir, "--workdir")
         ids = source.chat([{"role": "user", "content": text}]) if FLAGS.chat else source.encode(text)
         length = len(ids) + FLAGS.max_new_tokens

@@ -25,6 +25,8 @@ SLOW = pytest.mark.slow  # each a fresh process that loads JAX: the default run 
     (["--workdir", TINY, "--prompt_file", "tests/fixtures/generate/latin1.txt"],
      "--prompt_file tests/fixtures/generate/latin1.txt: not UTF-8 text (byte 0xe9 at position 3); save it as UTF-8"),
     pytest.param(["--workdir", TINY, "--prompt", "x", "--max_new_tokens", "2.5"], "--max_new_tokens", marks=SLOW),
+    pytest.param(["--workdir", TINY, "--prompt", "x", "--stop", ""], "--stop '': an empty string ends nothing",
+                 marks=SLOW),
     (["--workdir", TINY, "--prompt", "x", "--method", "warp"], "unknown method 'warp'"),
 ])
 def test_bad_input_is_one_line_and_exit_2(args, says):
