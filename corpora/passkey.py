@@ -58,6 +58,7 @@ class PasskeyExample:
     answer: str
     key_position: int
     depth: float
+    distance: str | None = None  # the distance asked (e.g. "1.25w") where the key was placed by design
 
     @property
     def inputs(self) -> np.ndarray:
@@ -295,6 +296,7 @@ class PromptedExample:
     answer: str
     key_position: int
     depth: float
+    distance: str | None = None  # the distance asked (e.g. "1.25w") where the key was placed by design
 
 
 def _instructed_pieces(tokenizer, frame: ChatFrame | None = None
@@ -375,6 +377,22 @@ def instructed_minimum(tokenizer, seed: int, digits: int = INSTRUCTED_DIGITS, fr
     question, with no filler."""
     instruction, _, question = _instructed_pieces(tokenizer, frame)
     return len(instruction) + len(_instructed_key(tokenizer, seed, digits)[1]) + len(question)
+
+
+def instructed_at_distance(tokenizer, length: int, distance: int, seed: int, digits: int = INSTRUCTED_DIGITS,
+                           frame: ChatFrame | None = None) -> PromptedExample:
+    """`instructed_example` with its key sentence beginning `distance` tokens before the prompt's end
+    (`length` - key_position == distance): the needle placed by design, not by a fraction of the filler.
+    Its `depth` is the fraction of the filler before the key that this gives."""
+    instruction, _, question = _instructed_pieces(tokenizer, frame)
+    _, key_sentence = _instructed_key(tokenizer, seed, digits)
+    span = length - len(instruction) - len(key_sentence) - len(question)
+    at = length - distance - len(instruction)  # filler tokens before the key sentence
+    nearest, farthest = len(key_sentence) + len(question), length - len(instruction)
+    if span < 0 or not 0 <= at <= span:
+        raise PasskeyError(f"a key {distance:,} tokens from the end of a {length:,}-token prompt: it can sit "
+                           f"{nearest:,} to {farthest:,} tokens from the end")
+    return instructed_example(tokenizer, length, at / span if span else 0.0, seed, digits, frame)
 
 
 def instructed_batch(tokenizer, length: int, depths: float | Sequence[float], count: int, seed: int,

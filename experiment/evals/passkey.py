@@ -32,6 +32,7 @@ from jax.sharding import NamedSharding, PartitionSpec as P
 from corpora import passkey as task
 from experiment.evals.common import Scoring, apply_overrides, window_positions
 from experiment.evals.kinds import EvalKind, Option, Request, Target, evaluate_kinds, same_evaluation
+from experiment.evals.ruler import distance_tokens
 from experiment.runtime import interrupts, sharding
 from experiment.runtime.progress import Progress
 from experiment.store.records import PASSKEY_FORMS, PASSKEY_GENERATED, passkey_form
@@ -93,6 +94,7 @@ class PasskeySpec:
     seed: int = 1234
     digits: int | None = None  # None: the run's data.passkey_digits (compact), 5 (generated)
     form: str = PASSKEY_FORMS[0]  # FORMS; GENERATED: the answer generated
+    distances: tuple[str, ...] = ()  # keys placed by distance from the prompt's end (in place of depths)
 
 
 def evaluate_passkey(workdir: str | pathlib.Path | RunDir, lengths: Sequence[int] | None = None,
@@ -135,6 +137,20 @@ def checked_spec(run: RunDir, config, lengths: list[int], spec: PasskeySpec, ove
     if spec.form == "chat":
         from experiment.evals.passkey_generated import chat_frame
         frame = chat_frame(run, tokenizer)
+    if spec.distances:
+        if spec.form not in GENERATED:
+            raise ValueError("--passkey_distances places the key of the generated and chat forms; add "
+                             "--passkey_form generated (or chat)")
+        window = int(checked.train.seq_len)
+        for length in lengths:
+            prompt_length = length - task.answer_tokens(digits)
+            for text in spec.distances:
+                distance = distance_tokens(text, window, "--passkey_distances")
+                try:
+                    task.instructed_at_distance(tokenizer, prompt_length, distance, spec.seed, digits, frame)
+                except task.PasskeyError as e:
+                    raise task.PasskeyError(f"--passkey_distances {text} at --lengths {length} ({prompt_length:,} "
+                                            f"tokens of prompt): {e}") from None
     for length in lengths:
         if spec.form in GENERATED:  # an evaluation length holds the prompt and the answer's tokens
             prompt, answer = task.instructed_minimum(tokenizer, spec.seed, digits, frame), task.answer_tokens(digits)
@@ -206,24 +222,29 @@ OPTIONS = (
     Option("passkey_form", PasskeySpec().form, "compact (teacher-forced, the models trained here) or generated (an "
            "instruction first, the answer generated with the cache and matched exactly: real models) or chat (the "
            "generated form in the model's chat template)", kind=str,
-           choices=FORMS))
+           choices=FORMS),
+    Option("passkey_distances", None, "generated and chat forms: each key this far from the prompt's end, in "
+           "tokens or multiples of the model's window, in place of --passkey_depths (never pooled with them)",
+           kind=str, example="--passkey_distances=0.5w,1.25w,1.75w", sequence=True))
 
 
 def _check(target: Target, request: Request) -> PasskeySpec:
-    depths, per_cell, digits, seed, form = (request.option(option) for option in OPTIONS)
-    spec = PasskeySpec(tuple(depths), per_cell, seed, digits, form)
+    depths, per_cell, digits, seed, form, distances = (request.option(option) for option in OPTIONS)
+    spec = PasskeySpec(tuple(depths), per_cell, seed, digits, form, tuple(distances or ()))
     return checked_spec(target.run, target.config, list(target.lengths), spec, target.overrides)
 
 
 def _recorded(recs: list[dict], header: dict, spec: PasskeySpec) -> dict[int, list[dict]]:
     """{length: its records, one per depth of `spec`} where `recs` hold every depth of `spec` at that
     length from this checkpoint, method and overrides."""
-    cells = {(int(r["eval_length"]), float(r["depth"])): r for r in recs if same_evaluation(r, header)
+    def place(r):  # a depth, or a designed key's distance (never the one for the other)
+        return r.get("distance") if spec.distances else (None if r.get("distance") else float(r["depth"]))
+    cells = {(int(r["eval_length"]), place(r)): r for r in recs if same_evaluation(r, header)
              and r.get("digits") == spec.digits and r.get("seed") == spec.seed and r.get("count") == spec.per_cell
              and passkey_form(r) == spec.form}
+    places = list(spec.distances) if spec.distances else [float(d) for d in spec.depths]
     lengths = {length for length, _ in cells}
-    return {n: [cells[(n, float(d))] for d in spec.depths] for n in sorted(lengths)
-            if all((n, float(d)) in cells for d in spec.depths)}
+    return {n: [cells[(n, p)] for p in places] for n in sorted(lengths) if all((n, p) in cells for p in places)}
 
 
 KIND = EvalKind("passkey", "score passkey retrieval (exact match by length and depth) into DIR/eval/passkey.json",

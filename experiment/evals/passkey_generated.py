@@ -13,6 +13,7 @@ wall time, over every attempt: prefill dominates). A length's answers are kept b
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import logging
 import time
@@ -44,11 +45,12 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
     results, done = [], []
     for length in scoring.lengths:
         interrupts.check(functools.partial(scoring.interrupted, "passkey", list(done), length))
-        examples = task.instructed_batch(tokenizer, length - new, list(spec.depths), spec.per_cell, spec.seed,
-                                         spec.digits, frame)
+        examples = _examples(tokenizer, length - new, spec, int(config.train.seq_len), frame)
         rows = max(1, min(len(examples), batch_tokens // length))
         partial = Partial.open(scoring.run, "passkey", {**fields, "eval_length": int(length),
-                                                        "depths": list(spec.depths), "per_cell": spec.per_cell},
+                                                        "depths": list(spec.depths), "per_cell": spec.per_cell,
+                                                        **({"distances": list(spec.distances)}
+                                                           if spec.distances else {})},
                                [e.ids for e in examples])
         stopped = functools.partial(_stopped, scoring, list(done), length, partial, len(examples))
         start = time.perf_counter()
@@ -66,12 +68,26 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
         interrupts.check(stopped)
         cells = cell_records(examples, outputs, length, seconds, fields)
         log.info("passkey (%s)%s L=%d: accuracy %s (%.0f s)", spec.form, method, length,
-                 ", ".join(f"{r['depth']:g}: {r['accuracy']:.2f}" for r in cells), seconds)
+                 ", ".join(f"{r.get('distance') or format(r['depth'], 'g')}: {r['accuracy']:.2f}" for r in cells),
+                 seconds)
         results.extend(cells)
         scoring.write("passkey", cells)
         partial.close()
         done.append(length)
     return results
+
+
+def _examples(tokenizer, prompt_length: int, spec, window: int, frame) -> list[task.PromptedExample]:
+    """The prompts of one length: `spec.per_cell` at each depth, or with `spec.distances` at each distance
+    from the prompt's end (example i has the same key, and seed, at every depth or distance)."""
+    if not spec.distances:
+        return task.instructed_batch(tokenizer, prompt_length, list(spec.depths), spec.per_cell, spec.seed,
+                                     spec.digits, frame)
+    from experiment.evals.ruler import distance_tokens
+    return [dataclasses.replace(task.instructed_at_distance(
+                tokenizer, prompt_length, distance_tokens(d, window, "--passkey_distances"),
+                task.example_seed(spec.seed, i), spec.digits, frame), distance=d)
+            for d in spec.distances for i in range(spec.per_cell)]
 
 
 def _stopped(scoring: Scoring, done: list[int], length: int, partial: Partial, total: int) -> str:
@@ -101,12 +117,19 @@ def chat_frame(run, tokenizer) -> task.ChatFrame:
 
 def cell_records(examples: list[task.PromptedExample], outputs: list[str], length: int, seconds: float,
                  fields: dict) -> list[dict]:
-    """One record per depth: accuracy (exact match of the first number generated), the outputs."""
+    """One record per depth (or per distance of keys placed by design: `placement` "designed", its
+    `distance` as asked, each example's `distances` in tokens and `depth` their mean fraction of the
+    filler): accuracy (exact match of the first number generated), the outputs."""
     out = []
-    for depth in sorted({e.depth for e in examples}):
-        chosen = [(e, text) for e, text in zip(examples, outputs) if e.depth == depth]
+    designed = examples[0].distance is not None
+    places = list(dict.fromkeys(e.distance for e in examples)) if designed else sorted({e.depth for e in examples})
+    for place in places:
+        chosen = [(e, text) for e, text in zip(examples, outputs) if (e.distance if designed else e.depth) == place]
         right = [task.generated_answer(text) == e.answer for e, text in chosen]
-        out.append({"task": "passkey", "eval_length": int(length), "depth": float(depth),
+        where = ({"depth": float(np.mean([e.depth for e, _ in chosen])), "placement": "designed", "distance": place,
+                  "distances": [int(len(e.ids) - e.key_position) for e, _ in chosen]} if designed
+                 else {"depth": float(place)})
+        out.append({"task": "passkey", "eval_length": int(length), **where,
                     "accuracy": sum(right) / len(right), "count": len(right), **fields,
                     "prompt_tokens": int(len(chosen[0][0].ids)), "outputs": [text for _, text in chosen],
                     "seconds": round(seconds * len(chosen) / len(examples), 2)})

@@ -70,16 +70,16 @@ class RulerSpec:
         return "designed" if self.distances else "ruler"
 
 
-def distance_tokens(text: str, window: int) -> int:
+def distance_tokens(text: str, window: int, flag: str = "--needle_distances") -> int:
     """A needle distance in tokens: '12000', or a multiple of the model's window ('1.25w')."""
     item = str(text).strip().lower()
     try:
         value = float(item[:-1]) * window if item.endswith("w") else float(item)
     except ValueError:
-        raise ValueError(f"--needle_distances: {text!r} is neither a number of tokens (12000) nor a multiple of the "
+        raise ValueError(f"{flag}: {text!r} is neither a number of tokens (12000) nor a multiple of the "
                          f"model's window (1.25w)") from None
     if value <= 0:
-        raise ValueError(f"--needle_distances: {text!r} must be above 0")
+        raise ValueError(f"{flag}: {text!r} must be above 0")
     return int(round(value))
 
 

@@ -273,6 +273,14 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
     distinguish(runs)
     out = pathlib.Path(out)
     out.mkdir(parents=True, exist_ok=True)
+    designed = [(run["label"], [r for r in run["records"] if r.get("placement") == "designed"]) for run in runs]
+    for run in runs:  # keys placed by distance: their own table, never pooled with the depths
+        run["records"] = [r for r in run["records"] if r.get("placement") != "designed"]
+    runs = [run for run in runs if run["records"]]
+    by_distance = distance_table(designed)
+    if not runs:
+        files.write_atomically(out / "passkey.md", "# Passkey retrieval\n\n" + by_distance)
+        return {"md": str(out / "passkey.md"), "heatmaps": []}
     plots.save(passkey_figure([(run["label"], run["records"]) for run in runs]), out / "passkey_vs_length.png")
     heatmaps = []
     for run in runs:
@@ -284,8 +292,30 @@ def write(workdirs: list[str | pathlib.Path | dict], out: str | pathlib.Path) ->
             plots.save(heatmap_figure(name, recs), path)
             heatmaps.append(str(path))
     files.write_atomically(out / "passkey.md", "# Passkey retrieval vs. evaluation length\n\n"
-                           + passkey_table([(run["label"], run["records"]) for run in runs]))
+                           + passkey_table([(run["label"], run["records"]) for run in runs])
+                           + ("\n\n" + by_distance if by_distance else ""))
     return {"png": str(out / "passkey_vs_length.png"), "md": str(out / "passkey.md"), "heatmaps": heatmaps}
+
+
+def distance_table(runs: list[tuple[str, list[dict]]]) -> str:
+    """Keys placed by distance from the prompt's end (--passkey_distances): found / asked with a 95%
+    Wilson interval, by run and method, length and distance ('' where there are none)."""
+    rows = []
+    for label, records in runs:
+        for r in sorted(records, key=lambda r: (curve_options(r), passkey_form(r), r["eval_length"],
+                                                min(r.get("distances") or [0]))):
+            found = round(r["accuracy"] * r["count"])
+            low, high = wilson(found, r["count"])
+            method = json.loads(curve_options(r)).get("method", "as trained")
+            back = r.get("distances") or []
+            rows.append(f"| {label} | {method} | {passkey_form(r)} | {r['eval_length']:,} | {r['distance']} "
+                        f"({min(back):,}-{max(back):,}) | {found}/{r['count']} [{100 * low:.0f}, {100 * high:.0f}] |")
+    if not rows:
+        return ""
+    return ("## Keys placed by distance from the prompt's end\n\nEach key sentence this many tokens before the "
+            "prompt's end (--passkey_distances; never pooled with the depths above); found of asked, 95% Wilson "
+            "interval.\n\n| run | method | form | length | distance (tokens back) | found |\n"
+            "|---|---|---|---:|---|---:|\n" + "\n".join(rows) + "\n")
 
 
 def report(runs: list[dict], out: str | pathlib.Path) -> dict:

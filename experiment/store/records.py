@@ -15,7 +15,9 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   generated: an instructed prompt, the answer generated; chat: that prompt in the model's chat template:
   experiment/evals/passkey.py), `eval_length`,
   `depth`, `digits`, `accuracy`, `token_accuracy` (compact), `count`, `seed`, `chance`,
-  `passkey_fraction`; generated and chat: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`;
+  `passkey_fraction`; generated and chat: `outputs` (each answer's text), `prompt_tokens`, `new_tokens`, `seconds`,
+  and for keys placed by distance (--passkey_distances) `placement` "designed", `distance` (as asked) and
+  each example's `distances` (tokens from its key sentence to the prompt's end);
 - attention (eval/attention.json): `split`, `eval_length`, `windows`, `block`, `layers`, `heads`,
   `positions` (bins of query positions), `mean_distance` and `entropy` (layers x heads x bins).
 - ruler (eval/ruler.json): `task`, `eval_length`, `template`, `seed`, `count`, `score` (RULER's: the
@@ -68,9 +70,10 @@ def passkey_form(record: dict) -> str:
 
 
 def passkey_key(record: dict) -> tuple:
-    """One passkey record per (eval_length, depth, digits, overrides, form)."""
+    """One passkey record per (eval_length, depth, digits, overrides, form, distance of a key placed by
+    design)."""
     return (int(record["eval_length"]), float(record["depth"]), int(record.get("digits", 4)), curve_options(record),
-            passkey_form(record))
+            passkey_form(record), record.get("distance", ""))
 
 
 def ruler_key(record: dict) -> tuple:
@@ -166,7 +169,9 @@ KINDS = {kind.name: kind for kind in (
           "form": (lambda v: v in PASSKEY_FORMS, "one of " + ", ".join(PASSKEY_FORMS)),
           "prompt_tokens": POSITIVE,
           "new_tokens": POSITIVE, "seconds": NUMBER,
-          "outputs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings")},
+          "outputs": (lambda v: isinstance(v, list) and all(isinstance(x, str) for x in v), "a list of strings"),
+          "placement": (lambda v: v in ("ruler", "designed"), "ruler or designed"), "distance": TEXT,
+          "distances": (lambda v: isinstance(v, list) and all(_int(x) and x >= 0 for x in v), "a list of counts")},
          flag="--passkey"),
     Kind("attention", "attention.json", attention_key,
          {"eval_length": POSITIVE, "layers": POSITIVE, "heads": POSITIVE, "positions": BINS,

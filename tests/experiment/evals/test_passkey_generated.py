@@ -108,3 +108,40 @@ def test_a_length_too_short_names_the_shortest_that_works(imported):
                                                 rf"for the answer: 5 digits \+ 4\); give lengths >= {shortest}$"):
         checked_spec(run, config, [shortest - 1], spec, {})
     assert checked_spec(run, config, [shortest], spec, {}).digits == 5
+
+
+def test_keys_placed_by_distance_sit_where_asked_and_are_tabulated_apart(imported, monkeypatch, tmp_path):
+    """Issue 65, item 1: the generated passkey's key at a chosen distance from the prompt's end, in tokens
+    or multiples of the window (64 here), recorded with each example's distance, resumed by distance,
+    in a table of its own, never pooled with the depths."""
+    import models.generate
+    from corpora import passkey as task
+    tokenizer = RunDir(imported.path).tokenizer(RunDir(imported.path).load_config().data, write=False)
+    asked = []
+
+    def oracle(model, prompts, max_new_tokens, stop=None, tokenizer=None):
+        asked.extend(prompts)
+        keys = [re.search(r"passkey is (\d+)\.", tokenizer.decode(p)).group(1) for p in prompts]
+        return [list(tokenizer.encode_lines([f" {key}"])[:-1]) for key in keys]
+    monkeypatch.setattr(models.generate, "generate", oracle)
+    options = {**GENERATED, "passkey_distances": ("300", "4w")}
+    out = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=options))["passkey"]
+    assert [(r["distance"], r["distances"], r["accuracy"], r["placement"]) for r in out] == [
+        ("300", [300, 300], 1.0, "designed"), ("4w", [256, 256], 1.0, "designed")]
+    for prompt, back in zip(asked, (300, 300, 256, 256)):  # the key sentence begins `back` tokens from the end
+        text = tokenizer.decode(prompt[len(prompt) - back:])
+        assert text.lstrip().startswith("The passkey is ")  # (the question, "What is the passkey?", comes last)
+    again = Request(lengths=(LENGTH,), options=options, skip_done=True)
+    assert evaluate_kinds(imported.path, ("passkey",), again) == {"passkey": []}
+    depths = evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options=GENERATED))["passkey"]
+    assert [r["depth"] for r in depths] == [0.1, 0.9] and "distance" not in depths[0]  # not taken for done
+    paths = passkey_report.write([imported.path], tmp_path / "report")
+    text = (tmp_path / "report" / "passkey.md").read_text()
+    assert "## Keys placed by distance from the prompt's end" in text
+    assert "| direct | generated | 512 | 300 (300-300) | 2/2 [" in text.replace("as trained", "direct")
+    assert paths["md"].endswith("passkey.md")
+    with pytest.raises(ValueError, match="--passkey_distances places the key of the generated and chat forms"):
+        evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options={"passkey_distances": ("300",)}))
+    with pytest.raises(task.PasskeyError, match=r"--passkey_distances 600 at --lengths 512 .*it can sit"):
+        evaluate_kinds(imported.path, ("passkey",), Request(lengths=(LENGTH,), options={**options,
+                                                                                      "passkey_distances": ("600",)}))
