@@ -32,6 +32,7 @@ import jax
 import jax.numpy as jnp
 
 from models.attention import cpu_flash, pallas, tuning, verdicts, verify
+from models.attention.agreement import agreed
 from models.attention.paths import PATHS, CallSpec
 from models.config import ModelConfig
 from posenc import Scheme
@@ -126,19 +127,23 @@ def choose(cfg: Any, scheme: Scheme, positions_BxT: jax.Array, dtype, *, droppin
     spec = CallSpec.of(scheme, positions_BxT.shape[1], dtype, dropping=dropping, masked=lambda_masked(cfg),
                        training=work.training, sinks=bool(_setting(cfg, "attention_sinks")))
 
-    def kernel() -> bool:  # usable here (checked), and faster than what auto runs otherwise at this workload
+    def kernel_here() -> bool:  # usable here (checked), and faster than what auto runs otherwise at this workload
         if not kernel_usable(scheme, dtype, work):
             return False
         rival = attention_path(cfg.attention, cfg.attention_block, scheme, spec)
         return kernel_wins(scheme, dtype, work, rival, cfg.attention_block)
+
+    def kernel() -> bool:  # process 0's answer on every process of a job: they trace one program
+        return agreed(kernel_here)
+
     def cpu_kernel() -> bool:  # an evaluation's forward pass on one CPU device, the kernel built
-        return not work.training and cpu_flash.usable()
+        return agreed(lambda: not work.training and cpu_flash.usable())
     kind = attention_path(cfg.attention, cfg.attention_block, scheme, spec, kernel=kernel, cpu_kernel=cpu_kernel)
     PICKED[spec.length] = kind
     if cfg.attention != "auto":
         PATHS[kind].refuse(scheme.traits, spec)
         if checked_here(kind) and _setting(cfg, "attention_check"):
-            verdict = device_verdict(kind, scheme, dtype, work)
+            verdict = verify.Verdict(**agreed(lambda: dataclasses.asdict(device_verdict(kind, scheme, dtype, work))))
             if not verdict.ok:
                 raise ValueError(f"model.attention={kind}: {verdict.reason}. Use model.attention=auto (XLA's "
                                  f"paths where the kernel fails) or dense; model.attention_check=False runs it "
@@ -168,7 +173,7 @@ def launch(kind: str, scheme: Scheme, dtype, cfg: Any = None, positions_BxT: jax
     if not PATHS[kind].tuned:
         return None
     work = tuning.DEFAULT_WORK if positions_BxT is None else workload(cfg, positions_BxT, dropping)
-    return tuning.device_launch(scheme, dtype, work)
+    return verdicts.launch_of(agreed(lambda: dataclasses.asdict(tuning.device_launch(scheme, dtype, work))))
 
 
 _SAID: set = set()
