@@ -6,8 +6,8 @@ from __future__ import annotations
 import jax
 
 
-
 def size(n: int) -> str:
+    """Bytes as GB, or MB below 0.1 GB."""
     return f"{n / 1e9:.1f} GB" if n >= 1e8 else f"{n / 1e6:.2f} MB"
 
 
