@@ -4,6 +4,7 @@ over 127.0.0.1, gloo), each told to decide otherwise, end with process 0's decis
 import json
 
 import jax
+import pytest
 
 from models.attention.agreement import agreed
 from tests.experiment.runtime.test_distributed import start_two_processes
@@ -29,7 +30,8 @@ print(json.dumps({{"plain": plain, "inside": inside[0], "picked": picked}}))
 """
 
 
-def test_every_process_takes_process_0s_decision(tmp_path):  # ~20 s: two processes start JAX
+@pytest.mark.slow  # ~28 s on 2 cores: two processes start JAX (the default run keeps test_distributed's pair)
+def test_every_process_takes_process_0s_decision(tmp_path):
     procs = start_two_processes(SCRIPT, tmp_path, 0)
     outs = [p.communicate(timeout=600) for p in procs]
     for p, (_, err) in zip(procs, outs):
