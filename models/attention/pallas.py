@@ -177,7 +177,7 @@ def pallas_attention(q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT, k_pos_BxT, sche
                      constant_beyond=None if bias is None else bias.constant_beyond,
                      lookup=None if bias is None or bias.table is None else bias.index,
                      by_distance=by_distance is not None, table_size=table_size)
-    out = _flash(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
+    out = _flash_call(config, q_BxTxHxK, k_BxTxHxK, v_BxTxHxK, q_pos_BxT.astype(jnp.int32),
                  k_pos_BxT.astype(jnp.int32), seed, ([_kernel_shape(x) for x in shared],
                                                      [_kernel_shape(x, per_head=True) for x in per_head]))
     return out[:, :t, :, :value_dim]
@@ -187,7 +187,7 @@ def _power_of_2(n: int) -> int:
     return 1 << max(0, n - 1).bit_length()
 
 
-@dataclasses.dataclass(eq=False)  # hashed by identity, as custom_vjp's static argument needs nothing more
+@dataclasses.dataclass(frozen=True)  # equal by value: the layers of one shape share one traced kernel call
 class _Config:
     """The static arguments of one call: the launch whose tiles the kernels use (`for_backward`: the
     backward kernels'), the dropout rate, and the bias's structure (`table_size`: the lookup table's
@@ -394,3 +394,6 @@ def _grad_shapes(b, h, nb, shared, per_head):
 
 
 _flash.defvjp(_flash_forward, _flash_backward)
+# Every call of one static config and shapes is the same traced function: a model's layers (48 calls of
+# the paper step, 3 distinct bodies) lower and compile their kernels once, called from each layer.
+_flash_call = jax.jit(_flash, static_argnums=(0,))

@@ -255,3 +255,24 @@ def test_kernel_lowers_to_triton_for_a_gpu(name):
                 lowered = jax.jit(jax.grad(loss, argnums=(0, 1, 2, 3))).trace(
                     state, x, x, x, jax.random.split(jax.random.key(0), b)).lower(lowering_platforms=("cuda",))
             assert lowered.as_text().count("xla.gpu.triton") == 3, (d, t)  # forward, dQ, dK / dV
+
+
+def test_layers_of_one_shape_share_one_traced_kernel_call():
+    """Issue 68, item 4: each layer carried its own kernel config (hashed by identity), so a model's
+    layers lowered the kernel once each; equal configs are one jitted call now, lowered once."""
+    from configs import demo
+    from experiment.model import build_model
+    from flax import nnx
+    from models.attention import pallas as kernel
+
+    def lowered(layers: int) -> int:
+        c = demo.get_config("alibi")
+        c.model.update(dict(num_layers=layers, d_model=32, num_heads=2, mlp_dim=64, attention="pallas",
+                            attention_check=False))
+        c.train.seq_len = 32
+        graphdef, state = nnx.split(build_model(c, 64))
+        x = jnp.zeros((1, 32), jnp.int32)
+        return len(jax.jit(lambda s: nnx.merge(graphdef, s)(x).sum()).lower(state).as_text())
+    kernel._flash_call.clear_cache()
+    one, four = lowered(1), lowered(4)
+    assert four < 1.6 * one, (one, four)  # the kernel's body once, whatever the number of layers

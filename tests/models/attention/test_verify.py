@@ -30,6 +30,7 @@ def _scheme(name: str = "t5", head_dim: int = 16):
 def gpu(monkeypatch, tmp_path):
     """As on a GPU (the kernel 'compiled'), with one launch configuration to search, run in the
     interpreter; caches empty, the disk cache in tmp_path. Returns the disk cache's folder."""
+    pallas._flash_call.clear_cache()
     monkeypatch.setattr(pallas, "interpreted", lambda: False)
     monkeypatch.setattr(launches, "forward_candidates", lambda *args: [LAUNCH])  # one of each: nothing timed
     monkeypatch.setattr(launches, "backward_candidates", lambda *args: [LAUNCH])
