@@ -14,11 +14,8 @@ checked, for every kind asked, before any of them runs, and the checkpoint is re
 Results are merged into DIR/eval/. The kinds and their flags come from the registry (experiment/evals/kinds.py).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 from absl import app, flags
 

@@ -13,11 +13,8 @@ export (never a run folder, nor an unmarked folder of other files); the export's
 earlier export's, and any other file there (your NOTES.md) stays. Both may be given at once.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 from absl import app, flags
 

@@ -11,11 +11,8 @@ chat template as a user message. Generation stops at the checkpoint's end-of-seq
 --stop string, or after --max_new_tokens (models/generate.py).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 import pathlib
 import sys

@@ -13,11 +13,8 @@ checked against the checkpoint (its embedding rows, the special ids of its confi
 a tokenizer of its own, the same size and special tokens; a replacement is announced).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 import json
 import pathlib

@@ -12,11 +12,8 @@ study's PARAMS (the number of examples, the methods: see its file). --dry_run pr
 eval_extrapolate.py command and stops.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 import pathlib
 

@@ -19,11 +19,8 @@ WORKDIR/report); --schemes then names the runs to train and evaluate this time (
 table's all_schemes.json measured under the same protocol, so that a few rows can be re-run alone.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 import sys
 

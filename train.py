@@ -4,11 +4,8 @@ The same command on an existing DIR resumes from its last checkpoint. Once train
 the run is evaluated at config.eval.lengths (eval/extrapolation.json).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
-    import os, signal, sys  # noqa: E401 (experiment/runtime/interrupts.py takes over once they are loaded)
-    signal.signal(signal.SIGINT, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                   file=sys.stderr), os._exit(130)))
-    signal.signal(signal.SIGTERM, lambda *_: (print("interrupted during start-up; nothing was written",
-                                                    file=sys.stderr), os._exit(143)))  # kill, timeout, SLURM
+    from experiment.runtime.early import catch_start_up_signals
+    catch_start_up_signals()
 
 import sys
 

@@ -24,8 +24,8 @@ one checkpoint. The other safe points (start-up, evaluation, a sweep's runs) are
 there, stop a multi-process job with a Ctrl-C to every process (a terminal's process group, scancel).
 
 Before this module is imported (the seconds in which an entry point imports JAX), each entry point
-sets a handler of its own first thing: Ctrl-C there ends with rc 130 and one line, not a traceback
-from inside an import.
+sets a handler first thing (experiment/runtime/early.py): Ctrl-C there ends with rc 130 and one line,
+not a traceback from inside an import.
 """
 from __future__ import annotations
 

@@ -120,8 +120,26 @@ def test_every_entry_point_sets_its_start_up_handler_before_any_import(entry):
     code = source.split('"""', 2)[2].lstrip() if source.startswith('"""') else source
     assert code.startswith('if __name__ == "__main__":'), entry
     block = code.split("\n\n", 1)[0]
-    assert "signal.signal(signal.SIGINT" in block and "os._exit(130)" in block, entry
-    assert "signal.signal(signal.SIGTERM" in block and "os._exit(143)" in block, entry  # issue 45: SIGTERM alike
+    assert "from experiment.runtime.early import catch_start_up_signals" in block, entry
+    assert "catch_start_up_signals()" in block, entry
+
+
+def test_the_start_up_handler_takes_both_signals_and_loads_nothing_but_the_standard_library():
+    """What every entry point calls first (experiment/runtime/early.py): SIGINT and SIGTERM (issue 45)
+    each end the process with one line and rc 128 + the signal; importing it loads no JAX or NumPy."""
+    code = ("import sys, signal; from experiment.runtime.early import catch_start_up_signals; "
+            "catch_start_up_signals(); "
+            "print(sorted(m.split('.')[0] for m in sys.modules if m.split('.')[0] in ('jax', 'numpy', 'flax')))")
+    out = subprocess.run([sys.executable, "-c", code], cwd=REPO, capture_output=True, text=True, timeout=60)
+    assert out.returncode == 0 and out.stdout.strip() == "[]", out.stderr[-2000:]
+    for signum, code in ((signal.SIGINT, 130), (signal.SIGTERM, 143)):
+        proc = subprocess.Popen([sys.executable, "-c", "import time; from experiment.runtime.early import "
+                                 "catch_start_up_signals; catch_start_up_signals(); print('ready', flush=True); "
+                                 "time.sleep(30)"], cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        assert proc.stdout.readline().strip() == "ready"
+        proc.send_signal(signum)
+        assert proc.wait(timeout=30) == code
+        assert proc.stderr.read().strip() == "interrupted during start-up; nothing was written"
 
 
 def test_ctrl_c_while_the_training_step_compiles_saves_nothing_and_says_so(tmp_path):
