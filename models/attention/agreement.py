@@ -9,6 +9,7 @@ runs its kernels), so it also works while a model is being traced. In one proces
 """
 from __future__ import annotations
 
+import functools
 import json
 from typing import Any, Callable
 
@@ -20,16 +21,24 @@ from jax.sharding import Mesh, NamedSharding, PartitionSpec as P
 MAX_BYTES = 1 << 16  # a decision's JSON text: verdicts and launch choices are a few hundred bytes
 
 
+@functools.lru_cache(maxsize=1)
+def _summing_program():
+    """(the input sharding, the compiled sum over every device's row): made once a process, so that a
+    model's many attention calls share one compilation."""
+    mesh = Mesh(np.array(jax.devices()).reshape(jax.process_count(), -1), ("process", "local"))
+    sharding = NamedSharding(mesh, P(("process", "local")))
+    shape = jax.ShapeDtypeStruct((jax.device_count(), MAX_BYTES + 4), jnp.int32, sharding=sharding)
+    total = jax.jit(lambda x: jnp.sum(x, axis=0), out_shardings=NamedSharding(mesh, P()))
+    return sharding, total.lower(shape).compile()
+
+
 def _sum_over_processes(local: np.ndarray) -> np.ndarray:
     """The sum over processes of each process's `local` (uint8 of MAX_BYTES + 4), on every process."""
-    devices = np.array(jax.devices()).reshape(jax.process_count(), -1)
-    mesh = Mesh(devices, ("process", "local"))
+    sharding, total = _summing_program()
     rows = jax.local_device_count()
     per_device = np.broadcast_to(local.astype(np.int32), (rows, local.size)) * (np.arange(rows) == 0)[:, None]
-    sharding = NamedSharding(mesh, P(("process", "local")))
     stacked = jax.make_array_from_process_local_data(sharding, np.ascontiguousarray(per_device))
-    total = jax.jit(lambda x: jnp.sum(x, axis=0), out_shardings=NamedSharding(mesh, P()))
-    return np.asarray(total.lower(stacked).compile()(stacked).addressable_data(0))
+    return np.asarray(total(stacked).addressable_data(0))
 
 
 _DECIDING = {"now": False}  # process 0 inside a decision: a nested agreement is its own decision

@@ -72,6 +72,7 @@ def _launch_slug(launch: Launch) -> str:
     return f"-{one(launch)}" + (f"-bwd{one(launch.backward)}" if launch.backward is not None else "")
 
 
+@functools.cache
 def runtime_versions() -> dict[str, str]:
     """What below JAX decides what a kernel compiles to and how it runs: jaxlib, the backend's platform
     version (on a GPU: the CUDA or ROCm runtime and the driver, as the plugin reports them) and, where

