@@ -59,3 +59,18 @@ def restored_params(workdir, config, vocab_size=256):
     template = nnx.split(build_model(config, vocab_size))[1]
     params, _, _ = checkpoints.restore(RunDir(workdir), template)
     return params
+
+
+def read_only_below(monkeypatch, folder) -> None:
+    """The lock module's os.open fails as on a read-only file system for every path under `folder`."""
+    import errno
+    import os
+
+    from experiment.store import lock
+    real_open = os.open
+
+    def read_only(path, *args):
+        if str(path).startswith(str(folder)):
+            raise OSError(errno.EROFS, "Read-only file system", str(path))
+        return real_open(path, *args)
+    monkeypatch.setattr(lock.os, "open", read_only)

@@ -149,18 +149,10 @@ def test_a_full_device_while_the_output_is_written_aside_names_the_file_where_it
 def test_an_out_in_a_folder_that_cannot_be_written_names_the_flag_not_a_workdir(tmp_path, monkeypatch):
     """Issue 67, case 10: export_hf.py and report.py with --out in a read-only folder were told to "use
     --workdir NEW", which neither command has."""
-    import errno
-    import os
-
     from experiment.convert import gguf as gguf_export
     from experiment.store import lock, output
-    real_open = os.open
-
-    def read_only(path, *args):
-        if str(path).startswith(str(tmp_path)):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, *args)
-    monkeypatch.setattr(lock.os, "open", read_only)
+    from tests.helpers import read_only_below
+    read_only_below(monkeypatch, tmp_path)
     for command in ("report.py", "export_hf.py"):
         with pytest.raises(lock.NotWritable) as refused:
             with output.replacing(tmp_path / "out", command):

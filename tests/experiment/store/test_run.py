@@ -109,23 +109,15 @@ def test_a_failed_first_attempt_does_not_block_the_corrected_command(tmp_path):
 
 def test_a_read_only_workdir_is_one_line_naming_it(tmp_path, monkeypatch):
     """Issue 22, item 11: a 26-line OSError from the lock file (train, eval, passkey)."""
-    import errno
-    import os
-
     from experiment.store import lock
-    real_open = os.open
-
-    def read_only(path, *args):
-        if str(path).startswith(str(tmp_path)):
-            raise OSError(errno.EROFS, "Read-only file system", str(path))
-        return real_open(path, *args)
-    monkeypatch.setattr(lock.os, "open", read_only)
+    from tests.helpers import read_only_below
+    read_only_below(monkeypatch, tmp_path)
     with pytest.raises(lock.NotWritable, match=rf"cannot write in {tmp_path} \(Read-only file system\): training "
                                                rf"and evaluation write .*\(cp -r {tmp_path} NEW\)"):
         with RunDir(tmp_path).locked("evaluation"):
             pass
     (tmp_path / ".lock").mkdir()
-    monkeypatch.setattr(lock.os, "open", real_open)
+    monkeypatch.undo()  # writable again: the lock file itself is now the problem
     with pytest.raises(lock.NotWritable, match=r"\.lock cannot be opened as the run directory's lock file .* rm -r"):
         with RunDir(tmp_path).locked("evaluation"):
             pass
