@@ -1,7 +1,9 @@
 """The cost of the training-free methods that move logits to other positions (Self-Extend, DCA, ReRoPE:
-posenc/rotary.py, `Rope.bias`) in one layer's blockwise attention, against plain RoPE, with and without
-the per-tile skip (a tile where a move takes no pair computes none of its far logits; the baseline
-computes them in every tile, as before the skip), all in one process, in turns, best of `--rounds`.
+posenc/rotary.py, `Rope.bias`) in one layer's attention, against plain RoPE: blockwise attention with and
+without the per-tile skip (a tile where a move takes no pair computes none of its far logits; the baseline
+computes them in every tile, as before the skip), and the CPU flash kernel (`Rope.position_variants`:
+each pair's logit computed once, from the variant of q and k its positions pick; grouped keys, 3 heads
+as SmolLM2's), all in one process, in turns, best of `--rounds`.
 
     python -m benchmarks.moved_logits [--length 8192] [--block 512] [--rounds 3]
 
@@ -12,6 +14,7 @@ ReRoPE window 512). Writes benchmarks/results/moved_logits.json.
 from __future__ import annotations
 
 import argparse
+import functools
 import time
 
 import jax
@@ -20,7 +23,8 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
-from models.attention import blockwise_attention
+from models.attention import blockwise_attention, cpu_flash, native
+from models.attention.call import Call
 
 METHODS = {"rope": {}, "self_extend": dict(self_extend_window=2048, self_extend_group=4),
            "dca": dict(dca_chunk_size=6144, dca_local_window=512), "rerope": dict(rerope_window=512)}
@@ -56,17 +60,27 @@ def main() -> None:
                 programs[(name, skip)] = f.lower(q, k, v).compile()
             finally:
                 jax.lax.cond = cond
+    if native.unavailable() is None:
+        k3, v3 = k[:, :, ::3], v[:, :, ::3]  # SmolLM2's 3 key-value heads, read in place by the kernel
+        for name, options in METHODS.items():
+            s = scheme(options)
+            f = jax.jit(lambda q, k, v, s=s: cpu_flash.cpu_flash_call(q, k, v, Call(pos, pos, s)))
+            programs[(name, "cpu_flash")] = functools.partial(f.lower(q, k3, v3).compile(), q, k3, v3)
     best = {key: float("inf") for key in programs}
     for _ in range(args.rounds):
         for key, f in programs.items():
             start = time.perf_counter()
-            jax.block_until_ready(f(q, k, v))
+            jax.block_until_ready(f() if key[1] == "cpu_flash" else f(q, k, v))
             best[key] = min(best[key], time.perf_counter() - start)
-    rope = best[("rope", True)]
-    rows = [{"method": name, "tiles": "skip" if skip else "every", "seconds": t, "vs_rope": t / rope,
-             "vs_every_tile": t / best[(name, False)] if skip and (name, False) in best else None}
-            for (name, skip), t in best.items()]
-    common.print_table(rows, ["method", "tiles", "seconds", "vs_rope", "vs_every_tile"])
+    rows = []
+    for (name, variant), t in best.items():
+        flash = variant == "cpu_flash"
+        rows.append({"method": name, "path": "cpu_flash" if flash else "blockwise",
+                     "tiles": "-" if flash else "skip" if variant else "every", "seconds": t,
+                     "vs_rope": t / best[("rope", variant if flash else True)],  # RoPE on the same path
+                     "vs_every_tile": t / best[(name, False)] if variant is True and (name, False) in best else None,
+                     "vs_blockwise": t / best[(name, True)] if flash else None})
+    common.print_table(rows, ["method", "path", "tiles", "seconds", "vs_rope", "vs_every_tile", "vs_blockwise"])
     print("wrote", common.write("moved_logits", {"length": args.length, "block": args.block, "rows": rows}))
 
 

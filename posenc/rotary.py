@@ -9,6 +9,7 @@ as Sun et al. train it.
 from __future__ import annotations
 
 import dataclasses
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -206,7 +207,7 @@ class Rope(Scheme):
         self.rotary_dim = rotary_dim_of(options, dims.head_dim)
         validate_rope_options(options, self.rotary_dim)
         if self.rotary_dim and rope_bias_on(options):
-            self.traits = self.traits.replace(bias="tile")
+            self.traits = self.traits.replace(bias="tile", moves_positions=True)
         uses_ntk = options.dynamic_ntk or options.ntk_alpha != 1.0
         if uses_ntk and 0 < self.rotary_dim <= 2:
             raise ValueError(f"NTK scaling needs more than 2 rotated features per head, got "
@@ -273,26 +274,68 @@ class Rope(Scheme):
             bias = jax.lax.cond(where_Bx1xTxS.any(), moved, lambda bias: bias, bias)
         return bias
 
+    def position_variants(self, q_BxTxHxK, k_BxSxHxK, q_pos_BxT, k_pos_BxS) -> PositionVariants | None:
+        """The same attention as `bias` gives, for a kernel (models/attention/cpu_flash.py): q and k as
+        `rotate` returned them, and once more rotated on for each move; a pair takes its logit from
+        variant r = the number of `thresholds` that (q_coord - k_coord) reaches. None where no option
+        moves positions."""
+        rule = self._move_rule(q_pos_BxT, k_pos_BxS) if self.rotary_dim else None
+        if rule is None:
+            return None
+        q_coord, k_coord, thresholds, shifts = rule
+        inv_freq = self._inv_freq(k_pos_BxS)
+        qs, ks = [q_BxTxHxK], [k_BxSxHxK]
+        for q_shift_BxT, k_shift_BxS in shifts:
+            qs.append(apply_rotary(q_BxTxHxK, q_shift_BxT, inv_freq))
+            ks.append(apply_rotary(k_BxSxHxK, k_shift_BxS, inv_freq))
+        return PositionVariants(tuple(qs), tuple(ks), q_coord, k_coord, thresholds)
+
     def _position_moves(self, q_pos_BxT, k_pos_BxS) -> list[tuple[jax.Array, jax.Array, jax.Array]]:
         """[(where B x 1 x T x S, query shift B x T, key shift B x S)]: the (query, key) pairs whose
         logit is taken at other positions, and by how much each query and key moves. Their wheres
         are disjoint; keys after the query (masked in a decoder) are never moved."""
+        rule = self._move_rule(q_pos_BxT, k_pos_BxS)
+        if rule is None:
+            return []
+        q_coord, k_coord, thresholds, shifts = rule
+        apart_Bx1xTxS = (q_coord[:, :, None] - k_coord[:, None, :])[:, None]
+        moves = []
+        for i, (q_shift_BxT, k_shift_BxS) in enumerate(shifts):
+            where_Bx1xTxS = apart_Bx1xTxS >= thresholds[i]
+            if i + 1 < len(thresholds):
+                where_Bx1xTxS &= apart_Bx1xTxS < thresholds[i + 1]
+            moves.append((where_Bx1xTxS, q_shift_BxT, k_shift_BxS))
+        return moves
+
+    def _move_rule(self, q_pos_BxT, k_pos_BxS):
+        """(query coordinates B x T, key coordinates B x S, increasing thresholds, [(query shift B x T,
+        key shift B x S)] per threshold) or None: the pairs whose coordinates differ by at least
+        thresholds[i] (and less than the next) are moved by shifts[i]."""
         o = self.options
-        distance_Bx1xTxS = (q_pos_BxT[:, :, None] - k_pos_BxS[:, None, :])[:, None]
-        if o.rerope_window:  # q at w, k at 0: relative position w
-            return [(distance_Bx1xTxS > o.rerope_window, o.rerope_window - q_pos_BxT, -k_pos_BxS)]
+        if o.rerope_window:  # beyond the window, q at w and k at 0: relative position w
+            return q_pos_BxT, k_pos_BxS, (o.rerope_window + 1,), [(o.rerope_window - q_pos_BxT, -k_pos_BxS)]
         if o.self_extend_window:  # grouped positions m // G + W - W // G and n // G
             window, group = o.self_extend_window, o.self_extend_group
-            return [(distance_Bx1xTxS >= window, q_pos_BxT // group + (window - window // group) - q_pos_BxT,
-                     k_pos_BxS // group - k_pos_BxS)]
-        if o.dca_chunk_size:  # keys at n mod c; queries by the chunk relation
+            return q_pos_BxT, k_pos_BxS, (window,), [
+                (q_pos_BxT // group + (window - window // group) - q_pos_BxT, k_pos_BxS // group - k_pos_BxS)]
+        if o.dca_chunk_size:  # keys at n mod c; queries by the chunk relation (1: successive, 2+: inter)
             size, chunk = o.dca_chunk_size, o.dca_chunk_size - o.dca_local_window
-            apart_Bx1xTxS = (q_pos_BxT[:, :, None] // chunk - k_pos_BxS[:, None, :] // chunk)[:, None]
             k_shift = k_pos_BxS % chunk - k_pos_BxS
             successive = jnp.minimum(q_pos_BxT % chunk + chunk, size) - q_pos_BxT
             inter = min(2 * chunk - 1, size) - q_pos_BxT
-            return [(apart_Bx1xTxS == 1, successive, k_shift), (apart_Bx1xTxS >= 2, inter, k_shift)]
-        return []
+            return q_pos_BxT // chunk, k_pos_BxS // chunk, (1, 2), [(successive, k_shift), (inter, k_shift)]
+        return None
+
+
+class PositionVariants(NamedTuple):
+    """`Rope.position_variants`: q (B x T x H x K) and k (B x S x H x K) per variant, the plain ones
+    first; int32 coordinates of queries (B x T) and keys (B x S); the thresholds (increasing) at which
+    the coordinate difference of a pair passes to the next variant."""
+    qs: tuple
+    ks: tuple
+    q_coord: jax.Array
+    k_coord: jax.Array
+    thresholds: tuple[int, ...]
 
 
 def _logits(q_BxTxHxK, k_BxSxHxK):

@@ -42,6 +42,9 @@ class Traits:
     - bias: the additive bias: "none"; "function" (`bias`, and the same as `bias_fn()`, a
       function of positions a kernel evaluates per tile: posenc/kernel_bias.py); "tile" (only
       the `bias` hook, computed by attention tile by tile).
+    - moves_positions: the "tile" bias is the logit at other positions minus the plain one (ReRoPE,
+      Self-Extend, DCA), also given as `position_variants` (q and k rotated on per move, and the
+      rule that picks one per pair) for a kernel that computes each pair's logit once.
     """
     per_layer: bool = False
     needs_full_rows: bool = False
@@ -56,11 +59,14 @@ class Traits:
     rotates_per_head: bool = False
     logit_scale: str = "none"
     bias: str = "none"
+    moves_positions: bool = False
 
     def __post_init__(self):
         for name, valid in (("normalization", NORMALIZATIONS), ("logit_scale", LOGIT_SCALES), ("bias", BIASES)):
             if getattr(self, name) not in valid:
                 raise ValueError(f"Traits.{name} must be one of {', '.join(valid)}, got {getattr(self, name)!r}")
+        if self.moves_positions and self.bias != "tile":
+            raise ValueError("Traits.moves_positions describes a tile bias: set bias='tile' too")
         if self.carries_bias and not self.needs_full_rows:
             raise ValueError("Traits.carries_bias is for a bias that needs full rows: set needs_full_rows too")
 

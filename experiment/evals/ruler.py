@@ -101,11 +101,15 @@ def text_of(run, tokenizer, template: str) -> Text:
 
 def cell_record(task: task_lib.Task, length: int, spec: RulerSpec, built: list[task_lib.Built],
                 answers: list[str], seconds: float, header: dict, answer_tokens: list[int] | None = None,
-                design: dict | None = None) -> dict:
+                design: dict | None = None, earlier: dict | None = None) -> dict:
     """The record of one (task, length): RULER's score of each answer, their mean and what was asked;
     `answer_tokens`: each answer's length in tokens, its end of text not counted (tokens_to_generate:
-    it ran to RULER's budget); `design`: the fields of needles placed by design (`_design`)."""
-    scores = [task_lib.score(answer, b.example.references) for answer, b in zip(answers, built)]
+    it ran to RULER's budget); `design`: the fields of needles placed by design (`_design`); `earlier`:
+    the record this cell extends (`_earlier`), whose scores its first questions keep (its answers
+    are kept only in part: scored again, a long answer could lose its needle)."""
+    kept = earlier["scores"] if earlier else []
+    scores = kept + [task_lib.score(answer, b.example.references)
+                     for answer, b in zip(answers[len(kept):], built[len(kept):])]
     tokens = [len(b.ids) for b in built]
     return {**header, **(design or {}), "task": task.name, "eval_length": int(length), "template": spec.template,
             "seed": spec.seed,
@@ -113,7 +117,25 @@ def cell_record(task: task_lib.Task, length: int, spec: RulerSpec, built: list[t
             "haystack": task.haystack, "tokens_to_generate": task.tokens_to_generate,
             "prompt_tokens": [min(tokens), max(tokens)], "seconds": round(seconds, 1),
             "answers": [a.strip()[:PREVIEW_CHARS] for a in answers],
-            **({"answer_tokens": [int(n) for n in answer_tokens]} if answer_tokens is not None else {})}
+            **({"answer_tokens": [int(n) for n in answer_tokens]} if answer_tokens is not None else {}),
+            **({"extended_from": len(kept)} if earlier else {})}
+
+
+def _earlier(scoring: Scoring, spec: RulerSpec, name: str, length: int, design: dict) -> dict | None:
+    """A record of this designed cell with fewer questions, the most, whose prompts are this cell's first
+    ones (context j is the same whatever else is asked: corpora/ruler/designed.py; checked by each
+    question's context, target and measured distance): its questions are not asked again."""
+    if not design:
+        return None
+    header, found = scoring.header(), None
+    for r in scoring.run.records("ruler"):
+        n = int(r.get("count", 0))
+        if (r.get("task") == name and int(r.get("eval_length", -1)) == length and 0 < n < spec.samples
+                and same_evaluation(r, header) and _same_settings({**r, "count": spec.samples}, spec)
+                and "answer_tokens" in r and all(r.get(k) == design[k][:n] for k in ("contexts", "targets", "distances"))
+                and (found is None or n > found["count"])):
+            found = r
+    return found
 
 
 def _done(scoring: Scoring, spec: RulerSpec) -> set[tuple[str, int]]:
@@ -193,6 +215,12 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
                                                                                     "questions_per_prefill")
                                                              if k in design}},
                                    [b.ids for b in built])
+            earlier = _earlier(scoring, spec, name, int(length), design)
+            if earlier and len(partial.answers) < earlier["count"]:  # its answers stand for the first questions
+                log.info("ruler %s%s L=%d: the %d questions of the record kept, %d more asked", name, method, length,
+                         earlier["count"], len(built) - earlier["count"])
+                partial.answers = [[a, n] for a, n in zip(earlier["answers"], earlier["answer_tokens"])]
+                partial.seconds = float(earlier["seconds"])
             stopped = functools.partial(_stopped, scoring, list(finished), length, name, partial, len(built))
             with Progress(f"ruler {name}{method} L={length}", spec.samples, "prompts",
                           shown=scoring.run.writer) as progress:
@@ -200,7 +228,7 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
                                                   partial, start, stopped, spec.questions)
             record = cell_record(task, length, spec, built, answers,
                                  partial.total_seconds(time.perf_counter() - start), scoring.header(), answer_tokens,
-                                 design)
+                                 design, earlier)
             log.info("ruler %s%s L=%d: %.3f over %d examples (%.0f s)", name, method, length, record["score"],
                      record["count"], record["seconds"])
             scoring.write("ruler", [record])  # each cell kept as it finishes

@@ -29,6 +29,7 @@ import hashlib
 import json
 import os
 import time
+from typing import NamedTuple
 
 import jax
 import jax.numpy as jnp
@@ -65,28 +66,55 @@ def _window(mask: LambdaMask | None) -> int:
     return mask.window
 
 
-def flash(q_BxTxHxK, k_BxTxGxK, v_BxTxGxV, scale: float, window: int = 0, blocks: tuple[int, int] | None = None):
+def flash(q_BxTxHxK, k_BxTxGxK, v_BxTxGxV, scale: float, window: int = 0, blocks: tuple[int, int] | None = None,
+          moves: "Moves | None" = None):
     """softmax(scale * q k^T) v under the causal mask (and a sliding `window` of keys: t - j < window;
-    0: none), float32; k and v have G heads, each serving H / G query heads. Differentiable (the
-    gradient is blockwise attention's)."""
-    return _flash(q_BxTxHxK, k_BxTxGxK, v_BxTxGxV, float(scale), int(window), blocks or search_blocks(
-        q_BxTxHxK.shape[2], k_BxTxGxK.shape[2], q_BxTxHxK.shape[3], v_BxTxGxV.shape[3]))
+    0: none), float32; k and v have G heads, each serving H / G query heads. With `moves`, each pair's
+    logit is that of the variant of q and k its coordinates pick (Moves). Differentiable (the
+    gradient is blockwise attention's, or with moves a dense one's by blocks of queries, recomputed)."""
+    blocks = blocks or search_blocks(q_BxTxHxK.shape[2], k_BxTxGxK.shape[2], q_BxTxHxK.shape[3], v_BxTxGxV.shape[3])
+    if moves is None:
+        return _flash(q_BxTxHxK, k_BxTxGxK, v_BxTxGxV, float(scale), int(window), blocks)
+    qs, ks = jnp.stack((q_BxTxHxK, *moves.qs)), jnp.stack((k_BxTxGxK, *moves.ks))
+    return _flash_moved(qs, ks, v_BxTxGxV, moves.q_coord.astype(jnp.int32), moves.k_coord.astype(jnp.int32),
+                        float(scale), int(window), blocks, tuple(int(t) for t in moves.thresholds))
 
 
-def _kernel(q, k, v, scale: float, window: int, blocks: tuple[int, int]) -> jax.Array:
-    b, t, h, d = q.shape
-    g, dv = k.shape[2], v.shape[3]
+class Moves(NamedTuple):
+    """The variants of q (B x T x H x K) and k (B x T x G x K) beside the plain ones (one per threshold),
+    int coordinates of queries and keys (B x T), and the increasing thresholds: a pair whose coordinates
+    differ by at least thresholds[i] (and less than the next) takes variant i + 1's logit."""
+    qs: tuple
+    ks: tuple
+    q_coord: jax.Array
+    k_coord: jax.Array
+    thresholds: tuple[int, ...]
+
+
+def _kernel(q, k, v, scale: float, window: int, blocks: tuple[int, int], q_coord=None, k_coord=None,
+            thresholds: tuple[int, ...] = ()) -> jax.Array:
+    """q, k: B x T x H x K and B x T x G x K, or R of each (R x ..., R = len(thresholds) + 1)."""
+    if q.ndim == 4:
+        q, k = q[None], k[None]
+    _, b, t, h, d = q.shape
+    r, g, dv = k.shape[0], k.shape[3], v.shape[3]
     qb, kb = blocks
     pw, vw = native.panel_width(), native.vector_width()
     tp = -(-t // kb) * kb
     dvp = -(-dv // vw) * vw
-    k = jnp.pad(k, ((0, 0), (0, tp - t), (0, 0), (0, 0)))
-    k_panels = k.reshape(b, tp // pw, pw, g, d).transpose(0, 3, 1, 4, 2)  # B x G x Tp/PW x D x PW
+    k = jnp.pad(k, ((0, 0), (0, 0), (0, tp - t), (0, 0), (0, 0)))
+    k_panels = k.reshape(r, b, tp // pw, pw, g, d).transpose(0, 1, 4, 2, 5, 3)  # R x B x G x Tp/PW x D x PW
     v = jnp.pad(v, ((0, 0), (0, tp - t), (0, 0), (0, dvp - dv))).transpose(0, 2, 1, 3)  # B x G x Tp x Dv
+    if q_coord is None:
+        q_coord, k_coord = jnp.zeros((b, t), jnp.int32), jnp.zeros((b, tp), jnp.int32)
+    else:  # the padding keys (after every query: masked) repeat the last coordinate
+        k_coord = jnp.pad(k_coord, ((0, 0), (0, tp - t)), mode="edge")
+    thr = (*thresholds, 0, 0)
     out = jax.ffi.ffi_call(native.TARGET, jax.ShapeDtypeStruct((b, t, h, dvp), jnp.float32),
                            vmap_method="sequential")(
-        q.astype(jnp.float32), k_panels.astype(jnp.float32), v.astype(jnp.float32), scale=np.float32(scale),
-        qb=np.int64(qb), kb=np.int64(kb), window=np.int64(window))
+        q.astype(jnp.float32), k_panels.astype(jnp.float32), v.astype(jnp.float32), q_coord, k_coord,
+        scale=np.float32(scale), qb=np.int64(qb), kb=np.int64(kb), window=np.int64(window),
+        thr0=np.int64(thr[0]), thr1=np.int64(thr[1]))
     return out[..., :dv]
 
 
@@ -103,6 +131,34 @@ def _reference(q, k, v, scale: float, window: int) -> jax.Array:
     mask = LambdaMask(sinks=0, window=window, limit=window) if window else None
     call = Call(positions, positions, nope, mask=mask)
     return blockwise_call(q * (scale * d ** 0.5), jnp.repeat(k, reps, 2), jnp.repeat(v, reps, 2), call)
+
+
+def _reference_moved(qs, ks, v, q_coord, k_coord, scale: float, window: int, thresholds, rows: int = 256):
+    """The attention with moves, dense against every key for `rows` queries at a time (each block
+    recomputed in the backward pass): what the gradient with moves differentiates."""
+    _, b, t, h, d = qs.shape
+    reps = h // ks.shape[3]
+    ks, v = jnp.repeat(ks, reps, 3), jnp.repeat(v, reps, 2)
+    tq = -(-t // rows) * rows
+    pad = ((0, 0), (0, 0), (0, tq - t), (0, 0), (0, 0))
+    qs_blocks = jnp.pad(qs, pad).reshape(qs.shape[0], b, tq // rows, rows, h, d).transpose(2, 0, 1, 3, 4, 5)
+    qc_blocks = jnp.pad(q_coord, ((0, 0), (0, tq - t))).reshape(b, tq // rows, rows).transpose(1, 0, 2)
+
+    @jax.checkpoint
+    def one(args):
+        i, q_RxBxRowsxHxK, qc_BxRows = args
+        logits = jnp.einsum("rbthk,rbshk->rbhts", q_RxBxRowsxHxK, ks, preferred_element_type=jnp.float32) * scale
+        apart_Bx1xRowsxS = (qc_BxRows[:, :, None] - k_coord[:, None, :])[:, None]
+        picked = sum((apart_Bx1xRowsxS >= th).astype(jnp.int32) for th in thresholds)
+        chosen = jnp.take_along_axis(logits, picked[None].repeat(h, 2), axis=0)[0]
+        query = i * rows + jnp.arange(rows)[:, None]
+        key = jnp.arange(t)[None, :]
+        keep = (key <= query) & ((query - key < window) if window else True)
+        weights = jax.nn.softmax(jnp.where(keep, chosen, -1e30), axis=-1)  # finite: padded rows stay finite
+        return jnp.einsum("bhts,bshk->bthk", weights, v.astype(jnp.float32))
+
+    out = jax.lax.map(one, (jnp.arange(tq // rows), qs_blocks, qc_blocks))  # blocks x B x rows x H x K
+    return out.transpose(1, 0, 2, 3, 4).reshape(b, tq, h, -1)[:, :t]
 
 
 @functools.partial(jax.custom_vjp, nondiff_argnums=(3, 4, 5))
@@ -122,21 +178,45 @@ def _flash_bwd(scale, window, blocks, residuals, d_out):
 _flash.defvjp(_flash_fwd, _flash_bwd)
 
 
+@functools.partial(jax.custom_vjp, nondiff_argnums=(5, 6, 7, 8))
+def _flash_moved(qs, ks, v, q_coord, k_coord, scale, window, blocks, thresholds):
+    return _kernel(qs, ks, v, scale, window, blocks, q_coord, k_coord, thresholds)
+
+
+def _flash_moved_fwd(qs, ks, v, q_coord, k_coord, scale, window, blocks, thresholds):
+    out = _kernel(qs, ks, v, scale, window, blocks, q_coord, k_coord, thresholds)
+    return out, (qs, ks, v, q_coord, k_coord)
+
+
+def _flash_moved_bwd(scale, window, blocks, thresholds, residuals, d_out):
+    qs, ks, v, q_coord, k_coord = residuals
+    _, vjp = jax.vjp(lambda qs, ks, v: _reference_moved(qs, ks, v, q_coord, k_coord, scale, window, thresholds),
+                     qs, ks, v)
+    return (*vjp(d_out), None, None)
+
+
+_flash_moved.defvjp(_flash_moved_fwd, _flash_moved_bwd)
+
+
 def cpu_flash_call(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, call: Call) -> jax.Array:
-    """The path's `run` (paths.py): the call's scheme applied around the kernel, keys and values grouped."""
+    """The path's `run` (paths.py): the call's scheme applied around the kernel, keys and values grouped;
+    a scheme that moves positions (Self-Extend, DCA, ReRoPE) gives its variants of q and k as well."""
     from models.generation.attend import grouped, repeat_heads
     heads, groups = q_BxTxHxK.shape[2], k_BxTxGxK.shape[2]
     scheme = call.scheme
     q, k = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), call.q_pos, call.k_pos)
+    variants = scheme.position_variants(q, k, call.q_pos, call.k_pos) if scheme.traits.moves_positions else None
+    qs, ks = (variants.qs, variants.ks) if variants else ((q,), (k,))
     if scheme.traits.rotates_per_head:  # each query head its own keys (FoPE): nothing shared by a group
         v_BxTxGxK = repeat_heads(v_BxTxGxK, heads)
     else:
-        k = grouped(k, groups)
+        ks = tuple(grouped(k, groups) for k in ks)
     scale = scheme.logit_scale(call.q_pos, call.k_pos)
     if scale is not None:  # per query (the row refuses per pair): B x H x T x 1 or a scalar
         scale_BxTxHx1 = jnp.swapaxes(jnp.broadcast_to(scale, (q.shape[0], heads, q.shape[1], 1)), 1, 2)
-        q = q * scale_BxTxHx1
-    out = flash(q, k, v_BxTxGxK, q.shape[-1] ** -0.5, _window(call.mask))
+        qs = tuple(q * scale_BxTxHx1 for q in qs)
+    moves = Moves(qs[1:], ks[1:], variants.q_coord, variants.k_coord, variants.thresholds) if variants else None
+    out = flash(qs[0], ks[0], v_BxTxGxK, q.shape[-1] ** -0.5, _window(call.mask), moves=moves)
     return out.astype(v_BxTxGxK.dtype)
 
 

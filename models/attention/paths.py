@@ -202,7 +202,8 @@ def pallas_run(q, k, v, call: Call) -> jax.Array:
 
 
 def cpu_flash_accepts(traits: Traits, spec: CallSpec) -> str | None:
-    """Logits q . k alone (a rotation, a per-query scale), softmax, float32, no dropout, causal with or
+    """Logits q . k alone (a rotation, a per-query scale; or q . k at positions a rotation moves:
+    Self-Extend, DCA, ReRoPE, unwrapped), softmax, float32, no dropout, causal with or
     without a sliding window (the Lambda mask without sinks), on the CPU with the kernel built."""
     if spec.dropping:
         return without_dropout("cpu_flash")
@@ -210,9 +211,12 @@ def cpu_flash_accepts(traits: Traits, spec: CallSpec) -> str | None:
         return (f"model.attention=cpu_flash applies a sliding window but not LM-Infinite's sinks "
                 f"({MASK_OPTIONS}); use blockwise or auto")
     refusal = masked_dropout(spec) or under_mask(traits, spec)
-    if refusal is None and not (_rows_of_tiles(traits) and traits.bias == "none" and not traits.reads_input):
+    moved = traits.moves_positions and not traits.wrapper  # logits at moved positions: variants of q and k
+    if refusal is None and not (_rows_of_tiles(traits) and (traits.bias == "none" or moved)
+                                and not traits.reads_input):
         refusal = (f"positional scheme {spec.scheme!r} adds a bias, a value term, or scales logits per key; "
-                   f"model.attention=cpu_flash computes q . k alone: use auto, blockwise or dense")
+                   f"model.attention=cpu_flash computes q . k alone (or at positions a rotation moves): use "
+                   f"auto, blockwise or dense")
     if refusal is None and spec.dtype != "float32":
         refusal = (f"model.attention=cpu_flash computes in float32; the model computes in {spec.dtype}: set "
                    f"--config.model.dtype=float32, or use auto")

@@ -9,9 +9,16 @@
 // also keeps each row's running maximum, then P = 2^(S - m) with its row sums, then O += P V. Q, S, O
 // and one block of K and V stay in the core's caches; nothing T x T exists.
 //
-// Layouts (prepared by the caller, cpu_flash.py): q [B, T, H, D]; k in panels of PW keys,
-// [B, G, Tp / PW, D, PW] (a panel's D x PW block contiguous, so the QK kernel reads it from L1);
-// v [B, G, Tp, Dv]; out [B, T, H, Dv]. Tp: keys padded with zeros to a multiple of kb (the padding lies
+// Moved positions (Self-Extend, Dual Chunk Attention, ReRoPE: posenc/rotary.py): q and k come in R
+// variants (1 to 3), each rotated at other positions; a query t and a key j take their logit from variant
+// r = [d >= thr0] + [d >= thr1] (the first R - 1 thresholds, increasing), d = qc[t] - kc[j] for integer
+// coordinates qc, kc given by the caller (positions for Self-Extend, chunk indices for DCA). A block of
+// keys whose pairs all fall in one variant is computed as without variants; only a block that straddles
+// a threshold computes its logits once per variant it holds and picks each entry's.
+//
+// Layouts (prepared by the caller, cpu_flash.py): q [R, B, T, H, D]; k in panels of PW keys,
+// [R, B, G, Tp / PW, D, PW] (a panel's D x PW block contiguous, so the QK kernel reads it from L1);
+// v [B, G, Tp, Dv]; qc [B, T] and kc [B, Tp], int32; out [B, T, H, Dv]. Tp: keys padded with zeros to a multiple of kb (the padding lies
 // after every query: the causal mask removes it); Dv a multiple of the vector width VW; kb a multiple of
 // PW. Vector code uses GCC / Clang vector extensions, so one source serves AVX-512, AVX2, SSE and NEON;
 // the widths below follow the instruction set the compiler targets (-march=native).
@@ -179,22 +186,27 @@ struct Shape {
   long B, T, H, G, D, Dv, Tp;
   long qb, kb, window;  // window 0: every earlier key
   float scale;          // times log2(e): logits in base 2
+  long R, thr[2];       // variants of q and k, and the coordinate differences at which the next one starts
 };
 
-// One item's scratch: for each of the group's R query heads, Q (qb x D), O (qb x Dv), the reference
-// maximum m and sum l (qb each); shared by the heads, S / P (qb x kb), the row maxima M and the row
-// sums E of one block (qb x VW each).
+// The variant of the pairs whose coordinates differ by d.
+static inline int variant(const Shape& s, long d) { return (s.R > 1 && d >= s.thr[0]) + (s.R > 2 && d >= s.thr[1]); }
+
+// One item's scratch: for each of the group's query heads, Q (qb x D, one per variant), O (qb x Dv), the
+// reference maximum m and sum l (qb each); shared by the heads, S / P (qb x kb), a second S2 for blocks of
+// several variants, the row maxima M and the row sums E of one block (qb x VW each).
 struct Scratch {
   std::vector<float> data;
-  float *Q, *O, *m, *l, *S, *M, *E;
+  float *Q, *O, *m, *l, *S, *S2, *M, *E;
   Scratch(const Shape& s, long heads)
-      : data(heads * s.qb * (s.D + s.Dv + 2) + s.qb * s.kb + 2 * s.qb * VW) {
+      : data(heads * s.qb * (s.R * s.D + s.Dv + 2) + 2 * s.qb * s.kb + 2 * s.qb * VW) {
     Q = data.data();
-    O = Q + heads * s.qb * s.D;
+    O = Q + s.R * heads * s.qb * s.D;
     m = O + heads * s.qb * s.Dv;
     l = m + heads * s.qb;
     S = l + heads * s.qb;
-    M = S + s.qb * s.kb;
+    S2 = S + s.qb * s.kb;
+    M = S2 + s.qb * s.kb;
     E = M + s.qb * VW;
   }
 };
@@ -247,14 +259,38 @@ static bool fused_block(const Shape& s, long rows, long k0, long width, const fl
   return true;
 }
 
-static void block(const Shape& s, long r0, long rows, long k0, long width, bool masked, const float* kbg,
-                  const float* vbg, float* Q, float* O, float* m, float* l, float* S, float* M, float* E) {
-  if (!masked && std::all_of(m, m + rows, [](float x) { return x > -INFINITY; }) &&
+// S for a block whose pairs fall in variants lo .. hi (lo < hi): each variant's logits computed, each
+// entry taken from its own (Qv, Kv: the head's queries and the group's keys of each variant).
+static void mixed_logits(const Shape& s, long r0, long rows, long k0, long width, int lo, int hi,
+                         const int32_t* qc, const int32_t* kc, float* const* Qv, const float* const* Kv, float* S,
+                         float* S2) {
+  for (int r = lo; r <= hi; ++r) {
+    float* dst = r == lo ? S : S2;
+    for (long c = 0; c < width; c += PW)
+      tile_rows<QK_MR, QK_NV>(rows, Qv[r], s.D, Kv[r] + (k0 + c) * s.D, PW, dst + c, s.kb, s.D, false);
+    if (r == lo) continue;
+    for (long i = 0; i < rows; ++i) {
+      const long a = qc[r0 + i];
+      float* Si = S + i * s.kb;
+      const float* S2i = S2 + i * s.kb;
+      for (long j = 0; j < width; ++j)
+        if (variant(s, a - kc[k0 + j]) == r) Si[j] = S2i[j];
+    }
+  }
+}
+
+// One head's rows against one block of keys: its logits (unless `computed`: S holds them, and the block
+// is `masked`), the online softmax's update, O += P V.
+static void block(const Shape& s, long r0, long rows, long k0, long width, bool masked, bool computed,
+                  const float* kbg, const float* vbg, float* Q, float* O, float* m, float* l, float* S, float* M,
+                  float* E) {
+  if (!computed && !masked && std::all_of(m, m + rows, [](float x) { return x > -INFINITY; }) &&
       fused_block(s, rows, k0, width, kbg, vbg, Q, O, m, l, S, M, E))
     return;
   for (long r = 0; r < rows; ++r) store(M + r * VW, splat(-INFINITY));
-  for (long c = 0; c < width; c += PW)
-    tile_rows<QK_MR, QK_NV>(rows, Q, s.D, kbg + (k0 + c) * s.D, PW, S + c, s.kb, s.D, false, M);
+  if (!computed)
+    for (long c = 0; c < width; c += PW)
+      tile_rows<QK_MR, QK_NV>(rows, Q, s.D, kbg + (k0 + c) * s.D, PW, S + c, s.kb, s.D, false, M);
   for (long r = 0; r < rows; ++r) {
     float* Sr = S + r * s.kb;
     float* Or = O + r * s.Dv;
@@ -290,32 +326,47 @@ static void block(const Shape& s, long r0, long rows, long k0, long width, bool 
 
 // Item `idx`: one row b, one key-value group g, one block of qb queries, for each of the group's query
 // heads; each block of keys and values is read once from memory and used by all of them.
-static void item(const Shape& s, const float* q, const float* kp, const float* v, float* out, long idx,
-                 Scratch& w) {
+static void item(const Shape& s, const float* q, const float* kp, const float* v, const int32_t* qc,
+                 const int32_t* kc, float* out, long idx, Scratch& w) {
   const long blocks = (s.T + s.qb - 1) / s.qb, per_block = s.B * s.G, heads = s.H / s.G;
   const long i = blocks - 1 - idx / per_block;  // the latest query blocks (the most keys) first
   const long b = (idx % per_block) / s.G, g = idx % s.G;
   const long r0 = i * s.qb, rows = std::min(s.qb, s.T - r0), last = r0 + rows - 1;
-  for (long e = 0; e < heads; ++e) {
-    const long h = g * heads + e;
-    for (long r = 0; r < rows; ++r) {
-      const float* src = q + ((b * s.T + r0 + r) * s.H + h) * s.D;
-      float* dst = w.Q + (e * s.qb + r) * s.D;
-      for (long d = 0; d < s.D; ++d) dst[d] = src[d] * s.scale;
-      w.m[e * s.qb + r] = -INFINITY;
-      w.l[e * s.qb + r] = 0.0f;
+  for (long x = 0; x < s.R; ++x)
+    for (long e = 0; e < heads; ++e) {
+      const long h = g * heads + e;
+      for (long r = 0; r < rows; ++r) {
+        const float* src = q + (((x * s.B + b) * s.T + r0 + r) * s.H + h) * s.D;
+        float* dst = w.Q + ((x * heads + e) * s.qb + r) * s.D;
+        for (long d = 0; d < s.D; ++d) dst[d] = src[d] * s.scale;
+      }
     }
-  }
+  std::fill(w.m, w.m + heads * s.qb, -INFINITY);
+  std::fill(w.l, w.l + heads * s.qb, 0.0f);
   std::fill(w.O, w.O + heads * s.qb * s.Dv, 0.0f);
-  const float* kbg = kp + (b * s.G + g) * s.D * s.Tp;
+  const float* kbgs[3];  // this group's keys, per variant
+  for (long x = 0; x < s.R; ++x) kbgs[x] = kp + ((x * s.B + b) * s.G + g) * s.D * s.Tp;
   const float* vbg = v + (b * s.G + g) * s.Tp * s.Dv;
+  const int32_t *qcb = qc + b * s.T, *kcb = kc + b * s.Tp;
+  const long qlo = s.R > 1 ? *std::min_element(qcb + r0, qcb + r0 + rows) : 0;
+  const long qhi = s.R > 1 ? *std::max_element(qcb + r0, qcb + r0 + rows) : 0;
   const long first = s.window > 0 ? std::max(0L, r0 - s.window + 1) / PW * PW : 0;
   for (long k0 = first; k0 <= last; k0 += s.kb) {
     const long width = (std::min(s.kb, last + 1 - k0) + PW - 1) / PW * PW;  // within Tp
     const bool masked = k0 + width - 1 > r0 || (s.window > 0 && k0 <= last - s.window);
-    for (long e = 0; e < heads; ++e)
-      block(s, r0, rows, k0, width, masked, kbg, vbg, w.Q + e * s.qb * s.D, w.O + e * s.qb * s.Dv,
+    int lo = 0, hi = 0;  // the variants this block's pairs fall in (keys after the last query do not count)
+    if (s.R > 1) {
+      const long end = std::min(k0 + width, last + 1);
+      lo = variant(s, qlo - *std::max_element(kcb + k0, kcb + end));
+      hi = variant(s, qhi - *std::min_element(kcb + k0, kcb + end));
+    }
+    for (long e = 0; e < heads; ++e) {
+      float* Qv[3];
+      for (long x = 0; x < s.R; ++x) Qv[x] = w.Q + (x * heads + e) * s.qb * s.D;
+      if (lo != hi) mixed_logits(s, r0, rows, k0, width, lo, hi, qcb, kcb, Qv, kbgs, w.S, w.S2);
+      block(s, r0, rows, k0, width, masked || lo != hi, lo != hi, kbgs[lo], vbg, Qv[lo], w.O + e * s.qb * s.Dv,
             w.m + e * s.qb, w.l + e * s.qb, w.S, w.M, w.E);
+    }
   }
   for (long e = 0; e < heads; ++e) {
     const long h = g * heads + e;
@@ -335,6 +386,7 @@ static void item(const Shape& s, const float* q, const float* kp, const float* v
 struct Work {
   Shape s;
   const float *q, *kp, *v;
+  const int32_t *qc, *kc;
   float* out;
   long n;
   std::atomic<long> next{0}, active{0};
@@ -343,28 +395,33 @@ struct Work {
     active.fetch_add(1);
     if (next.load() < n) {
       Scratch scratch(s, s.H / s.G);
-      for (long idx = next.fetch_add(1); idx < n; idx = next.fetch_add(1)) item(s, q, kp, v, out, idx, scratch);
+      for (long idx = next.fetch_add(1); idx < n; idx = next.fetch_add(1)) item(s, q, kp, v, qc, kc, out, idx, scratch);
     }
     active.fetch_sub(1);
   }
 };
 
 static ffi::Error FlashAttentionImpl(ffi::ThreadPool pool, ffi::Buffer<ffi::F32> q, ffi::Buffer<ffi::F32> kp,
-                                     ffi::Buffer<ffi::F32> v, ffi::ResultBuffer<ffi::F32> out, float scale,
-                                     int64_t qb, int64_t kb, int64_t window) {
-  auto qd = q.dimensions(), kd = kp.dimensions(), vd = v.dimensions();
-  if (qd.size() != 4 || kd.size() != 5 || vd.size() != 4 || kd[4] != PW)
-    return ffi::Error::InvalidArgument("flash attention: q, k panels or v of the wrong rank, or k not in panels of PW");
+                                     ffi::Buffer<ffi::F32> v, ffi::Buffer<ffi::S32> qc, ffi::Buffer<ffi::S32> kc,
+                                     ffi::ResultBuffer<ffi::F32> out, float scale, int64_t qb, int64_t kb,
+                                     int64_t window, int64_t thr0, int64_t thr1) {
+  auto qd = q.dimensions(), kd = kp.dimensions(), vd = v.dimensions(), qcd = qc.dimensions(), kcd = kc.dimensions();
+  if (qd.size() != 5 || kd.size() != 6 || vd.size() != 4 || qcd.size() != 2 || kcd.size() != 2 || kd[5] != PW)
+    return ffi::Error::InvalidArgument("flash attention: q, k panels, v or coordinates of the wrong rank, or k not "
+                                       "in panels of PW");
   auto work = std::make_shared<Work>();
-  work->s = Shape{qd[0], qd[1], qd[2], kd[1], qd[3], vd[3], kd[2] * PW, qb, kb, window,
-                  scale * 1.4426950408889634f};
+  work->s = Shape{qd[1], qd[2], qd[3], kd[2], qd[4], vd[3], kd[3] * PW, qb, kb, window,
+                  scale * 1.4426950408889634f, qd[0], {thr0, thr1}};
   const Shape& s = work->s;
-  if (kd[0] != s.B || kd[3] != s.D || vd[0] != s.B || vd[1] != s.G || vd[2] != s.Tp || s.H % s.G != 0 ||
-      s.Tp < s.T || s.Tp % kb != 0 || kb % PW != 0 || s.Dv % VW != 0 || qb < 1)
+  if (kd[0] != s.R || s.R < 1 || s.R > 3 || (s.R == 3 && thr1 <= thr0) || kd[1] != s.B || kd[4] != s.D ||
+      vd[0] != s.B || vd[1] != s.G || vd[2] != s.Tp || qcd[0] != s.B || qcd[1] != s.T || kcd[0] != s.B ||
+      kcd[1] != s.Tp || s.H % s.G != 0 || s.Tp < s.T || s.Tp % kb != 0 || kb % PW != 0 || s.Dv % VW != 0 || qb < 1)
     return ffi::Error::InvalidArgument("flash attention: inconsistent shapes (see flash_attention.cc's layouts)");
   work->q = q.typed_data();
   work->kp = kp.typed_data();
   work->v = v.typed_data();
+  work->qc = qc.typed_data();
+  work->kc = kc.typed_data();
   work->out = out->typed_data();
   work->n = s.B * s.G * ((s.T + qb - 1) / qb);
   const long helpers = std::min<long>(pool.num_threads(), work->n) - 1;
@@ -380,11 +437,15 @@ XLA_FFI_DEFINE_HANDLER_SYMBOL(lx_flash_attention, FlashAttentionImpl,
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
                                   .Arg<ffi::Buffer<ffi::F32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
+                                  .Arg<ffi::Buffer<ffi::S32>>()
                                   .Ret<ffi::Buffer<ffi::F32>>()
                                   .Attr<float>("scale")
                                   .Attr<int64_t>("qb")
                                   .Attr<int64_t>("kb")
-                                  .Attr<int64_t>("window"));
+                                  .Attr<int64_t>("window")
+                                  .Attr<int64_t>("thr0")
+                                  .Attr<int64_t>("thr1"));
 
 // What the caller must know of this build: keys per panel, floats per vector.
 extern "C" int lx_flash_panel_width() { return PW; }

@@ -2,6 +2,8 @@
 scored, its flags; end to end (slow) on a tiny trained run through evaluate_kinds and the report.
 The tasks themselves: tests/corpora/test_ruler.py."""
 
+import json
+
 import pytest
 
 from corpora import ruler as task_lib
@@ -140,3 +142,27 @@ def test_needles_by_distance_end_to_end_one_prefill_for_two_questions(trained, t
                        ({"needle_distances": ("300", "2000")}, "must lie in")):
         with pytest.raises(ValueError, match=match):
             kinds_lib.check_request(trained, ("ruler",), kinds_lib.Request(lengths=(1024,), options={**options, **bad}))
+
+
+@pytest.mark.slow
+def test_a_designed_cell_asked_with_more_questions_keeps_the_ones_recorded(trained, tmp_path, monkeypatch):
+    """Context j is the same whatever else is asked, so a cell of 2 questions extended to 4 keeps the 2
+    recorded (scores, answers, seconds) and asks only the 2 new ones; the record says so and replaces
+    the smaller one."""
+    import shutil
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    options = {"ruler_tasks": ("niah_single_1",), "samples": 2, "needle_distances": ("300", "700")}
+    first = kinds_lib.evaluate_kinds(run, ("ruler",), kinds_lib.Request(lengths=(1024,), options=options))["ruler"][0]
+    asked = []
+    generate = ruler.generate
+    monkeypatch.setattr(ruler, "generate", lambda model, batch, *a, **k: asked.extend(batch) or generate(model, batch, *a, **k))
+    request = kinds_lib.Request(lengths=(1024,), options={**options, "samples": 4}, skip_done=True)
+    (more,) = kinds_lib.evaluate_kinds(run, ("ruler",), request)["ruler"]
+    assert len(asked) == 2 and more["count"] == 4 and more["extended_from"] == 2
+    assert more["scores"][:2] == first["scores"] and more["answers"][:2] == first["answers"]
+    assert more["contexts"] == [0, 1, 2, 3] and more["seconds"] >= first["seconds"]
+    assert more["distances"][:2] == first["distances"] and records.problem("ruler", [more]) is None
+    key = records.record_kind("ruler").key
+    held = [r for r in json.loads((run / "eval" / "ruler.json").read_text()) if key(r) == key(more)]
+    assert [r["count"] for r in held] == [4]

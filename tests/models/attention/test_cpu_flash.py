@@ -124,9 +124,108 @@ def test_a_sliding_window_gives_blockwise_logits():
     np.testing.assert_allclose(models[0](x), models[1](x), atol=2e-5, rtol=1e-5)
 
 
+
+def reference_moved(qs, ks, v, q_coord, k_coord, thresholds, scale, window=0):
+    """Attention in float64 whose pair (t, j) takes its logit from variant #{thresholds reached by
+    q_coord[t] - k_coord[j]} of q and k."""
+    logits = [reference_logits(q, k, scale) for q, k in zip(qs, ks)]
+    apart = np.asarray(q_coord)[:, :, None] - np.asarray(k_coord)[:, None, :]
+    picked = sum((apart >= th).astype(int) for th in thresholds)[:, None]
+    s = np.choose(np.broadcast_to(picked, logits[0].shape), logits)
+    t = s.shape[-1]
+    i = np.arange(t)
+    allowed = i[:, None] >= i[None, :]
+    if window:
+        allowed &= i[:, None] - i[None, :] < window
+    s = np.where(allowed, s, -np.inf)
+    p = np.exp(s - s.max(-1, keepdims=True))
+    reps = qs[0].shape[2] // v.shape[2]
+    return np.einsum("bhts,bshk->bthk", p / p.sum(-1, keepdims=True), np.repeat(np.asarray(v, np.float64), reps, 2))
+
+
+def reference_logits(q, k, scale):
+    q, k = np.asarray(q, np.float64), np.asarray(k, np.float64)
+    return np.einsum("bthk,bshk->bhts", q, np.repeat(k, q.shape[2] // k.shape[2], 2)) * scale
+
+
+def moved(b, t, h, g, d, rule, seed=0):
+    """q, k, v and Moves of a Self-Extend-like rule (2 variants, positions as coordinates, one
+    threshold) or a DCA-like one (3 variants, chunks of 90 as coordinates, thresholds 1 and 2)."""
+    q, k, v = qkv(b, t, h, g, d, d, seed)
+    extra = [qkv(b, t, h, g, d, d, seed + 1 + i)[:2] for i in range(1 if rule == "self_extend" else 2)]
+    pos = jnp.broadcast_to(jnp.arange(t, dtype=jnp.int32), (b, t))
+    coords, thresholds = (pos, (150,)) if rule == "self_extend" else (pos // 90, (1, 2))
+    return q, k, v, cpu_flash.Moves(tuple(e[0] for e in extra), tuple(e[1] for e in extra), coords, coords,
+                                    thresholds)
+
+
+@pytest.mark.parametrize("rule", ["self_extend", "dca"])
+@pytest.mark.parametrize("blocks,window", [((128, 256), 0), ((7, 64 * 3), 0), ((32, 64 * 2), 250)],
+                         ids=["128x256", "7x192", "32x128-window"])
+def test_moved_positions_equal_attention_in_float64(rule, blocks, window):
+    """Blocks of keys wholly in one variant (computed as without moves) and blocks across a threshold
+    (each entry from its own variant), grouped heads, a sliding window."""
+    if blocks[1] % native.panel_width():
+        pytest.skip(f"keys per block not a multiple of this build's panel width {native.panel_width()}")
+    q, k, v, moves = moved(2, 700, 4, 2, 32, rule)
+    got = jax.jit(lambda q, k, v: cpu_flash.flash(q, k, v, 32 ** -0.5, window, blocks, moves))(q, k, v)
+    want = reference_moved((q, *moves.qs), (k, *moves.ks), v, moves.q_coord, moves.k_coord, moves.thresholds,
+                           32 ** -0.5, window)
+    np.testing.assert_allclose(got, want, atol=2e-5, rtol=1e-5)
+
+
+MOVES = {"self_extend": dict(self_extend_window=20, self_extend_group=3),
+         "dca": dict(dca_chunk_size=24, dca_local_window=4), "rerope": dict(rerope_window=18),
+         "self_extend+yarn": dict(self_extend_window=8, self_extend_group=2, yarn_scale=2.0)}
+
+
+def _rope(options: dict):
+    cfg = posenc.default_config("rope")
+    cfg.rope.update(options)
+    return cfg
+
+
+@pytest.mark.parametrize("method", MOVES)
+def test_methods_that_move_positions_give_blockwise_logits_with_the_kernel(method):
+    """Self-Extend, DCA, ReRoPE (and with YaRN) through the decoder: their `position_variants` in the
+    kernel give the logits of their `bias` in blockwise attention."""
+    models = [DecoderLM(ModelConfig(**CFG, attention=path), _rope(MOVES[method]), train_length=32,
+                        rngs=nnx.Rngs(0)) for path in ("cpu_flash", "blockwise")]
+    x = jax.random.randint(jax.random.key(0), (2, 170), 0, CFG["vocab_size"])
+    np.testing.assert_allclose(models[0](x), models[1](x), atol=2e-5, rtol=1e-5)
+
+
+def test_gradients_with_moved_positions_are_blockwise_attentions():
+    from models.attention.blockwise import blockwise_call
+    from models.attention.call import Call
+    dims = posenc.ModelDims(d_model=64, num_heads=4, head_dim=16, num_layers=1, train_length=64)
+    scheme = posenc.build(_rope(MOVES["dca"]), dims, rngs=nnx.Rngs(0))
+    q, k, v = qkv(1, 300, 4, 2, 16, 16, seed=2)
+    pos = jnp.arange(300, dtype=jnp.int32)[None]
+    call = Call(pos, pos, scheme)
+
+    def loss(f):
+        return lambda q, k, v: (f(q, k, v) ** 2).sum()
+    ours = jax.grad(loss(lambda q, k, v: cpu_flash.cpu_flash_call(q, k, v, call)), argnums=(0, 1, 2))(q, k, v)
+    theirs = jax.grad(loss(lambda q, k, v: blockwise_call(q, jnp.repeat(k, 2, 2), jnp.repeat(v, 2, 2), call)),
+                      argnums=(0, 1, 2))(q, k, v)
+    for a, b in zip(ours, theirs):
+        np.testing.assert_allclose(a, b, atol=1e-4, rtol=1e-4)
+
 def _choose(name="rope", length=1100, **options):
+    return _choose_scheme(posenc.default_config(name), length, **options)
+
+
+def _wrapped(rope_options: dict):
+    cfg = posenc.default_config("logn")
+    cfg.logn.base = "rope"
+    cfg.rope.update(rope_options)
+    return cfg
+
+
+def _choose_scheme(posenc_cfg, length=1100, **options):
     dims = posenc.ModelDims(d_model=32, num_heads=4, head_dim=8, num_layers=1, train_length=512)
-    scheme = posenc.build(posenc.default_config(name), dims, rngs=nnx.Rngs(0))
+    scheme = posenc.build(posenc_cfg, dims, rngs=nnx.Rngs(0))
     cfg = ModelConfig(**{**CFG, "attention_block": 512, **options})
     positions = jnp.arange(length, dtype=jnp.int32)[None]
     return choice.choose(cfg, scheme, positions, jnp.dtype(cfg.dtype), dropping=False)
@@ -139,6 +238,10 @@ def test_auto_takes_the_kernel_for_long_forward_passes_only():
     with choice.training_calls(rows=1):
         assert _choose() == "blockwise"  # differentiated: XLA's path
     assert _choose("alibi") == "blockwise"  # a bias
+    assert _choose("rope", **{}) == "cpu_flash"
+    se = dict(self_extend_window=256, self_extend_group=4)
+    assert _choose_scheme(_rope(se)) == "cpu_flash"  # a bias of moved positions: the kernel's variants
+    assert _choose_scheme(_wrapped(se)) == "blockwise"  # wrapped (log-n around it): not taken apart
     assert _choose(attention_sinks=4) == "blockwise"  # LM-Infinite's sinks
     assert _choose(dtype="bfloat16") == "blockwise"
 
