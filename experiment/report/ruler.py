@@ -305,7 +305,7 @@ def report(runs: list[dict], out: str | pathlib.Path) -> dict:
 
 def compare(committed: list[dict], new: list[dict], tolerance: float = 0.0) -> tuple[str, bool]:
     """(a summary, whether every cell of `new` is within `tolerance` of the committed one): the cells
-    of `new` (task, length, column) matched with the committed records' (results/NAME/run.sh --check)."""
+    of `new` (task, length, column) matched with the committed records' (study.py configs/studies/NAME.py --check)."""
     def key_of(r):
         return (column_name(r), r["task"], int(r["eval_length"])) + distances.cell_key(r)[4:]
     old = {key_of(r): r for r in committed}

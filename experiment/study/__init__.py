@@ -1,5 +1,6 @@
-"""A study: one imported model evaluated in many cells, written as a config (configs/studies/NAME.py)
-and run by one command (study.py, experiment/study/run.py):
+"""A study: one imported model evaluated in many cells, or models trained here and evaluated by a few
+commands, written as a config (configs/studies/NAME.py) and run by one command (study.py,
+experiment/study/run.py and steps.py):
 
     python study.py configs/studies/ruler_smollm2.py             # every cell; a second call resumes
     python study.py configs/studies/ruler_smollm2.py --check     # the check cells, compared with the records
@@ -10,6 +11,11 @@ and `get_study(params) -> Study`. A `Cell` is what one `eval_extrapolate.py` com
 kinds, lengths, methods, --set overrides and the kinds' options, by the flag names), evaluated through
 experiment.evals.kinds.evaluate_kinds with --skip_done, so that a repeated or interrupted study goes on
 where it stopped. `Cell.command()` is that command, for the log and the README.
+
+A study of models trained here (`TrainingStudy`: the demo-scale tables, the reduced-scale reproduction)
+is its `steps`: the project's own commands (train.py, sweep.py, eval_extrapolate.py, report.py, ...)
+in order, each of which resumes (a trained run is not trained again, --skip_done), and its check steps
+(one scheme again in a new folder, report.py --compare_with the committed tables).
 """
 from __future__ import annotations
 
@@ -70,7 +76,43 @@ class Study:
     quick: tuple[Cell, ...] = ()
 
 
-def load(path: str | pathlib.Path, params: dict[str, str] | None = None) -> tuple[Study, dict]:
+@dataclasses.dataclass(frozen=True)
+class Step:
+    """One command of a TrainingStudy: `argv`, a project entry point (ENTRY_POINTS: "train.py", ..., or
+    "-m" and a module of the project) and its arguments, "{W}" and "{OUT}" in them standing for the run
+    folder and the result folder; or `copy` = (a glob of files under W, a folder under OUT), copied.
+    `done_if`: a path (with {W}) whose existence means the step has run (for a command that would not
+    resume by itself, such as an import)."""
+    argv: tuple[str, ...] = ()
+    copy: tuple[str, str] | None = None
+    done_if: str | None = None
+
+    def filled(self, workdir: str = "W", out: str = "OUT") -> tuple[str, ...]:
+        return tuple(a.replace("{W}", workdir).replace("{OUT}", out) for a in self.argv)
+
+    def command(self, workdir: str = "W", out: str = "OUT") -> str:
+        """The command as one types it (for the log, --dry_run and the README)."""
+        if self.copy:
+            return f"cp {self.copy[0].replace('{W}', workdir)} {self.copy[1].replace('{OUT}', out)}"
+        return "python " + " ".join(self.filled(workdir, out))
+
+
+ENTRY_POINTS = ("train.py", "sweep.py", "eval_extrapolate.py", "report.py", "export_hf.py", "import_hf.py", "-m")
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainingStudy:
+    """Models trained here and evaluated by `steps`, in order (each resumes where it stopped: a second
+    call does only what is missing); `check`: steps that re-run part of it in a new run folder and
+    compare with the committed tables (a step that fails, such as report.py --compare_with beyond its
+    tolerance, fails the check)."""
+    name: str
+    steps: tuple[Step, ...]
+    check: tuple[Step, ...] = ()
+    quick: tuple = ()  # (none: every step here is already at demo scale)
+
+
+def load(path: str | pathlib.Path, params: dict[str, str] | None = None) -> tuple[Study | TrainingStudy, dict]:
     """(the study of the config file `path` with `params` over its PARAMS, the params used); an
     unknown param, or a value not of its default's type, is a ValueError naming --param. Its cells
     are checked against the registries by experiment.study.run.check (this package reaches no JAX)."""

@@ -7,7 +7,8 @@ import pathlib
 
 import pytest
 
-from experiment.study import Cell, Study, load
+from experiment.study import Cell, Step, Study, TrainingStudy, load
+from experiment.study import steps
 from experiment.study.compare import compare_records
 from experiment.study.run import REQUIREMENTS, check, check_study, run_study
 from tests.conftest import REPO
@@ -19,11 +20,22 @@ STUDIES = sorted((REPO / "configs" / "studies").glob("[!_]*.py"))
 @pytest.mark.parametrize("path", STUDIES, ids=[p.stem for p in STUDIES])
 def test_every_study_loads_and_its_cells_are_known(path):
     study, params = load(path)
-    check(study)
     assert study.name == path.stem and (REPO / "results" / study.name / "README.md").exists()
-    assert study.cells and study.check and params
+    assert study.check and params
+    if isinstance(study, TrainingStudy):  # the project's commands, their configs present
+        steps.check(study)
+        assert study.steps and all(s.command().startswith(("python ", "cp ")) for s in (*study.steps, *study.check))
+        return
+    check(study)
+    assert study.cells
     for cell in (*study.cells, *study.check, *study.quick):
         assert cell.command().startswith("python eval_extrapolate.py --workdir W")
+
+
+def test_every_committed_result_is_a_study():
+    """Issue 66: results/NAME/ for each configs/studies/NAME.py, and no result without one."""
+    results = {p.name for p in (REPO / "results").iterdir() if (p / "README.md").exists()}
+    assert results == {p.stem for p in STUDIES}
 
 
 def test_the_requirements_are_the_packaged_models_and_the_books():
@@ -78,11 +90,35 @@ def test_the_compare_matches_records_by_key_and_count(tmp_path):
     assert not same and "not in the committed records: ruler yarn vt L=64" in text
 
 
-def test_results_hold_no_program_of_an_imported_model_study():
-    """Issue 66: the imported-model studies run through study.py; their folders keep README, records, report."""
-    for path in STUDIES:
-        folder = REPO / "results" / path.stem
-        programs = [p.name for p in folder.rglob("*") if p.suffix in (".sh", ".py")]
-        assert not programs, (folder, programs)
+def test_results_hold_no_program():
+    """Issue 66: every study runs through study.py; results/ keeps READMEs, records, reports and figures."""
+    programs = [str(p) for p in (REPO / "results").rglob("*") if p.suffix in (".sh", ".py")]
+    assert not programs, programs
     assert not (REPO / "results" / "resume.sh").exists()
     assert pathlib.Path(REPO / "study.py").exists()
+
+
+def test_a_study_that_trains_runs_its_steps_resumes_and_fails_by_name(tmp_path):
+    """The steps of a TrainingStudy in order from the repository root: a project command (a tiny
+    training), a copy into OUT, a step skipped where its done_if path exists; a second call resumes
+    (train.py finds its run trained); a failing command stops the study naming its step; a step that
+    is not a project command, or names a missing config, is refused before anything runs."""
+    train = Step(("train.py", "--config", "configs/demo.py:nope", "--workdir", "{W}/nope", "--config.train.steps=2",
+                  "--config.train.batch_size=2", "--config.train.seq_len=16", "--config.model.num_layers=1",
+                  "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.mlp_dim=32",
+                  "--config.eval.lengths=16", "--config.eval.max_tokens=256"))
+    study = TrainingStudy("tiny", (train, Step(copy=("{W}/nope/config.json", "{OUT}/copied")),
+                                   Step(("eval_extrapolate.py", "--bogus"), done_if="{W}/nope/config.json")))
+    steps.check(study)
+    said = []
+    steps.run_steps(study.name, study.steps, tmp_path / "w", tmp_path / "out", say=said.append)
+    assert (tmp_path / "out" / "copied" / "config.json").is_file()
+    assert said[-1].endswith("done already (" + str(tmp_path / "w" / "nope" / "config.json") + " exists)")
+    steps.run_steps(study.name, study.steps[:1], tmp_path / "w", tmp_path / "out", say=said.append)  # resumes
+    with pytest.raises(steps.StepFailed, match=r"study tiny: step 1 of 1 exited with status 2: python eval_extrapolate"):
+        steps.run_steps("tiny", (Step(("eval_extrapolate.py", "--workdir", "{W}/none")),), tmp_path / "w",
+                        tmp_path / "out", say=said.append)
+    with pytest.raises(ValueError, match="does not start with an entry point"):
+        steps.check(TrainingStudy("x", (Step(("rm", "-r", "{W}")),)))
+    with pytest.raises(ValueError, match="no config configs/none.py"):
+        steps.check(TrainingStudy("x", (Step(("train.py", "--config", "configs/none.py:alibi")),)))

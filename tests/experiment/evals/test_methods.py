@@ -34,14 +34,10 @@ def test_options_follow_the_length_and_a_method_sets_nothing_where_it_changes_no
 
 
 def test_the_settings_of_results_training_free_are_the_library_s():
-    """results/training_free/methods.py reads its settings from the library: the options it recorded
-    (its integer multiples of L = 64), but for dynamic NTK at L, which changes nothing there and is now
-    the model as trained (its records at L equal direct's: 3.97 and 0.86)."""
-    import importlib.util
-    from tests.conftest import REPO
-    spec = importlib.util.spec_from_file_location("tf_methods", REPO / "results" / "training_free" / "methods.py")
-    study = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(study)
+    """experiment/study/training_free.py (the study's steps) reads its settings from the library: the
+    options it recorded (its integer multiples of L = 64), but for dynamic NTK at L, which changes
+    nothing there and is now the model as trained (its records at L equal direct's: 3.97 and 0.86)."""
+    from experiment.study import training_free as study
     assert study.settings("PI", 4, 64) == {"posenc.rope.pi_factor": "0.25"}
     assert study.settings("NTK-aware", 16, 64) == {"posenc.rope.ntk_alpha": "16"}
     assert study.settings("YaRN", 1, 64) == {}

@@ -2,7 +2,6 @@
 matched by table, row and column, perplexities compared relatively and accuracies absolutely, the
 largest difference named; and results/NAME/run.sh --check, which re-runs one scheme of a committed
 result and compares (slow: minutes of training)."""
-import os
 import pathlib
 import subprocess
 import sys
@@ -68,15 +67,14 @@ def test_a_re_run_of_one_scheme_is_compared_on_its_cells_and_the_largest_differe
     assert compare._number("4.69 ± 0.02 (3)") == 4.69 and compare._number("0.85 [0.62, 0.95]") == 0.85
     with pytest.raises(ValueError, match=r"--compare_with .*: no cell of its tables .* is in this report; give runs of "
                                          r"that result \(.* the column headers match\)$"):
-        compare.summary([], committed)  # no run.sh there or above: none advised (issue 45, item 8)
-    (tmp_path / "run.sh").write_text("")
-    with pytest.raises(ValueError, match=rf"headers match\), e.g. bash {tmp_path / 'run.sh'} --check$"):
-        compare.summary([], committed)
+        compare.summary([], committed)  # no study of that name: none advised (issue 45, item 8)
+    with pytest.raises(ValueError, match=r"headers match\), e.g. python study.py configs/studies/passkey.py --check$"):
+        compare.summary([], REPO / "results" / "passkey" / "seed0")
 
 
 def test_a_missing_folder_or_one_without_tables_is_refused_naming_it(tmp_path):
     """Issue 45, item 8: `--compare_with results/nosuch` was never called missing, and its advice named
-    results/nosuch/run.sh."""
+    results/nosuch's study."""
     with pytest.raises(ValueError, match=rf"^--compare_with {tmp_path / 'nosuch'} does not exist; give a committed "
                                          r"result's folder holding ppl_vs_length.md or passkey.md"):
         compare.check_folder(tmp_path / "nosuch")
@@ -130,14 +128,13 @@ def test_report_py_compares_with_a_committed_result_and_fails_beyond_the_toleran
 
 @pytest.mark.slow  # minutes of CPU: one scheme trained as the committed result was, then compared
 @pytest.mark.parametrize("result", ["passkey", "wikitext_small"])
-def test_a_committed_result_reproduces_with_its_run_sh_check(result, tmp_path):
-    """bash results/NAME/run.sh --check: one scheme re-run with seed 0 in a fresh folder, its report
-    compared with the committed seed-0 tables (results/NAME/seed0/); every compared cell must print the
-    same digits (on this machine type: elsewhere, see the results' READMEs)."""
+def test_a_committed_result_reproduces_with_its_study_check(result, tmp_path):
+    """python study.py configs/studies/NAME.py --check: one scheme re-run with seed 0 in a fresh folder,
+    its report compared with the committed seed-0 tables (results/NAME/seed0/); every compared cell must
+    print the same digits (on this machine type: elsewhere, see the results' READMEs)."""
     if result == "wikitext_small" and not (SHARED_WIKITEXT / "wikitext-103-raw").exists():
         pytest.skip("../shared/data/wikitext is not present")
-    env = {**os.environ, "PY": sys.executable, "CHECK_DIR": str(tmp_path)}
-    done = subprocess.run(["bash", f"results/{result}/run.sh", "--check"], cwd=REPO, env=env, capture_output=True,
-                          text=True, timeout=3600)
+    done = subprocess.run([sys.executable, "study.py", f"configs/studies/{result}.py", "--check", "--workdir",
+                           str(tmp_path)], cwd=REPO, capture_output=True, text=True, timeout=3600)
     assert "cells compared with results/" in done.stdout, done.stderr[-3000:]
     assert done.returncode == 0, done.stdout[-3000:] + done.stderr[-3000:]

@@ -126,7 +126,7 @@ def test_rows_of_several_seeds_show_mean_std_n_and_share_a_rank_where_their_inte
 
 
 def test_keep_takes_the_rows_not_rerun_from_an_earlier_table_under_the_same_protocol_only(tmp_path):
-    """Issue 35: a few rows re-run alone (results/all_schemes/run.sh with ONLY) beside the committed
+    """Issue 35: a few rows re-run alone (configs/studies/all_schemes.py with --param only=...) beside the committed
     table's others: rows with a run folder are read from it, the others keep the earlier numbers and
     times, the table says which are which, and an earlier table of another protocol is refused."""
     first = tmp_path / "first"

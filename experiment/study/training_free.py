@@ -1,8 +1,9 @@
 """The training-free methods of results/training_free/ and their settings per evaluation length, the
-evaluation of a run under each (with and without log-n), and the tables of the README.
+evaluation of a run under each (with and without log-n), and the tables of the README; steps of the
+study configs/studies/training_free.py.
 
-    python results/training_free/methods.py evaluate WORKDIR [--direct_only]
-    python results/training_free/methods.py tables ROOT --out results/training_free
+    python -m experiment.study.training_free evaluate WORKDIR [--direct_only]
+    python -m experiment.study.training_free tables ROOT --out results/training_free
 
 `evaluate` scores perplexity (the whole validation split) and passkey retrieval (5 depths x 20 keys)
 at L ... 16L through the same library calls as eval_extrapolate.py (`--set` = `overrides`), in one
@@ -16,14 +17,10 @@ import argparse
 import json
 import pathlib
 import shutil
-import sys
 
-REPO = pathlib.Path(__file__).resolve().parents[2]
-sys.path.insert(0, str(REPO))
-
-from experiment.evals import PasskeySpec, evaluate, evaluate_passkey  # noqa: E402
-from experiment.evals import methods as training_free  # noqa: E402
-from experiment.store.run import RunDir  # noqa: E402
+from experiment.evals import PasskeySpec, evaluate, evaluate_passkey
+from experiment.evals import methods as training_free
+from experiment.store.run import RunDir
 
 MULTIPLES = (1, 2, 4, 8, 16)
 LOGN = {"posenc.name": "logn"}
