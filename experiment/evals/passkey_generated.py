@@ -23,6 +23,7 @@ import numpy as np
 from corpora import passkey as task
 from experiment.evals.common import Scoring
 from experiment.evals.partial import Partial
+from experiment.evals.spread import Spread
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
 
@@ -37,10 +38,11 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
     frame = chat_frame(scoring.run, tokenizer) if spec.form == "chat" else None
     model = scoring.model()
     new = task.answer_tokens(spec.digits)
+    stop = [int(tokenizer.eos_id), "\n", "."]  # " 48213." ends at its period
+    spread = Spread(model, lambda m, batch: generate(m, batch, new, stop=stop, tokenizer=tokenizer), new)
     fields = {**scoring.header(), "form": spec.form, "digits": spec.digits, "seed": spec.seed,
               "chance": 10.0 ** -spec.digits, "passkey_fraction": float(config.data.passkey_fraction),
               "new_tokens": new}
-    stop = [int(tokenizer.eos_id), "\n", "."]  # " 48213." ends at its period
     method = f" {scoring.method}" if scoring.method else ""
     results, done = [], []
     for length in scoring.lengths:
@@ -58,11 +60,12 @@ def evaluate_generated(scoring: Scoring, spec, batch_tokens: int) -> list[dict]:
                       shown=scoring.run.writer) as progress:
             if partial.answers:
                 progress.update(len(partial.answers))
-            for lo in range(len(partial.answers), len(examples), rows):
-                interrupts.check(stopped)
-                ids = generate(model, [e.ids for e in examples[lo:lo + rows]], new, stop=stop, tokenizer=tokenizer)
+            batches = [[e.ids for e in examples[lo:lo + rows]] for lo in range(len(partial.answers), len(examples), rows)]
+            interrupts.check(stopped)
+            for batch, ids in zip(batches, spread.answers(batches)):  # over every device and process
                 partial.add([tokenizer.decode(x) for x in ids], time.perf_counter() - start)
-                progress.update(min(rows, len(examples) - lo))
+                progress.update(len(batch))
+                interrupts.check(stopped)
         seconds = partial.total_seconds(time.perf_counter() - start)
         outputs = list(partial.answers)
         interrupts.check(stopped)

@@ -39,6 +39,7 @@ from corpora import ruler as task_lib
 from experiment.evals.common import Scoring
 from experiment.evals.kinds import EvalKind, Option, Request, Target, same_evaluation
 from experiment.evals.partial import Partial
+from experiment.evals.spread import Spread
 from experiment.runtime import interrupts
 from experiment.runtime.progress import Progress
 from corpora.ruler import designed
@@ -175,17 +176,19 @@ def _answers(model, source: Text, built: list[task_lib.Built], max_new: int, row
     """The greedy answer of each prompt and its length in tokens, `rows` prompts a batch, each at most
     `max_new` tokens; each batch kept in `partial` as it comes, and the answers it already holds not
     generated again. `shared` > 1: the prompts come in groups of that many questions about one context,
-    each group a batch whose context is prefilled once (`generate_shared`)."""
+    each group a batch whose context is prefilled once (`generate_shared`). The batches are spread over
+    every device and process of the job (experiment/evals/spread.py)."""
     if partial.answers:
         progress.update(len(partial.answers))
     rows = shared if shared > 1 else rows
-    for lo in range(len(partial.answers), len(built), rows):
-        interrupts.check(stopped)
-        batch = [b.ids for b in built[lo:lo + rows]]
-        ask = generate_shared if shared > 1 else generate
-        new = ask(model, batch, max_new, stop=source.stop_ids or None)
+    ask = generate_shared if shared > 1 else generate
+    batches = [[b.ids for b in built[lo:lo + rows]] for lo in range(len(partial.answers), len(built), rows)]
+    spread = Spread(model, lambda m, batch: ask(m, batch, max_new, stop=source.stop_ids or None), max_new)
+    interrupts.check(stopped)
+    for batch, new in zip(batches, spread.answers(batches)):
         partial.add([[source.decode(ids), len(ids)] for ids in new], time.perf_counter() - start)
         progress.update(len(batch))
+        interrupts.check(stopped)
     return [text for text, _ in partial.answers], [int(n) for _, n in partial.answers]
 
 

@@ -9,6 +9,7 @@ runs its kernels), so it also works while a model is being traced. In one proces
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import json
 from typing import Any, Callable
@@ -42,11 +43,24 @@ def _sum_over_processes(local: np.ndarray) -> np.ndarray:
 
 
 _DECIDING = {"now": False}  # process 0 inside a decision: a nested agreement is its own decision
+_ALONE = {"now": 0}  # programs of one process's devices only: nothing to agree on
+
+
+@contextlib.contextmanager
+def each_process_alone():
+    """Within it each process decides for itself and nothing is broadcast: for programs that run on one
+    process's own devices (generation spread over processes, experiment/evals/spread.py, where the
+    processes trace different numbers of programs, so a broadcast in each would not pair up)."""
+    _ALONE["now"] += 1
+    try:
+        yield
+    finally:
+        _ALONE["now"] -= 1
 
 
 def agreed(decide: Callable[[], Any]) -> Any:
     """`decide()` on process 0, its result (JSON: dicts, lists, strings, numbers) on every process."""
-    if jax.process_count() == 1 or _DECIDING["now"]:
+    if jax.process_count() == 1 or _DECIDING["now"] or _ALONE["now"]:
         return decide()
     text = b""
     if jax.process_index() == 0:
