@@ -98,25 +98,23 @@ def test_results_hold_no_program():
     assert pathlib.Path(REPO / "study.py").exists()
 
 
-def test_a_study_that_trains_runs_its_steps_resumes_and_fails_by_name(tmp_path):
-    """The steps of a TrainingStudy in order from the repository root: a project command (a tiny
-    training), a copy into OUT, a step skipped where its done_if path exists; a second call resumes
-    (train.py finds its run trained); a failing command stops the study naming its step; a step that
-    is not a project command, or names a missing config, is refused before anything runs."""
-    train = Step(("train.py", "--config", "configs/demo.py:nope", "--workdir", "{W}/nope", "--config.train.steps=2",
-                  "--config.train.batch_size=2", "--config.train.seq_len=16", "--config.model.num_layers=1",
-                  "--config.model.d_model=16", "--config.model.num_heads=2", "--config.model.mlp_dim=32",
-                  "--config.eval.lengths=16", "--config.eval.max_tokens=256"))
-    study = TrainingStudy("tiny", (train, Step(copy=("{W}/nope/config.json", "{OUT}/copied")),
-                                   Step(("eval_extrapolate.py", "--bogus"), done_if="{W}/nope/config.json")))
+def test_a_study_that_trains_runs_its_steps_and_fails_by_name(tmp_path):
+    """The steps of a TrainingStudy in order from the repository root: a project command, a copy into
+    OUT, a step skipped where its done_if path exists; a failing command stops the study naming its step
+    (run again, it resumes: each command resumes itself); a step that is not a project command, or
+    names a missing config, is refused before anything runs. (The real steps: their --check runs.)"""
+    (tmp_path / "w" / "made").mkdir(parents=True)
+    (tmp_path / "w" / "made" / "a.txt").write_text("kept")
+    study = TrainingStudy("tiny", (Step(("report.py", "--help")), Step(copy=("{W}/made/*.txt", "{OUT}/copied")),
+                                   Step(("eval_extrapolate.py", "--bogus"), done_if="{W}/made/a.txt")))
     steps.check(study)
     said = []
     steps.run_steps(study.name, study.steps, tmp_path / "w", tmp_path / "out", say=said.append)
-    assert (tmp_path / "out" / "copied" / "config.json").is_file()
-    assert said[-1].endswith("done already (" + str(tmp_path / "w" / "nope" / "config.json") + " exists)")
-    steps.run_steps(study.name, study.steps[:1], tmp_path / "w", tmp_path / "out", say=said.append)  # resumes
-    with pytest.raises(steps.StepFailed, match=r"study tiny: step 1 of 1 exited with status 2: python eval_extrapolate"):
-        steps.run_steps("tiny", (Step(("eval_extrapolate.py", "--workdir", "{W}/none")),), tmp_path / "w",
+    assert (tmp_path / "out" / "copied" / "a.txt").read_text() == "kept"
+    assert said[0] == "step 1 of 3: python report.py --help" and said[2].startswith("step 2 of 3: cp ")
+    assert said[-1].endswith("done already (" + str(tmp_path / "w" / "made" / "a.txt") + " exists)")
+    with pytest.raises(steps.StepFailed, match=r"study tiny: step 1 of 1 exited with status 2: python report.py "):
+        steps.run_steps("tiny", (Step(("report.py", "{W}/none", "--out", "{W}/report")),), tmp_path / "w",
                         tmp_path / "out", say=said.append)
     with pytest.raises(ValueError, match="does not start with an entry point"):
         steps.check(TrainingStudy("x", (Step(("rm", "-r", "{W}")),)))
