@@ -4,7 +4,9 @@ the needle's distance from the prompt's end, and every pair of methods compared 
 
 A cell: (task, length, template, seed, the distances asked, questions per prefill); its columns are the
 methods (or eval-time options) that answered it. Questions are matched by their index, and a column
-whose measured distances differ from the first column's (another tokenizer, another build) is refused.
+whose measured distances differ from the longest column's (another tokenizer, another build) is refused;
+a column with fewer questions (asked before the cell was extended) has the longest's first ones, and
+its pairs are taken on those.
 A band's interval is Wilson's where each question had its own prefill, else a bootstrap over contexts.
 RULER's random placements are never pooled with these (experiment/report/ruler.py keeps them apart).
 """
@@ -45,18 +47,19 @@ def _band_cell(scores: np.ndarray, clusters: np.ndarray) -> str:
 def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     """One cell's tables: scores by distance band per column, then the pairs (all, and past the window)."""
     task, length, template, seed, asked, k = key
-    first = next(iter(by_column.values()))
+    first = max(by_column.values(), key=lambda r: len(r["distances"]))  # the longest: every other's questions begin it
     window = int(first.get("window", 0))
     distances = np.asarray(first["distances"])
     clusters = np.asarray(first["contexts"])
     for name, record in by_column.items():
-        if list(record["distances"]) != list(first["distances"]):
+        if list(record["distances"]) != list(first["distances"])[:len(record["distances"])]:
             raise ValueError(f"{task} L={length}: {name}'s questions are not the first column's (their measured "
                              f"distances differ); compare methods on the same prompts (same seed and tokenizer)")
     targets = np.asarray(first["targets"])
     bands = sorted(set(targets.tolist()))
+    counts = sorted({len(r["distances"]) for r in by_column.values()})
     lines = [f"### {task}, L = {length:,}, needles at {', '.join(asked)} ({k} question(s) a prefill, "
-             f"{len(np.unique(clusters))} contexts, {len(targets)} questions; window {window:,})\n",
+             f"{len(np.unique(clusters))} contexts, {'/'.join(map(str, counts))} questions; window {window:,})\n",
              "Score in percent [95%] (questions) by the distance asked; the measured distance of each question is in "
              "the records (`distances`).\n",
              "| method | " + " | ".join(f"{d:,} back{' (past the window)' if window and d > window else ''}"
@@ -64,8 +67,10 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
              "|---|" + "---|" * (len(bands) + 1)]
     for name, record in by_column.items():
         scores = np.asarray(record["scores"], np.float64)
-        cells = [_band_cell(scores[targets == d], clusters[targets == d]) for d in bands]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_band_cell(scores, clusters)} |")
+        n = len(scores)
+        t, c = targets[:n], clusters[:n]
+        cells = [_band_cell(scores[t == d], c[t == d]) for d in bands]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_band_cell(scores, c)} |")
     lines.append("")
     if len(by_column) > 1:
         columns = {name: np.asarray(r["scores"], np.float64) for name, r in by_column.items()}
@@ -73,7 +78,7 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
         far = distances > window if window else np.zeros(len(distances), bool)
         if far.any() and not far.all():
             lines += [f"Pairs, the {int(far.sum())} questions past the window (measured distance > {window:,}):\n",
-                      pairs.pairs_table({n: s[far] for n, s in columns.items()}, clusters[far])]
+                      pairs.pairs_table({n: s[far[:len(s)]] for n, s in columns.items()}, clusters[far])]
     return "\n".join(lines)
 
 

@@ -94,14 +94,19 @@ def pairs_table(columns: dict[str, Sequence[float]], clusters: Sequence[int] | N
                 heading: str = "method") -> str:
     """A markdown table of every pair of `columns` ({method: its scores on the same questions}): the
     difference of the first minus the second, its interval, the discordant counts, the test, and
-    "separated" or "not separated" at 95%."""
+    "separated" or "not separated" at 95%. A column with fewer questions (a cell asked again with more:
+    its first questions are the same) is compared on the questions both have, and the test says so;
+    `clusters` are the longest column's."""
     names = list(columns)
     lines = [f"| {heading} A | {heading} B | A - B (points) [95%] | A only / B only | test | at 95% |",
              "|---|---|---|---|---|---|"]
     for i, first in enumerate(names):
         for second in names[i + 1:]:
-            d = paired(columns[first], columns[second], clusters)
+            n = min(len(columns[first]), len(columns[second]))
+            d = paired(columns[first][:n], columns[second][:n], None if clusters is None else clusters[:n])
             test = f"McNemar p = {d.p:.3g}" if d.test == "mcnemar" else f"bootstrap, {d.clusters} contexts"
+            if n < max(len(columns[first]), len(columns[second])):
+                test += f", the first {n} questions"
             lines.append(f"| {first} | {second} | {100 * d.estimate:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] | "
                          f"{d.a_only} / {d.b_only} | {test} | {'**separated**' if d.separated else 'not separated'} |")
     return "\n".join(lines) + "\n"

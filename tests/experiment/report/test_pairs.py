@@ -41,3 +41,22 @@ def test_the_pairs_table_says_which_pairs_are_separated():
     assert rows[1].startswith("| self_extend | lm_infinite |") and "**separated**" in rows[1]
     with pytest.raises(ValueError, match="same questions"):
         pairs.paired([1, 0], [1, 0, 1])
+
+
+def test_a_column_asked_with_more_questions_is_compared_on_the_questions_both_have():
+    """A cell extended from 8 to 16 questions beside one of 8 (its first 8 are the same prompts): the pair
+    is taken on those 8 and says so; the by-distance table shows each column at its own count."""
+    from experiment.report import distances
+    text = pairs.pairs_table({"long": [1.0] * 16, "short": [0.0] * 8}, list(range(16)))
+    assert "| long | short | +100.0 [+100.0, +100.0] | 8 / 0 | McNemar p = 0.00781, the first 8 questions |" in text
+    base = {"task": "niah_single_2", "eval_length": 1024, "placement": "designed", "needle_distances": ["300", "700"],
+            "window": 256}
+    long = {**base, "scores": [1.0] * 16, "targets": [300, 700] * 8, "distances": [301, 699] * 8,
+            "contexts": list(range(16))}
+    short = {**base, **{k: v[:8] for k, v in long.items() if isinstance(v, list) and k != "needle_distances"},
+             "scores": [0.0] * 8}
+    table = distances.cell_tables(distances.cell_key(long), {"short": short, "long": long})
+    assert "16 contexts, 8/16 questions" in table and "| short | 0 [0, 49] (4) | 0 [0, 49] (4) | 0 [0, 32] (8) |" in table
+    assert "| long | 100 [68, 100] (8) | 100 [68, 100] (8) | 100 [81, 100] (16) |" in table
+    with pytest.raises(ValueError, match="not the first column's"):
+        distances.cell_tables(distances.cell_key(long), {"long": long, "other": {**short, "distances": [5] * 8}})
