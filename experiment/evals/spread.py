@@ -35,10 +35,10 @@ class Spread:
     def __init__(self, model, ask: Callable[[object, Batch], Answers], max_new: int):
         self.model, self.ask, self.max_new = model, ask, max_new
         self.devices = jax.local_devices()
-        self._replicas: dict | None = None
+        self._replicas: list | None = None
 
     def replicas(self) -> list:
-        """The model on each local device (the first: the model itself where it lies on that device)."""
+        """A copy of the model's weights on each local device, made at the first round."""
         if self._replicas is None:
             from flax import nnx
             graphdef, state = nnx.split(self.model)

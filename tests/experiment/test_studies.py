@@ -120,3 +120,19 @@ def test_a_study_that_trains_runs_its_steps_and_fails_by_name(tmp_path):
         steps.check(TrainingStudy("x", (Step(("rm", "-r", "{W}")),)))
     with pytest.raises(ValueError, match="no config configs/none.py"):
         steps.check(TrainingStudy("x", (Step(("train.py", "--config", "configs/none.py:alibi")),)))
+
+
+def test_the_check_of_a_table_compares_the_rows_run_again(tmp_path):
+    """all_schemes' --check: the rows re-run against the committed table, perplexity relatively and
+    passkey absolutely; from the command line (python -m experiment.study.compare rows), exit 1 where
+    they differ."""
+    from experiment.study.compare import compare_rows, main
+    row = {"run": "alibi", "ppl": {"64": 5.0, "128": 4.0}, "passkey": {"64": 1.0, "128": 0.5}}
+    (tmp_path / "old.json").write_text(json.dumps({"rows": [row, {**row, "run": "rope"}]}))
+    (tmp_path / "new.json").write_text(json.dumps({"rows": [{**row, "ppl": {"64": 5.000001, "128": 4.0}}]}))
+    text, same = compare_rows(tmp_path / "new.json", tmp_path / "old.json", ["alibi"], tolerance=1e-6)
+    assert same and "alibi ppl L=64: 5 (committed 5)" in text and "largest difference: 2e-07" in text
+    assert not compare_rows(tmp_path / "new.json", tmp_path / "old.json", ["alibi", "rope"], 1e-6)[1]  # rope: not re-run
+    assert main(["rows", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--rows", "alibi"]) == 1
+    assert main(["rows", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--rows", "alibi",
+                 "--tolerance", "1e-6"]) == 0
