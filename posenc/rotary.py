@@ -165,8 +165,10 @@ class Rope(Scheme):
       4.38 prefill code writes W - W / G, the same whenever G divides W, as in every published
       setting). Realised as ReRoPE is, through `bias`: for m - n >= W it adds the grouped logit
       minus the plain one, from the rotated q and k turned on by (m // G + W - W // G - m) and
-      (n // G - n); so it works per tile (dense, triangular, blockwise) on explicit positions,
-      and the Pallas kernel, which takes a bias only as `bias_fn`, refuses it. The positions are
+      (n // G - n); so it works per tile (dense, triangular, blockwise) on explicit positions;
+      the CPU flash kernel takes the same moves as variants of q and k (`position_variants`: each
+      pair's logit from its own variant), and the Pallas kernel, which takes a bias only as `bias_fn`,
+      refuses it. The positions are
       those given (the authors use sequence indices for the mask: the same for 0 .. T-1).
       Combines with fraction, pi_factor, ntk_alpha, YaRN and Llama 3 (the grouped positions use the
       scaled frequencies, as the patch does with the model's rotary embedding); not with
