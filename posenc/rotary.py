@@ -330,7 +330,8 @@ class Rope(Scheme):
 
 
 class PositionVariants(NamedTuple):
-    """`Rope.position_variants`: q (B x T x H x K) and k (B x S x H x K) per variant, the plain ones
+    """`Rope.position_variants`: q (B x T x H x K) and k (B x S x G x K, as many heads
+    as given) per variant, the plain ones
     first; int32 coordinates of queries (B x T) and keys (B x S); the thresholds (increasing) at which
     the coordinate difference of a pair passes to the next variant."""
     qs: tuple

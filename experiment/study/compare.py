@@ -36,8 +36,14 @@ def compare_records(committed_folder: pathlib.Path, new: dict[str, list[dict]],
             diff = abs(a - b) / abs(b) if relative and b else abs(a - b)
             worst = max(worst, diff)
             lines.append(f"{_label(kind, r)}: {field} {a:.6g} (committed {b:.6g})")
+    return _summary(lines, worst, missing, "not in the committed records", tolerance)
+
+
+def _summary(lines: list[str], worst: float, missing: list[str], missing_label: str,
+             tolerance: float) -> tuple[str, bool]:
+    """(the compared lines, what is missing and the verdict, as text; whether it is the same)."""
     same = bool(lines) and not missing and worst <= tolerance
-    lines += [f"not in the committed records: {', '.join(missing)}"] if missing else []
+    lines = lines + ([f"{missing_label}: {', '.join(missing)}"] if missing else [])
     lines.append(f"largest difference: {worst:.3g} (tolerance {tolerance:g}, relative for perplexity): "
                  f"{'the same' if same else 'DIFFERENT'}")
     return "\n".join(lines), same
@@ -60,11 +66,7 @@ def compare_rows(new_table: pathlib.Path, committed_table: pathlib.Path, rows: l
                 diff = abs(a - b) / abs(b) if relative and b else abs(a - b)
                 worst = max(worst, diff)
                 lines.append(f"{name} {field} L={length}: {a:.6g} (committed {b:.6g})")
-    same = bool(lines) and not missing and worst <= tolerance
-    lines += [f"rows in only one table: {', '.join(missing)}"] if missing else []
-    lines.append(f"largest difference: {worst:.3g} (tolerance {tolerance:g}, relative for perplexity): "
-                 f"{'the same' if same else 'DIFFERENT'}")
-    return "\n".join(lines), same
+    return _summary(lines, worst, missing, "rows in only one table", tolerance)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -205,12 +205,12 @@ def cpu_flash_call(q_BxTxHxK, k_BxTxGxK, v_BxTxGxK, call: Call) -> jax.Array:
     heads, groups = q_BxTxHxK.shape[2], k_BxTxGxK.shape[2]
     scheme = call.scheme
     q, k = scheme.rotate(q_BxTxHxK, repeat_heads(k_BxTxGxK, heads), call.q_pos, call.k_pos)
-    variants = scheme.position_variants(q, k, call.q_pos, call.k_pos) if scheme.traits.moves_positions else None
-    qs, ks = (variants.qs, variants.ks) if variants else ((q,), (k,))
     if scheme.traits.rotates_per_head:  # each query head its own keys (FoPE): nothing shared by a group
         v_BxTxGxK = repeat_heads(v_BxTxGxK, heads)
     else:
-        ks = tuple(grouped(k, groups) for k in ks)
+        k = grouped(k, groups)  # (a move's keys are rotated on for each key head, not each query head)
+    variants = scheme.position_variants(q, k, call.q_pos, call.k_pos) if scheme.traits.moves_positions else None
+    qs, ks = (variants.qs, variants.ks) if variants else ((q,), (k,))
     scale = scheme.logit_scale(call.q_pos, call.k_pos)
     if scale is not None:  # per query (the row refuses per pair): B x H x T x 1 or a scalar
         scale_BxTxHx1 = jnp.swapaxes(jnp.broadcast_to(scale, (q.shape[0], heads, q.shape[1], 1)), 1, 2)

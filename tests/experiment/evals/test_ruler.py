@@ -55,19 +55,24 @@ def test_the_kind_is_registered_with_its_flags():
     assert {acts_on[n] for n in ("ruler_tasks", "samples", "ruler_template", "ruler_seed")} == {("ruler",)}
 
 
-@pytest.fixture(scope="module")
-def trained(tmp_path_factory):
+def train_tiny_run(folder):
+    """A tiny RoPE run trained 2 steps on RULER's noise sentences (folder/data, folder/run): what the
+    RULER tests evaluate."""
     from experiment.train import train
-    tmp = tmp_path_factory.mktemp("ruler")
-    data = tmp / "data"
+    data = folder / "data"
     data.mkdir()
     for split in ("train", "valid"):
         (data / f"{split}.txt").write_text("The grass is green. The sky is blue. VAR ABC = 12345.\n" * 100)
     config = tiny_config("rope")
     config.data.update(dict(source="local", path=str(data)))
     config.train.steps = 2
-    train(config, tmp / "run")
-    return tmp / "run"
+    train(config, folder / "run")
+    return folder / "run"
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory):
+    return train_tiny_run(tmp_path_factory.mktemp("ruler"))
 
 
 @pytest.mark.slow

@@ -11,7 +11,8 @@ import pytest
 
 from experiment.evals import kinds as kinds_lib
 from experiment.evals import spread
-from tests.conftest import REPO, tiny_config
+from tests.conftest import REPO
+from tests.experiment.evals.test_ruler import train_tiny_run
 from tests.experiment.runtime.test_distributed import start_two_processes
 from tests.helpers import EIGHT_DEVICES
 
@@ -50,18 +51,10 @@ def _records(out: list[dict]) -> list[tuple]:
 
 @pytest.mark.slow  # a tiny training, then RULER four times (one, 8 and 2 x 2 devices): ~2 min on 2 cores
 def test_ruler_on_eight_devices_and_on_two_processes_writes_one_devices_records(tmp_path):
-    from experiment.train import train
-    data = tmp_path / "data"
-    data.mkdir()
-    for split in ("train", "valid"):
-        (data / f"{split}.txt").write_text("The grass is green. The sky is blue. VAR ABC = 12345.\n" * 100)
-    config = tiny_config("rope")
-    config.data.update(dict(source="local", path=str(data)))
-    config.train.steps = 2
-    train(config, tmp_path / "run")
+    trained = train_tiny_run(tmp_path)
     runs = {name: tmp_path / name for name in ("one", "eight", "two")}
     for run in runs.values():
-        shutil.copytree(tmp_path / "run", run)
+        shutil.copytree(trained, run)
     one = kinds_lib.evaluate_kinds(runs["one"], ("ruler",), kinds_lib.Request(
         lengths=(1024,), options=OPTIONS, methods=("direct", "yarn"), batch_tokens=2048))["ruler"]
     assert len(one) == 2 and all(r["count"] == 6 for r in one)  # 3 batches of 2 prompts a method

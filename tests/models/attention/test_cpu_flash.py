@@ -27,10 +27,13 @@ pytestmark = pytest.mark.skipif(native.unavailable() is not None, reason=f"no CP
 
 def reference(q, k, v, scale, window=0):
     """Causal softmax attention in float64 (grouped keys and values repeated)."""
-    q, k, v = (np.asarray(x, np.float64) for x in (q, k, v))
-    t, reps = q.shape[1], q.shape[2] // k.shape[2]
-    k, v = np.repeat(k, reps, 2), np.repeat(v, reps, 2)
-    s = np.einsum("bthk,bshk->bhts", q, k) * scale
+    return attend(reference_logits(q, k, scale), v, window)
+
+
+def attend(s, v, window=0):
+    """Causal softmax of float64 logits B x H x T x T (and a sliding window) over v (grouped heads repeated)."""
+    t = s.shape[-1]
+    v = np.repeat(np.asarray(v, np.float64), s.shape[1] // v.shape[2], 2)
     i = np.arange(t)
     allowed = i[:, None] >= i[None, :]
     if window:
@@ -131,16 +134,7 @@ def reference_moved(qs, ks, v, q_coord, k_coord, thresholds, scale, window=0):
     logits = [reference_logits(q, k, scale) for q, k in zip(qs, ks)]
     apart = np.asarray(q_coord)[:, :, None] - np.asarray(k_coord)[:, None, :]
     picked = sum((apart >= th).astype(int) for th in thresholds)[:, None]
-    s = np.choose(np.broadcast_to(picked, logits[0].shape), logits)
-    t = s.shape[-1]
-    i = np.arange(t)
-    allowed = i[:, None] >= i[None, :]
-    if window:
-        allowed &= i[:, None] - i[None, :] < window
-    s = np.where(allowed, s, -np.inf)
-    p = np.exp(s - s.max(-1, keepdims=True))
-    reps = qs[0].shape[2] // v.shape[2]
-    return np.einsum("bhts,bshk->bthk", p / p.sum(-1, keepdims=True), np.repeat(np.asarray(v, np.float64), reps, 2))
+    return attend(np.choose(np.broadcast_to(picked, logits[0].shape), logits), v, window)
 
 
 def reference_logits(q, k, scale):
