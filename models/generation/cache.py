@@ -12,6 +12,12 @@ updated, the parameters untouched). Per row of the batch it keeps, in slots:
   idx   each slot's token index in its row (-1: empty), which the causal order and windows use;
   length  how many tokens the row has seen.
 
+A scheme that takes some logits at moved positions (Self-Extend, DCA, ReRoPE: `Rope.position_variants`)
+also keeps, per slot, its keys rotated on by each move (`moved_k`, one B x G x slots x K per move; a move's
+key shift depends on the key's position alone) and the key's coordinate in the move rule (`coord`): a
+decoding step then picks each logit from one of M + 1 products, as the CPU kernel does, instead of
+rotating the whole cache again for every new token.
+
 A layer whose attention is windowed (a Lambda mask, models/attention/lambda_mask.py: Mistral's
 sliding window, Gemma 3's local layers, LM-Infinite) keeps a ring of `window` slots, token i in slot
 i mod window: memory bounded by the window, not the length. LM-Infinite's first `sinks` keys are kept
@@ -47,6 +53,7 @@ class CacheShape:
     raw_key_dim: int
     value_dim: int
     dtype: jnp.dtype
+    moved: int = 0  # key variants kept for a scheme that moves positions (Self-Extend, DCA, ReRoPE)
 
 
 class LayerCache(nnx.Module):
@@ -62,6 +69,11 @@ class LayerCache(nnx.Module):
         self.pos = nnx.Cache(jnp.zeros((b, s), jnp.int32))
         self.idx = nnx.Cache(jnp.full((b, s), -1, jnp.int32))
         self.length = nnx.Cache(jnp.zeros((b,), jnp.int32))
+        self.moved = shape.moved
+        if self.moved:
+            self.moved_k = nnx.List([nnx.Cache(jnp.zeros((b, g, s, shape.key_dim), shape.dtype))
+                                     for _ in range(shape.moved)])  # apart: a product read a slice of one stack slower
+            self.coord = nnx.Cache(jnp.zeros((b, s), jnp.int32))
         self.sinks = mask.sinks if mask is not None else 0
         if self.sinks:
             self.sink_k = nnx.Cache(jnp.zeros((b, self.sinks, g, shape.raw_key_dim), shape.dtype))
@@ -72,10 +84,11 @@ class LayerCache(nnx.Module):
     def slots(self) -> int:
         return self.k.shape[2]
 
-    def fill(self, k_BxTxGxK, v_BxTxGxK, positions_BxT, raw_k_BxTxGxK, lengths_B) -> None:
+    def fill(self, k_BxTxGxK, v_BxTxGxK, positions_BxT, raw_k_BxTxGxK, lengths_B, moved=None) -> None:
         """The cache of a prompt batch (right-padded to T; row b's first `lengths_B[b]` tokens are its
         prompt), written into an empty cache: token i of each row in slot i, or in a ring slot i mod
-        window for the row's last `window` tokens; the sink keys apart."""
+        window for the row's last `window` tokens; the sink keys apart. `moved`: (the keys of each
+        move, B x T x G x K each; their coordinates, B x T) where the cache keeps them."""
         b, t = positions_BxT.shape
         slots = self.slots
         if self.ring:  # slot s holds the row's last token i < length with i mod slots == s
@@ -94,15 +107,21 @@ class LayerCache(nnx.Module):
         self.pos[...] = jnp.where(valid, positions_BxT[rows, source], 0)
         self.idx[...] = jnp.where(valid, token, -1)
         self.length[...] = lengths_B.astype(jnp.int32)
+        if self.moved:
+            moved_k, coord_BxT = moved
+            for cached, k in zip(self.moved_k, moved_k):
+                cached[...] = group_major(k).astype(cached.dtype)
+            self.coord[...] = jnp.where(valid, coord_BxT[rows, source], 0)
         if self.sinks:
             n = min(self.sinks, t)
             self.sink_k[...] = self.sink_k[...].at[:, :n].set(raw_k_BxTxGxK[:, :n].astype(self.sink_k.dtype))
             self.sink_v[...] = self.sink_v[...].at[:, :n].set(v_BxTxGxK[:, :n].astype(self.sink_v.dtype))
             self.first[...] = positions_BxT[:, 0]
 
-    def append(self, k_BxGxK, v_BxGxK, position_B, raw_k_BxGxK) -> jax.Array:
+    def append(self, k_BxGxK, v_BxGxK, position_B, raw_k_BxGxK, moved=None) -> jax.Array:
         """Write one new token per row (at index `length`, its slot) and count it; returns its index,
-        B (the query's index in its row)."""
+        B (the query's index in its row). `moved`: (its keys per move, B x G x K each; its coordinate, B)
+        where the cache keeps them."""
         i = self.length[...]
         slot = i % self.slots if self.ring else i
         rows = jnp.arange(i.shape[0])
@@ -110,6 +129,11 @@ class LayerCache(nnx.Module):
         self.v[...] = _write_slots(self.v[...], v_BxGxK, slot)
         self.pos[...] = self.pos[...].at[rows, slot].set(position_B)
         self.idx[...] = self.idx[...].at[rows, slot].set(i)
+        if self.moved:
+            moved_k, coord_B = moved
+            for cached, k in zip(self.moved_k, moved_k):
+                cached[...] = _write_slots(cached[...], k, slot)
+            self.coord[...] = self.coord[...].at[rows, slot].set(coord_B)
         if self.sinks:  # a row shorter than its sinks gathers them as they come
             sink = jnp.minimum(i, self.sinks - 1)
             keep = (i < self.sinks)[:, None, None]

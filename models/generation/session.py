@@ -17,6 +17,7 @@ import numpy as np
 from flax import nnx
 
 from models.attention.lambda_mask import lambda_mask
+from models.generation.attend import keeps_moved_keys
 from models.generation.cache import CacheShape, LayerCache
 from models.generation.memory import check_fits
 
@@ -50,8 +51,11 @@ def _layer_cache(attn, batch: int, slots: int) -> LayerCache:
     q = jax.ShapeDtypeStruct((1, 1, cfg.num_heads, k), jnp.dtype(cfg.dtype))
     positions = jax.ShapeDtypeStruct((1, 1), jnp.int32)
     _, rotated = jax.eval_shape(scheme.rotate, q, q, positions, positions)  # a scheme may widen q and k
+    moved = 0
+    if keeps_moved_keys(scheme):
+        moved = len(jax.eval_shape(scheme.position_variants, q, rotated, positions, positions).ks) - 1
     shape = CacheShape(batch, mask.window if mask is not None else slots, kv, rotated.shape[-1], k, k,
-                       jnp.dtype(cfg.dtype))
+                       jnp.dtype(cfg.dtype), moved)
     return LayerCache(shape, mask)
 
 

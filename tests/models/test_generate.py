@@ -12,14 +12,18 @@ import jax
 import jax.numpy as jnp
 import numpy as np
 import pytest
+from flax import nnx
 
 import posenc
 from experiment.evals import methods
 from models import compiled
+from models.attention.lambda_mask import LambdaMask
 from models.config import ModelConfig
 from models.decoder import build_model
 from models.formats import hf
 from models.generate import generate, generate_shared, shared_prefix_length
+from models.generation import attend
+from models.generation.cache import CacheShape, LayerCache
 from models.generation.session import Session
 from tests.models.test_gemma3 import gemma3_config, gemma3_tensors, hf_folder
 
@@ -167,6 +171,57 @@ def test_a_rotation_per_head_keeps_a_key_per_head_under_grouped_query_attention(
     assert model.cfg.kv_heads == 2 and model.scheme.traits.rotates_per_head
     got, expected = decoded_and_full(model, new=6)
     np.testing.assert_allclose(got, expected, atol=1e-4, rtol=1e-4)
+
+
+MOVES = {"self_extend": 1, "dca": 2, "rerope": 1, "self_extend" + methods.LOGN: 0}
+
+
+@pytest.mark.parametrize("method", [pytest.param(m, marks=pytest.mark.slow) if m in ("self_extend", "rerope") else m
+                                    for m in MOVES])  # (DCA: two moves)
+def test_a_cache_keeps_the_keys_each_move_turns_and_decodes_as_turning_the_whole_cache(method):
+    """Self-Extend, DCA and ReRoPE keep each move's keys in the cache (a key's shift depends on its own
+    position), and a decoding step picks each logit from them; as before, `Rope.bias` rotating every
+    cached key on for each new token gives the same outputs (a wrapper such as log-n still does that). A
+    32-token prompt (past L = 16, DCA's chunks of 8 reached), 6 steps; one layer's attention, 4 query
+    heads of 8 on 2 key-value heads, in a ring of 24 slots and in one slot per token."""
+    model = model_with(methods.options(method, 42, L))
+    scheme = model.blocks[0].attn.scheme
+    session = Session.start(model, 1, 64)
+    session.prefill([[1, 2, 3]])
+    moved = [leaf.shape for path, leaf in jax.tree_util.tree_leaves_with_path(session.caches) if "moved_k" in str(path)]
+    assert moved == [(1, 2, 64, 8)] * MOVES[method] * len(model.blocks)  # per layer, per move: B x G x slots x K
+    if not MOVES[method]:
+        return
+    t, new = 32, 6
+    rng = np.random.RandomState(0)
+    q, k, v, q_new, k_new, v_new = (jnp.asarray(rng.randn(1, length, n, 8), jnp.float32) for length, n in
+                                    zip((t, t, t, new, new, new), (4, 2, 2, 4, 2, 2)))
+
+    def decoded(mask, moved):  # the prompt, then each new token a step (each compiled once)
+        graph, state = nnx.split(LayerCache(CacheShape(1, 24 if mask else t + new, 2, 8, 8, 8, jnp.float32, moved),
+                                            mask))
+
+        @jax.jit
+        def prefill(state):
+            cache = nnx.merge(graph, state)
+            cache.length[...] = jnp.full((1,), t, jnp.int32)
+            attend.prefill(cache, scheme, q, k, v, jnp.arange(t, dtype=jnp.int32)[None])
+            return nnx.state(cache)
+
+        @jax.jit
+        def step(state, i):
+            cache = nnx.merge(graph, state)
+            at = lambda x: jax.lax.dynamic_slice_in_dim(x, i, 1, axis=1)
+            out = attend.decode(cache, scheme, at(q_new), at(k_new), at(v_new), jnp.full((1, 1), t + i, jnp.int32))
+            return out, nnx.state(cache)
+        state, outs = prefill(state), []
+        for i in range(new):
+            out, state = step(state, i)
+            outs.append(out)
+        return np.stack(outs)
+    for mask in (None, LambdaMask(0, 24, 24)):
+        outputs = [decoded(mask, moved) for moved in (MOVES[method], 0)]
+        np.testing.assert_allclose(outputs[0], outputs[1], atol=2e-5, rtol=2e-5)
 
 
 def _cache_shapes(model, batch: int, slots: int) -> dict[str, set]:
