@@ -332,9 +332,11 @@ def machine() -> dict:
             "devices": [str(d) for d in jax.devices()]}
 
 
-def write(name: str, payload: dict) -> pathlib.Path:
-    RESULTS.mkdir(exist_ok=True)
-    path = RESULTS / f"{name}.json"
+def write(name: str, payload: dict, folder: pathlib.Path | None = None) -> pathlib.Path:
+    """benchmarks/results/<name>.json (or in `folder`), with the machine it ran on."""
+    folder = pathlib.Path(folder) if folder else RESULTS
+    folder.mkdir(parents=True, exist_ok=True)
+    path = folder / f"{name}.json"
     path.write_text(json.dumps({"machine": machine(), **payload}, indent=1))
     return path
 

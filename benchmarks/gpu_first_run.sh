@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a GPU, in one command of about six minutes (at most nine) on one H100 or H200:
 #
-#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--sections LIST] [--budget SECONDS] [--dry-run]
+#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--session a|b] [--sections LIST] [--budget SECONDS] [--dry-run]
 #
 # Sections, each in its own process with its own time limit (a crash or a hang ends that section
 # only), results written as each ends: DIR/summary.txt (one line per section: its exit status and
@@ -18,6 +18,19 @@
 #             checks, the launch search, the race (benchmarks.gpu_run auto: auto.json)
 #   train     the paper model's training tokens/s and MFU for alibi, rope and t5 (train.json)
 #   selfcheck selfcheck.py --shape paper at 512 tokens for alibi, its exit status (selfcheck/)
+#   xt        ours (auto) against x-transformers eager and torch.compile'd on the same GPU, the standard
+#             model at 512 x 16 for rope and alibi (benchmarks.gpu_step: gpu_step_*.json; needs the
+#             x-transformers and einops wheels)
+#   evallen   the paper model scored at 512 / 2k / 8k / 16k for alibi and rope: compile time per length,
+#             tokens/s, memory, the path auto picks (benchmarks.gpu_long evallen: evallen.json)
+#   prefill   a long prefill at SmolLM2-135M's shape (random weights) at 8k / 32k / 64k, the fused kernel
+#             (auto) against XLA's tiles (blockwise), then decoding (benchmarks.gpu_long prefill: prefill.json)
+# The prepared sessions of issue 68, each one command of at most nine minutes on a fresh H100 (the
+# first run's sections measured on an H200 on 2026-11-29: benchmarks/results/gpu_first_run_h200/):
+#   --session a  the H200 figures re-confirmed on an H100, and x-transformers compiled beside ours:
+#                cputests,env,check,train,xt,selfcheck (budget 500 s)
+#   --session b  long inputs: env,evallen,prefill (budget 500 s)
+# (c), SmolLM2 extended to 32k by a fine-tune, is not prepared yet (see benchmarks/README.md).
 # --sections picks some, run in the order given (e.g. a rerun of what failed, with LX_SCHEMES for auto
 # and train, LX_CHECK_ARGS and LX_CONTACT_ARGS replacing their selections); --budget: no section
 # starts after it, and each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the
@@ -28,9 +41,11 @@
 # first, here, with the device README's pip download for Python 3.12 manylinux:
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_17_x86_64 -d .whl ml-collections tensorboardX
+# (for --session a's xt, x-transformers too, ~0.5 MB: add x-transformers einops einx loguru
+# torch-einops-utils frozendict to that line; sympy comes with the image's torch)
 # and launch (under 2,000 characters; the tree at HEAD in .gpurun, so that edits made meanwhile
 # do not travel):
-#   bash .gpurun/benchmarks/gpu_first_run.sh --wheels .whl --out "$OUT"
+#   bash .gpurun/benchmarks/gpu_first_run.sh --wheels .whl --out "$OUT"     [--session a | --session b]
 # The wheels go to a folder of their own on PYTHONPATH (--target), the image's jax is used as it is.
 #
 # --dry-run (CI, a CPU): every section on tiny shapes with the kernels in Pallas' interpreter, the
@@ -38,17 +53,25 @@
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
-OUT="" WHEELS="" SECTIONS="" DRY=0 BUDGET=390
+OUT="" WHEELS="" SECTIONS="" DRY=0 BUDGET="" SESSION=""
 while [ $# -gt 0 ]; do
   case "$1" in
     --out) OUT="$2"; shift 2 ;;
     --wheels) WHEELS="$2"; shift 2 ;;
     --sections) SECTIONS="$2"; shift 2 ;;
     --budget) BUDGET="$2"; shift 2 ;;
+    --session) SESSION="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
+    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --session a|b, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
   esac
 done
+case "$SESSION" in
+  "") ;;
+  a) SECTIONS="${SECTIONS:-cputests,env,check,train,xt,selfcheck}"; BUDGET="${BUDGET:-500}" ;;
+  b) SECTIONS="${SECTIONS:-env,evallen,prefill}"; BUDGET="${BUDGET:-500}" ;;
+  *) echo "gpu_first_run.sh: --session $SESSION: the prepared sessions are a and b" >&2; exit 2 ;;
+esac
+BUDGET="${BUDGET:-390}"
 [ -n "$OUT" ] || OUT="$(mktemp -d)"
 if [ -z "$SECTIONS" ]; then
   if [ "$DRY" = 1 ]; then SECTIONS=env,check,contact,auto,train,selfcheck; else SECTIONS=cputests,env,check,contact,auto,train,selfcheck; fi
@@ -116,6 +139,10 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
     auto) section auto 600 "$PY" -m benchmarks.gpu_run auto --shrink --schemes alibi --eval_lengths 1024 --out "$M" ;;
     train) section train 600 "$PY" -m benchmarks.gpu_run train --shrink --schemes alibi --repeats 1 --out "$M" ;;
     selfcheck) section selfcheck 600 "$PY" selfcheck.py --short --schemes alibi --lengths 24 --out "$M/selfcheck" ;;
+    xt) section xt 600 "$PY" -m benchmarks.gpu_step --shrink --models standard --schemes rope --lengths 64:2 \
+          --ours_attention auto --theirs eager,compiled --repeats 1 --warmup 1 --out "$M" ;;
+    evallen) section evallen 600 "$PY" -m benchmarks.gpu_long evallen --shrink --schemes alibi --lengths 128,256 --out "$M" ;;
+    prefill) section prefill 600 "$PY" -m benchmarks.gpu_long prefill --shrink --lengths 512 --new 2 --out "$M" ;;
   esac; else case "$1" in
     env) section env 30 "$PY" -m benchmarks.gpu_run env --out "$M" ;;
     check) section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 \
@@ -124,6 +151,11 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
     auto) section auto 90 "$PY" -m benchmarks.gpu_run auto --schemes "${LX_SCHEMES:-alibi,rope,t5}" --out "$M" ;;
     train) section train 170 "$PY" -m benchmarks.gpu_run train --schemes "${LX_SCHEMES:-alibi,rope,t5}" --repeats 10 --out "$M" ;;
     selfcheck) section selfcheck 100 "$PY" selfcheck.py --shape paper --schemes alibi --lengths 512 --minutes 1 --out "$M/selfcheck" ;;
+    xt) section xt 150 "$PY" -m benchmarks.gpu_step --models standard --schemes rope,alibi --lengths 512:16 \
+          --ours_attention auto --theirs eager,compiled --repeats 10 --out "$M" ;;
+    evallen) section evallen 230 "$PY" -m benchmarks.gpu_long evallen --schemes "${LX_SCHEMES:-alibi,rope}" \
+               --lengths 512,2048,8192,16384 --out "$M" ;;
+    prefill) section prefill 230 "$PY" -m benchmarks.gpu_long prefill --lengths 8192,32768,65536 --attention auto,blockwise --out "$M" ;;
   esac; fi
 }
 for name in ${SECTIONS//,/ }; do  # in the order given

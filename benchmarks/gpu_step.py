@@ -45,7 +45,7 @@ dense bf16 peak (experiment/accelerator.PEAK_BF16_TFLOPS) where known.
 `--shrink`: tiny sizes (d = 64, 2 layers, vocabulary 512, L = 64 and 128; the paper model shrunk as
 benchmarks/paper_experiment.py --shrink does, at L = 128) to check the script on a CPU. A runner that
 fails (torch.compile without a compiler, out of memory, an attention kind a scheme lacks) gets its
-error in its row; the others go on. Writes benchmarks/results/gpu_step_<device kind>.json.
+error in its row; the others go on. Writes benchmarks/results/gpu_step_<device kind>.json (or in --out).
 """
 from __future__ import annotations
 
@@ -204,6 +204,7 @@ def parse_args() -> argparse.Namespace:
     ap.add_argument("--warmup", type=int, default=3, help="untimed steps per runner (compilation, autotuning)")
     ap.add_argument("--peak_n", type=int, default=0, help="matmul size of the peak (default 8192; CPU 1024)")
     ap.add_argument("--shrink", action="store_true", help="tiny sizes (checks the script on a CPU)")
+    ap.add_argument("--out", default="", help="the folder of the results file (default benchmarks/results)")
     return ap.parse_args()
 
 
@@ -344,7 +345,7 @@ def main() -> None:
     payload = {"device_kind": device_kind, "devices": jax.device_count(), **torch_facts(device),
                "shrink": args.shrink, "dtype": args.dtype, "repeats": args.repeats, "warmup": args.warmup, "matmul_peak": peak, "standard_model": standard, "notes": notes,
                "rows": rows, "targets": goals}
-    path = common.write(f"gpu_step_{slug(device_kind)}", payload)
+    path = common.write(f"gpu_step_{slug(device_kind)}", payload, args.out or None)
     print(f"wrote {path}")
 
 

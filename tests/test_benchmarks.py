@@ -193,6 +193,44 @@ def test_gpu_first_run_dry_run_runs_every_section(tmp_path):
     assert auto["train"] and auto["eval 1024"] and "error" not in auto
 
 
+@pytest.mark.slow  # ~1 minute on 2 cores: the second prepared GPU session (long inputs) on tiny shapes
+def test_gpu_session_b_dry_run_evaluates_long_and_prefills_with_each_path(tmp_path):
+    result = _gpu_run(tmp_path, "--session", "b", timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "sections=env,evallen,prefill budget=500s" in summary
+    for section in ("env", "evallen", "prefill"):
+        assert f"\n{section}: rc=0 " in summary, summary
+    files = _archive(tmp_path)
+    evallen = json.loads(files["out/evallen.json"])["rows"]
+    assert [(r["scheme"], r["length"]) for r in evallen] == [("alibi", 128), ("alibi", 256)]
+    assert all(r["tokens_per_s"] > 0 and r["compile_s"] > 0 and r["attention"] for r in evallen)
+    prefill = json.loads(files["out/prefill.json"])["rows"]
+    assert [r["attention"] for r in prefill] == ["auto", "blockwise"] and "blockwise" in prefill[1]["attention_used"]
+    assert all(r["prefill_tokens_per_s"] > 0 and 0 < r["fraction_of_bound"] and r["decode_tokens_per_s"] > 0
+               for r in prefill)
+
+
+def test_gpu_sessions_are_named_and_sized(tmp_path):
+    """`--session a|b` picks the sections and a 500 s budget (under the nine minutes of a fresh H100 with
+    its start); any other session is refused in one line."""
+    wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "c"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a and b" in wrong.stderr
+    result = _gpu_run(tmp_path, "--session", "a", "--sections", "env")  # the session's budget, sections as given
+    assert result.returncode == 0 and "sections=env budget=500s" in (tmp_path / "summary.txt").read_text()
+
+
+def test_gpu_long_counts_prefill_flops_of_smollm2s_shape():
+    """2 x 134.5M matrix parameters a token (SmolLM2-135M's count without the embedding lookup, the tied
+    head once) plus 2 x 30 x T^2 x 576 of causal attention."""
+    from benchmarks.gpu_long import SMOLLM2, prefill_flops
+    from models.config import ModelConfig
+    cfg = ModelConfig(**SMOLLM2)
+    per_token = 2 * (30 * (576 * 576 * 2 + 576 * 192 * 2 + 3 * 576 * 1536) + 576 * 49152)
+    assert prefill_flops(cfg, 1) == per_token + 2 * 30 * 576
+    assert abs(per_token / 2 / 134.5e6 - 1) < 0.01
+
+
 def test_prefill_profile_puts_xla_ops_in_the_right_category():
     from benchmarks.prefill_profile import category
     branch = "jit(prefill)/while/body/closed_call/while/body/closed_call/cond/branch_1_fun/"
