@@ -70,9 +70,9 @@ def _grouped_logits(q_Bx1xHxK, k_BxGxSxK, q_pos_Bx1, k_pos_BxS, scheme: Scheme) 
     """`tile_logits` of one query per row against the cache's grouped-query keys (B x G x S x K, each
     group's keys contiguous: the products read them in place, no copy per step), B x H x 1 x S: the
     scores of each group of heads against its own key head, except for a scheme whose tile bias reads
-    the keys' content (ReRoPE, Self-Extend, DCA, ...), which gets them as B x S x H x K, repeated."""
-    b, _, heads, k = q_Bx1xHxK.shape
-    groups, s = k_BxGxSxK.shape[1], k_BxGxSxK.shape[2]
+    the keys' content (a wrapped ReRoPE, Self-Extend or DCA, ...), which gets them as B x S x H x K,
+    repeated."""
+    heads = q_Bx1xHxK.shape[2]
     k_BxSxGxK = jnp.swapaxes(k_BxGxSxK, 1, 2)  # for hooks that read keys (computed only where one does)
     if scheme.traits.bias == "tile":
         return tile_logits(q_Bx1xHxK, repeat_heads(k_BxSxGxK, heads), q_pos_Bx1, k_pos_BxS, scheme)
