@@ -34,12 +34,14 @@ def test_chunked_head_mlp_and_attention_equal_one_block_of_the_whole_sequence():
     x = tokens()
     whole = model_of(dataclasses.replace(CFG, attention_block=T))
     tiled = model_of()
-    np.testing.assert_allclose(tiled(x), whole(x), atol=2e-5, rtol=1e-5)
-    nll = tiled.token_nll(x[:, :-1], x[:, 1:])
+    whole.compile_calls = tiled.compile_calls = True  # each call one program (op by op took ~4x as long)
+    full = whole(x)
+    np.testing.assert_allclose(tiled(x), full, atol=2e-5, rtol=1e-5)
+    nll = nnx.jit(lambda m, a, b: m.token_nll(a, b))(tiled, x[:, :-1], x[:, 1:])
     logits = whole(x[:, :-1])
     expected = jax.nn.logsumexp(logits, -1) - jnp.take_along_axis(logits, x[:, 1:, None], -1)[..., 0]
     np.testing.assert_allclose(nll, expected, atol=2e-5, rtol=1e-5)
-    np.testing.assert_array_equal(tiled.next_tokens(x), jnp.argmax(whole(x), -1))
+    np.testing.assert_array_equal(nnx.jit(lambda m, a: m.next_tokens(a))(tiled, x), jnp.argmax(full, -1))
 
 
 def test_long_nll_and_predictions_hold_no_logits_of_the_whole_sequence():
@@ -73,7 +75,7 @@ def test_blockwise_gradients_equal_dense_gradients():
     for path in ("blockwise", "dense"):
         model = model_of(dataclasses.replace(CFG, attention=path))
         graphdef, state = nnx.split(model)
-        grads[path] = jax.grad(lambda s: nnx.merge(graphdef, s).token_nll(x[:, :-1], x[:, 1:]).mean())(state)
+        grads[path] = jax.jit(jax.grad(lambda s: nnx.merge(graphdef, s).token_nll(x[:, :-1], x[:, 1:]).mean()))(state)
     for a, b in zip(jax.tree.leaves(grads["blockwise"]), jax.tree.leaves(grads["dense"])):
         np.testing.assert_allclose(a, b, atol=2e-5, rtol=1e-4)
 

@@ -46,7 +46,7 @@ def test_triangular_gradients_equal_dense(name):
     """Covers a rotation, fixed and learned biases, a per-query logit scale and a content bias."""
     dense, tri = pair(name)
     x = tokens()
-    grads = [jax.grad(lambda m: m.token_nll(x, x).mean())(m) for m in (dense, tri)]
+    grads = [jax.jit(jax.grad(lambda m: m.token_nll(x, x).mean()))(m) for m in (dense, tri)]
     for a, b in zip(jax.tree.leaves(grads[0]), jax.tree.leaves(grads[1])):
         np.testing.assert_allclose(b, a, atol=1e-6, rtol=1e-4)
 
@@ -73,8 +73,8 @@ def test_tile_backward_with_dropout_and_bias_equals_autodiff(start):
 
     ours = lambda q, k, v, bias: _tile_attention(start, rate, q, k, v, bias, keep)
     np.testing.assert_allclose(ours(q, k, v, bias), reference(q, k, v, bias), atol=1e-5)
-    g_ours = jax.grad(loss(ours), argnums=(0, 1, 2, 3))(q, k, v, bias)
-    g_ref = jax.grad(loss(reference), argnums=(0, 1, 2, 3))(q, k, v, bias)
+    g_ours = jax.jit(jax.grad(loss(ours), argnums=(0, 1, 2, 3)))(q, k, v, bias)
+    g_ref = jax.jit(jax.grad(loss(reference), argnums=(0, 1, 2, 3)))(q, k, v, bias)
     for a, r in zip(g_ours, g_ref):
         np.testing.assert_allclose(a, r, atol=1e-5, rtol=1e-5)
 
