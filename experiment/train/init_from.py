@@ -39,9 +39,15 @@ def base_of(config: Config) -> RunDir | None:
 
 
 def take_tokenizer(base: RunDir, run: RunDir) -> None:
-    """A new run starting from `base` uses its tokenizer (token ids must mean the same)."""
+    """A new run starting from `base` uses its tokenizer (token ids must mean the same), and an imported
+    base's chat template and special tokens beside it (generation and RULER's chat prompts read them)."""
     if not run.tokenizer_path.exists():
         shutil.copyfile(base.tokenizer_path, run.tokenizer_path)
+    from experiment.convert.hf import SPECIAL_TOKENS_FILE
+    from models.generation.chat import TEMPLATE_FILE
+    for name in (TEMPLATE_FILE, SPECIAL_TOKENS_FILE):
+        if (base.path / name).is_file() and not (run.path / name).exists():
+            shutil.copyfile(base.path / name, run.path / name)
 
 
 def _shapes(tree) -> dict[str, tuple]:
