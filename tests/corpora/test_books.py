@@ -48,6 +48,21 @@ def test_made_up_file_gives_each_book_between_its_markers(tmp_path):
     assert not any("licence" in b.text or "Gutenberg" in b.text or "***" in b.text for b in got)
 
 
+def test_a_books_folder_holds_one_book_out_as_its_valid_split(tmp_path):
+    """corpora/books_folder.py (configs/studies/extend_smollm2.py fine-tunes on the train split)."""
+    from corpora.books_folder import write_folder
+    path = tmp_path / "big.txt"
+    path.write_text(MADE_UP)
+    folder = write_folder(tmp_path / "books", "Second Book", path)
+    assert (folder / "valid.txt").read_text() == "Chapter one.\n    An indented line.\n"
+    assert (folder / "train.txt").read_text() == "Once upon a time there was a tale.\nIt ended.\n"
+    assert write_folder(folder, "Second Book", path) == folder  # the same again: left as it is
+    with pytest.raises(DataError, match="holds other train.txt / valid.txt than these books"):
+        write_folder(folder, "A Short Tale", path)
+    with pytest.raises(DataError, match="--valid 'Nope': no such book; the books: A Short Tale, Second Book"):
+        write_folder(tmp_path / "other", "Nope", path)
+
+
 def test_start_without_end_is_refused_naming_the_file(tmp_path):
     path = tmp_path / "big.txt"
     path.write_text(MADE_UP.split("End of the Project")[0])

@@ -51,6 +51,20 @@ def test_the_extended_run_starts_with_the_bases_parameters_and_trains_at_its_own
     assert (tmp_path / "tokenizer.json").read_text() == (base_run / "tokenizer.json").read_text()
 
 
+def test_a_fine_tune_takes_its_bases_chat_template_and_special_tokens(tmp_path):
+    """An imported base (import_hf.py) keeps them beside its tokenizer; RULER's chat prompts and generate.py
+    --chat read them from the fine-tuned run."""
+    base, run = tmp_path / "base", tmp_path / "run"
+    for folder in (base, run):
+        folder.mkdir()
+    (base / "tokenizer.json").write_text("{}")
+    (base / "chat_template.jinja").write_text("{{ messages }}")
+    (base / "special_tokens_map.json").write_text('{"bos_token": "<s>"}')
+    init_from.take_tokenizer(RunDir(base), RunDir(run))
+    assert sorted(p.name for p in run.iterdir()) == ["chat_template.jinja", "special_tokens_map.json", "tokenizer.json"]
+    assert (run / "chat_template.jinja").read_text() == "{{ messages }}"
+
+
 def test_a_model_that_does_not_fit_the_base_is_refused_before_anything_is_written(base_run, tmp_path):
     wider = extension(base_run)
     wider.model.d_model = 64
