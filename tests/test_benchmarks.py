@@ -227,7 +227,7 @@ def test_gpu_session_c_dry_run_extends_a_tiny_model_end_to_end(tmp_path):
 
 
 def test_gpu_sessions_are_named_and_sized(tmp_path):
-    """`--session a|b` picks the sections and a 500 s budget (under the nine minutes of a fresh H100 with
+    """`--session a|b|c` picks the sections and a 500 s budget (under the nine minutes of a fresh H100 with
     its start); any other session is refused in one line."""
     wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "d"], capture_output=True, text=True, timeout=60)
     assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a, b and c" in wrong.stderr
