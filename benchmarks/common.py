@@ -48,6 +48,20 @@ SHRINK_VOCAB = 30_000
 SHRINK_MODEL = dict(num_layers=2, d_model=64, num_heads=4, mlp_dim=128, adaptive_cutoffs=(2000, 10000))
 
 
+# the training-free methods that move positions, at twice SmolLM2-135M's 8,192 window (as
+# experiment/evals/methods.py sets them at 16k): benchmarks.moved_logits and moved_decode
+MOVED_METHODS = {"rope": {}, "self_extend": dict(self_extend_window=2048, self_extend_group=4),
+                 "dca": dict(dca_chunk_size=6144, dca_local_window=512), "rerope": dict(rerope_window=512)}
+
+
+def smollm2_rope(options: dict, train_length: int = 8192):
+    """RoPE with `options` at SmolLM2-135M's attention shape (9 heads of 64, d = 576), one layer."""
+    cfg = posenc.default_config("rope")
+    cfg.rope.update(options)
+    dims = posenc.ModelDims(d_model=576, num_heads=9, head_dim=64, num_layers=1, train_length=train_length)
+    return posenc.build(cfg, dims, rngs=nnx.Rngs(0))
+
+
 def build(scheme: str, train_length: int, **overrides) -> DecoderLM:
     cfg = ModelConfig(**{**BENCH_MODEL, **overrides})
     return DecoderLM(cfg, posenc.default_config(scheme), train_length=train_length, rngs=nnx.Rngs(0))

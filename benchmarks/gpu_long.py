@@ -29,7 +29,6 @@ from __future__ import annotations
 import argparse
 import json
 import pathlib
-import statistics
 import time
 
 import jax
@@ -39,7 +38,7 @@ from flax import nnx
 
 import posenc
 from benchmarks import common
-from benchmarks.gpu_run import _clear, _kept, _write, matmul_peak
+from benchmarks.gpu_run import PAPER_LENGTH, decisions, forget_decisions, matmul_peak, paper_model, write_json
 from experiment.runtime.accelerator import enable_compilation_cache
 from models.attention import choice
 
@@ -55,36 +54,22 @@ def _peak_bytes() -> int | None:
     return stats.get("peak_bytes_in_use")
 
 
-def _timed(fn, repeats: int = 3) -> float:
-    times = []
-    for _ in range(repeats):
-        started = time.perf_counter()
-        jax.block_until_ready(fn())
-        times.append(time.perf_counter() - started)
-    return statistics.median(times)
-
-
 def evallen(args) -> list[dict]:
     """Each scheme's evaluation at each length: compile, time, path, memory."""
-    from configs import wikitext103
     lengths = [int(x) for x in args.lengths.split(",")] if args.lengths else (
         [128, 256, 512] if args.shrink else [512, 1024, 2048, 4096, 8192, 16384])
     rows = []
     for scheme in args.schemes.split(","):
-        config = wikitext103.get_config(f"{scheme},512,247m")
-        vocab = common.SHRINK_VOCAB if args.shrink else common.WT103_VOCAB
-        model = dict(config.model.to_dict(), vocab_size=vocab, dtype=args.dtype, attention="auto")
-        if args.shrink:
-            model.update(common.SHRINK_MODEL)
         try:
-            graphdef, params = nnx.split(common.build(scheme, train_length=512, **model))
+            built, model, _ = paper_model(scheme, PAPER_LENGTH, args.shrink, dtype=args.dtype)
+            graphdef, params = nnx.split(built)
+            vocab = model["vocab_size"]
         except Exception as e:  # noqa: BLE001 - recorded; the next scheme goes on
             rows.append({"scheme": scheme, "error": common.error_text(e)})
             continue
         score = common.scorer(graphdef)
         for length in sorted(lengths):
-            _clear()
-            choice.PICKED.clear()
+            forget_decisions()
             row = {"scheme": scheme, "length": length}
             try:
                 tokens = jnp.asarray(common.zipf_ids(vocab, (max(1, args.tokens // length), length)))
@@ -92,14 +77,14 @@ def evallen(args) -> list[dict]:
                 compiled = score.lower(params, tokens).compile()  # auto's check, search and race run here
                 row.update(rows=int(tokens.shape[0]), compile_s=time.perf_counter() - started,
                            attention=choice.picked())
-                seconds = _timed(lambda: compiled(params, tokens))
+                seconds = common.median_seconds(lambda: compiled(params, tokens), repeats=3, warmup=0)
                 row.update(run_s=seconds, tokens_per_s=tokens.size / seconds, peak_bytes_so_far=_peak_bytes(),
-                           decided={k: v for k, v in _kept().items() if v})
+                           decided={k: v for k, v in decisions().items() if v})
             except Exception as e:  # noqa: BLE001 - recorded; the next length goes on
                 row["error"] = common.error_text(e)
             print(json.dumps({k: v for k, v in row.items() if k != "decided"}, default=str), flush=True)
             rows.append(row)
-            _write(args.out, "evallen.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+            write_json(args.out, "evallen.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
                                               "dtype": args.dtype, "tokens_per_batch": args.tokens, "rows": rows})
     return rows
 
@@ -132,8 +117,7 @@ def prefill(args) -> list[dict]:
     for attention in args.attention.split(","):
         model = smollm2_shape(attention, args.dtype, args.shrink)
         for length in sorted(lengths):
-            _clear()
-            choice.PICKED.clear()
+            forget_decisions()
             row = {"attention": attention, "length": length}
             try:
                 prompt = common.zipf_ids(model.cfg.vocab_size, (length,), seed=1).tolist()
@@ -141,7 +125,7 @@ def prefill(args) -> list[dict]:
                 started = time.perf_counter()
                 jax.block_until_ready(session.prefill([prompt]))  # compiled and run
                 first = time.perf_counter() - started
-                seconds = _timed(lambda: session.prefill([prompt]), repeats=2)
+                seconds = common.median_seconds(lambda: session.prefill([prompt]), repeats=2, warmup=0)
                 row.update(first_s=first, prefill_s=seconds, prefill_tokens_per_s=length / seconds,
                            attention_used=choice.picked(),
                            fraction_of_bound=prefill_flops(model.cfg, length) / seconds / (peak["tflop_per_s"] * 1e12))
@@ -158,7 +142,7 @@ def prefill(args) -> list[dict]:
                 row["error"] = common.error_text(e)
             print(json.dumps(row, default=str), flush=True)
             rows.append(row)
-            _write(args.out, "prefill.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+            write_json(args.out, "prefill.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
                                               "dtype": args.dtype, "matmul_peak": peak, "rows": rows})
     return rows
 

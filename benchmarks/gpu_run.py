@@ -49,7 +49,7 @@ PACKAGES = ("jax", "jaxlib", "jax-cuda13-plugin", "jax-cuda12-plugin", "flax", "
             "numpy", "ml-collections", "tensorboardX", "torch", "nvidia-cudnn-cu13", "nvidia-cudnn-cu12")
 
 
-def _write(out: pathlib.Path, name: str, payload) -> None:
+def write_json(out: pathlib.Path, name: str, payload) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / name).write_text(json.dumps(payload, indent=1, default=str))
 
@@ -87,7 +87,7 @@ def env(args) -> dict:
         info["nvidia_smi"] = subprocess.run(["nvidia-smi"], capture_output=True, text=True, timeout=30).stdout
     except (OSError, subprocess.SubprocessError) as e:
         info["nvidia_smi"] = common.error_text(e)[:200]
-    _write(args.out, "env.json", info)
+    write_json(args.out, "env.json", info)
     print(json.dumps({k: v for k, v in info.items() if k != "nvidia_smi"}, indent=1, default=str))
     print(info["nvidia_smi"])
     return info
@@ -108,18 +108,25 @@ class PaperStep:
         return self.tokens.size
 
 
-def paper_step(scheme: str, shrink: bool, attention: str = "auto") -> PaperStep:
+def paper_model(scheme: str, length: int, shrink: bool, dtype: str = "bfloat16", attention: str = "auto"):
+    """(configs/wikitext103.py's 247M model for `scheme` trained at `length`, random weights, or its tiny
+    copy with `shrink`; its model options; its config)."""
     from configs import wikitext103
-    from experiment.train.optimizer import make_optimizer
-    from experiment.train.step import is_stochastic, make_train_step
-    rows, length = (SHRUNK_ROWS, SHRUNK_LENGTH) if shrink else (PAPER_ROWS, PAPER_LENGTH)
     config = wikitext103.get_config(f"{scheme},{length},247m")
     if shrink:
         config.model.update(common.SHRINK_MODEL)
     vocab = common.SHRINK_VOCAB if shrink else common.WT103_VOCAB
-    model = dict(config.model.to_dict(), vocab_size=vocab, dtype="bfloat16", attention=attention)
+    model = dict(config.model.to_dict(), vocab_size=vocab, dtype=dtype, attention=attention)
+    return common.build(scheme, train_length=length, **model), model, config
+
+
+def paper_step(scheme: str, shrink: bool, attention: str = "auto") -> PaperStep:
+    from experiment.train.optimizer import make_optimizer
+    from experiment.train.step import is_stochastic, make_train_step
+    rows, length = (SHRUNK_ROWS, SHRUNK_LENGTH) if shrink else (PAPER_ROWS, PAPER_LENGTH)
+    built, model, config = paper_model(scheme, length, shrink, attention=attention)
+    vocab = model["vocab_size"]
     tokens = jnp.asarray(common.zipf_ids(vocab, (rows, length)))
-    built = common.build(scheme, train_length=length, **model)
     graphdef, params = nnx.split(built)
     tx = make_optimizer(config.train)
     step = make_train_step(graphdef, tx, dropout_seed=0,
@@ -132,7 +139,7 @@ def paper_step(scheme: str, shrink: bool, attention: str = "auto") -> PaperStep:
     return PaperStep(step, params, tx.init(params), tokens, graphdef, flops)
 
 
-def _kept() -> dict:
+def decisions() -> dict:
     """What the check, the search and the race decided in this process (their in-memory caches)."""
     said = {k: {"launch": t.launch.label if t.launch else None, "verdict": t.verdict.status, "why": t.verdict.reason,
                 "timings_ms": t.timings, "rejected": t.rejected} for k, t in tuning._TUNED.items()}
@@ -142,7 +149,8 @@ def _kept() -> dict:
     return {"searches": said, "checks": checks, "races": dict(tuning._RACES)}
 
 
-def _clear() -> None:
+def forget_decisions() -> None:
+    """Empty the in-memory caches of the check, the search, the race and auto's picks (a section per scheme)."""
     for cache in (tuning._TUNED, tuning._RACES, verdicts._VERDICTS, choice.PICKED):
         cache.clear()
 
@@ -151,7 +159,7 @@ def auto(args) -> list[dict]:
     """Each scheme's training step and evaluations traced: `auto`'s picks and what decided them."""
     results = []
     for scheme in args.schemes.split(","):
-        _clear()
+        forget_decisions()
         started = time.perf_counter()
         said = io.StringIO()
         record = {"scheme": scheme}
@@ -167,14 +175,14 @@ def auto(args) -> list[dict]:
                     record[f"eval {length}"] = choice.picked()
         except Exception as e:  # noqa: BLE001 - recorded; the next scheme goes on
             record["error"] = common.error_text(e)
-        record.update(said=said.getvalue().splitlines(), seconds=time.perf_counter() - started, **_kept())
+        record.update(said=said.getvalue().splitlines(), seconds=time.perf_counter() - started, **decisions())
         print(json.dumps({k: record.get(k) for k in ("scheme", "train", "said", "error", "seconds")}
                          | {k: v for k, v in record.items() if k.startswith("eval")}, indent=1, default=str),
               flush=True)
         for race in record["races"].values():
             print(f"  race: {race}", flush=True)
         results.append(record)
-        _write(args.out, "auto.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+        write_json(args.out, "auto.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
                                        "launch_candidates": launches.width(), "schemes": results})
     return results
 
@@ -201,7 +209,7 @@ def train(args) -> list[dict]:
     peak = matmul_peak()
     results = []
     for scheme in args.schemes.split(","):
-        _clear()
+        forget_decisions()
         record = {"scheme": scheme}
         try:
             run = paper_step(scheme, args.shrink)
@@ -222,7 +230,7 @@ def train(args) -> list[dict]:
             record["error"] = common.error_text(e)
         print(json.dumps(record, indent=1, default=str), flush=True)
         results.append(record)
-        _write(args.out, "train.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
+        write_json(args.out, "train.json", {"device": jax.devices()[0].device_kind, "jax": jax.__version__,
                                         "matmul_peak": peak, "repeats": args.repeats, "rows": results})
     return results
 

@@ -8,7 +8,7 @@ best of `--rounds` (each round `--steps` steps).
     python -m benchmarks.moved_decode [--length 16384] [--rounds 3] [--steps 8]
 
 SmolLM2-135M's attention shape (9 query heads, 3 key-value heads of 64, one row, float32) and its
-methods' settings at twice its 8,192 window (as benchmarks/moved_logits.py). Writes
+methods' settings at twice its 8,192 window (common.MOVED_METHODS, as benchmarks/moved_logits.py). Writes
 benchmarks/results/moved_decode.json.
 """
 from __future__ import annotations
@@ -22,7 +22,6 @@ import jax.numpy as jnp
 from flax import nnx
 
 from benchmarks import common
-from benchmarks.moved_logits import METHODS, scheme
 from models.generation import attend
 from models.generation.cache import CacheShape, LayerCache
 from models.generation.session import _cpu_options
@@ -61,8 +60,8 @@ def main() -> None:
     q, k, v = (jax.random.normal(key, (1, 1, n, 64)) for key, n in zip(jax.random.split(jax.random.key(1), 3),
                                                                      (9, 3, 3)))
     runs = {}
-    for name, options in METHODS.items():
-        s = scheme(options)
+    for name, options in common.MOVED_METHODS.items():
+        s = common.smollm2_rope(options)
         moves = len(jax.eval_shape(s.position_variants, q, q, jnp.zeros((1, 1), jnp.int32),
                                    jnp.zeros((1, 1), jnp.int32)).ks) - 1 if options else 0
         for kept in ((True, False) if options else (True,)):

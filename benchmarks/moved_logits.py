@@ -8,8 +8,8 @@ as SmolLM2's), all in one process, in turns, best of `--rounds`.
     python -m benchmarks.moved_logits [--length 8192] [--block 512] [--rounds 3]
 
 SmolLM2-135M's attention shape (9 heads of 64, one row) and its methods' settings at twice its 8,192
-window (experiment/evals/methods.py: Self-Extend W = 2,048, G = 4; DCA chunks 6,144, local window 512;
-ReRoPE window 512). Writes benchmarks/results/moved_logits.json.
+window (common.MOVED_METHODS, as experiment/evals/methods.py sets them: Self-Extend W = 2,048, G = 4;
+DCA chunks 6,144, local window 512; ReRoPE window 512). Writes benchmarks/results/moved_logits.json.
 """
 from __future__ import annotations
 
@@ -19,22 +19,10 @@ import time
 
 import jax
 import jax.numpy as jnp
-from flax import nnx
 
-import posenc
 from benchmarks import common
 from models.attention import blockwise_attention, cpu_flash, native
 from models.attention.call import Call
-
-METHODS = {"rope": {}, "self_extend": dict(self_extend_window=2048, self_extend_group=4),
-           "dca": dict(dca_chunk_size=6144, dca_local_window=512), "rerope": dict(rerope_window=512)}
-
-
-def scheme(options: dict, train_length: int = 8192):
-    cfg = posenc.default_config("rope")
-    cfg.rope.update(options)
-    dims = posenc.ModelDims(d_model=576, num_heads=9, head_dim=64, num_layers=1, train_length=train_length)
-    return posenc.build(cfg, dims, rngs=nnx.Rngs(0))
 
 
 def every_tile(pred, yes, no, *operands):
@@ -51,9 +39,9 @@ def main() -> None:
     q, k, v = (jax.random.normal(key, (1, args.length, 9, 64)) for key in jax.random.split(jax.random.key(0), 3))
     pos = jnp.broadcast_to(jnp.arange(args.length, dtype=jnp.int32), (1, args.length))
     programs = {}
-    for name, options in METHODS.items():
+    for name, options in common.MOVED_METHODS.items():
         for skip in ((True, False) if options else (True,)):
-            s = scheme(options)
+            s = common.smollm2_rope(options)
             cond, jax.lax.cond = jax.lax.cond, (jax.lax.cond if skip else every_tile)
             try:  # traced now, with the cond of this variant
                 f = jax.jit(lambda q, k, v, s=s: blockwise_attention(q, k, v, pos, pos, s, args.block))
@@ -62,8 +50,8 @@ def main() -> None:
                 jax.lax.cond = cond
     if native.unavailable() is None:
         k3, v3 = k[:, :, ::3], v[:, :, ::3]  # SmolLM2's 3 key-value heads, read in place by the kernel
-        for name, options in METHODS.items():
-            s = scheme(options)
+        for name, options in common.MOVED_METHODS.items():
+            s = common.smollm2_rope(options)
             f = jax.jit(lambda q, k, v, s=s: cpu_flash.cpu_flash_call(q, k, v, Call(pos, pos, s)))
             programs[(name, "cpu_flash")] = functools.partial(f.lower(q, k3, v3).compile(), q, k3, v3)
     best = {key: float("inf") for key in programs}
