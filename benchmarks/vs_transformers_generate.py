@@ -207,6 +207,8 @@ def main() -> None:
     parser.add_argument("--gguf")
     parser.add_argument("--length", type=int)
     parser.add_argument("--method")
+    parser.add_argument("--name", default="generate_vs_transformers",
+                        help="benchmarks/results/NAME.json (another name keeps another machine's results)")
     args = parser.parse_args()
     if args.child:
         print(json.dumps(child(args.child, args.gguf, args.length, args.new, args.method)), flush=True)
@@ -254,7 +256,7 @@ def main() -> None:
     common.print_table(table, ["length", "side", "method", "prefill_tok_s", "prefill_vs_transformers", "x_bound",
                                "decode_tok_s", "decode_vs_transformers", "peak_gb"])
     print(f"matmul GFLOP/s: XLA {rates['ours']}, torch {rates['transformers']}; the bound uses {rate:.0f}")
-    print(common.write("generate_vs_transformers", {"rows": rows, "table": table, "matmul_gflops": rate,
+    print(common.write(args.name, {"rows": rows, "table": table, "matmul_gflops": rate,
                                                      "matmul_gflops_by_library": {"xla": rates["ours"],
                                                                                   "torch": rates["transformers"]}}))
 

@@ -226,11 +226,25 @@ def test_gpu_session_c_dry_run_extends_a_tiny_model_end_to_end(tmp_path):
     assert "out/extend/report/ppl_vs_length.md" in files and "out/extend/report/ruler.md" in files
 
 
+@pytest.mark.slow  # ~1 minute on 2 cores: the tiny Llama imported, RULER asked with two methods, reported
+def test_gpu_session_d_dry_run_asks_ruler_with_each_method_and_returns_the_records(tmp_path):
+    result = _gpu_run(tmp_path, "--session", "d", timeout=1200)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (tmp_path / "summary.txt").read_text()
+    assert "sections=env,ruler budget=500s" in summary and "\nruler: rc=0 " in summary, summary
+    files = _archive(tmp_path)
+    records = json.loads(files["out/ruler/records/ruler.json"])
+    assert sorted(r["method"] for r in records) == ["self_extend", "yarn"]
+    assert all(r["task"] == "niah_single_1" and r["count"] == 2 and r["eval_length"] == 512 for r in records)
+    assert files["out/ruler/run_records/ruler.json"] == files["out/ruler/records/ruler.json"]
+    assert "out/ruler/report/ruler.md" in files
+
+
 def test_gpu_sessions_are_named_and_sized(tmp_path):
-    """`--session a|b|c` picks the sections and a 500 s budget (under the nine minutes of a fresh H100 with
-    its start); any other session is refused in one line."""
-    wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "d"], capture_output=True, text=True, timeout=60)
-    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a, b and c" in wrong.stderr
+    """`--session a|b|c|d` picks the sections and a 500 s budget (under the nine minutes of a fresh H100
+    with its start); any other session is refused in one line."""
+    wrong = subprocess.run(["bash", str(GPU_RUN), "--session", "e"], capture_output=True, text=True, timeout=60)
+    assert wrong.returncode == 2 and wrong.stderr.count("\n") == 1 and "a, b, c and d" in wrong.stderr
     result = _gpu_run(tmp_path, "--session", "a", "--sections", "env")  # the session's budget, sections as given
     assert result.returncode == 0 and "sections=env budget=500s" in (tmp_path / "summary.txt").read_text()
 
