@@ -21,7 +21,7 @@ weight products at 4,096 rows, and 2,048^3) in its own library (XLA or torch), a
 the best rate of the run, over both libraries, is the machine's matmul rate. A prefill's FLOPs are the
 weight products (2 per non-embedding parameter per token) plus causal attention (QK^T and PV over the
 lower triangle: 2 x T^2 x heads x head_dim per layer) plus the head for the last token; `bound_s` = FLOPs / that rate, and `x_bound` = prefill seconds / bound_s (1 would be every FLOP
-at the best matmul rate). Writes benchmarks/results/generate_vs_transformers.json with the machine's
+at the best matmul rate). Writes benchmarks/results/generate_vs_transformers.json (or NAME.json: --name) with the machine's
 CPU family, model and both matmul rates.
 """
 from __future__ import annotations
@@ -257,8 +257,7 @@ def main() -> None:
                                "decode_tok_s", "decode_vs_transformers", "peak_gb"])
     print(f"matmul GFLOP/s: XLA {rates['ours']}, torch {rates['transformers']}; the bound uses {rate:.0f}")
     print(common.write(args.name, {"rows": rows, "table": table, "matmul_gflops": rate,
-                                                     "matmul_gflops_by_library": {"xla": rates["ours"],
-                                                                                  "torch": rates["transformers"]}}))
+                                   "matmul_gflops_by_library": {"xla": rates["ours"], "torch": rates["transformers"]}}))
 
 
 if __name__ == "__main__":

@@ -226,7 +226,7 @@ def test_gpu_session_c_dry_run_extends_a_tiny_model_end_to_end(tmp_path):
     assert "out/extend/report/ppl_vs_length.md" in files and "out/extend/report/ruler.md" in files
 
 
-@pytest.mark.slow  # ~1 minute on 2 cores: the tiny Llama imported, RULER asked with two methods, reported
+@pytest.mark.slow  # ~30 s on 2 cores: the tiny Llama imported, RULER asked with two methods, reported
 def test_gpu_session_d_dry_run_asks_ruler_with_each_method_and_returns_the_records(tmp_path):
     result = _gpu_run(tmp_path, "--session", "d", timeout=1200)
     assert result.returncode == 0, result.stderr[-2000:]
