@@ -10,6 +10,11 @@ in mean score is a bootstrap that resamples contexts (clusters), the questions o
 together. A pair is "separated" at 95% where p < 0.05 (McNemar) or the interval leaves out 0
 (clusters). Nothing here imports JAX.
 
+A table tests many pairs at once, and some of them pass at 95% by chance alone: its last column applies
+Holm's step-down correction over the table's McNemar pairs (the smallest p against 0.05 / m, the next
+against 0.05 / (m - 1), and so on, stopping at the first that fails), so that a reader can tell the
+separations that hold for the whole table ("kept") from those that hold for one pair alone.
+
     diff = paired(scores_a, scores_b, clusters)     # clusters: each question's context (None: its own)
     diff.separated, diff.estimate, diff.low, diff.high, diff.p
 """
@@ -60,6 +65,25 @@ def mcnemar_p(a_only: int, b_only: int) -> float:
     return min(1.0, 2 * tail)
 
 
+def holm(p_values: Sequence[float], level: float = LEVEL) -> list[bool]:
+    """Holm's step-down test over `p_values` (one family): for each, whether it is rejected at the
+    family-wise `level`. In ascending order the i-th smallest (from 0) is compared with
+    (1 - level) / (m - i); the first that is not below its threshold and every larger one are kept."""
+    order = np.argsort(np.asarray(p_values, np.float64), kind="stable")
+    rejected = [False] * len(order)
+    for rank, i in enumerate(order):
+        if not p_values[i] < (1 - level) / (len(order) - rank):
+            break
+        rejected[i] = True
+    return rejected
+
+
+def holm_threshold(p_values: Sequence[float], index: int, level: float = LEVEL) -> float:
+    """The threshold Holm's test compares `p_values[index]` with: (1 - level) / (m - its rank)."""
+    order = list(np.argsort(np.asarray(p_values, np.float64), kind="stable"))
+    return (1 - level) / (len(order) - order.index(index))
+
+
 def cluster_bootstrap(values, clusters, seed: int = 0) -> tuple[float, float]:
     """The 95% percentile interval of the mean of `values` over resamplings of their clusters (each
     drawn cluster brings all its questions): experiment/report/bootstrap.py's, every question weighing
@@ -93,20 +117,36 @@ def paired(scores_a: Sequence[float], scores_b: Sequence[float], clusters: Seque
 def pairs_table(columns: dict[str, Sequence[float]], clusters: Sequence[int] | None = None,
                 heading: str = "method") -> str:
     """A markdown table of every pair of `columns` ({method: its scores on the same questions}): the
-    difference of the first minus the second, its interval, the discordant counts, the test, and
-    "separated" or "not separated" at 95%. A column with fewer questions (a cell asked again with more:
-    its first questions are the same) is compared on the questions both have, and the test says so;
-    `clusters` are the longest column's."""
+    difference of the first minus the second, its interval, the discordant counts, the test, "separated"
+    or "not separated" at 95%, and whether a separation holds after Holm's correction over the table's
+    McNemar pairs (`holm`; a bootstrap pair has no p-value and is left out of the family). A column with
+    fewer questions (a cell asked again with more: its first questions are the same) is compared on the
+    questions both have, and the test says so; `clusters` are the longest column's."""
     names = list(columns)
-    lines = [f"| {heading} A | {heading} B | A - B (points) [95%] | A only / B only | test | at 95% |",
-             "|---|---|---|---|---|---|"]
+    rows = []
     for i, first in enumerate(names):
         for second in names[i + 1:]:
             n = min(len(columns[first]), len(columns[second]))
             d = paired(columns[first][:n], columns[second][:n], None if clusters is None else clusters[:n])
-            test = f"McNemar p = {d.p:.3g}" if d.test == "mcnemar" else f"bootstrap, {d.clusters} contexts"
-            if n < max(len(columns[first]), len(columns[second])):
-                test += f", the first {n} questions"
-            lines.append(f"| {first} | {second} | {100 * d.estimate:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] | "
-                         f"{d.a_only} / {d.b_only} | {test} | {'**separated**' if d.separated else 'not separated'} |")
+            rows.append((first, second, n, d))
+    family = [k for k, (*_, d) in enumerate(rows) if d.test == "mcnemar"]
+    p_values = [rows[k][3].p for k in family]
+    kept = dict(zip(family, holm(p_values)))
+    lines = [f"| {heading} A | {heading} B | A - B (points) [95%] | A only / B only | test | at 95% | "
+             f"Holm, {len(family)} pairs |", "|---|---|---|---|---|---|---|"]
+    for k, (first, second, n, d) in enumerate(rows):
+        test = f"McNemar p = {d.p:.3g}" if d.test == "mcnemar" else f"bootstrap, {d.clusters} contexts"
+        if n < max(len(columns[first]), len(columns[second])):
+            test += f", the first {n} questions"
+        if k not in kept:
+            corrected = "(no p-value)"
+        elif not d.separated:
+            corrected = ""
+        elif kept[k]:
+            corrected = "kept"
+        else:
+            corrected = f"not kept (threshold {holm_threshold(p_values, family.index(k)):.2g})"
+        lines.append(f"| {first} | {second} | {100 * d.estimate:+.1f} [{100 * d.low:+.1f}, {100 * d.high:+.1f}] | "
+                     f"{d.a_only} / {d.b_only} | {test} | {'**separated**' if d.separated else 'not separated'} | "
+                     f"{corrected} |")
     return "\n".join(lines) + "\n"

@@ -37,7 +37,7 @@ def test_the_pairs_table_says_which_pairs_are_separated():
                               "lm_infinite": [0] * 16})
     rows = text.strip().splitlines()[2:]
     assert len(rows) == 3
-    assert rows[0].startswith("| self_extend | yarn |") and rows[0].endswith("| not separated |")
+    assert rows[0].startswith("| self_extend | yarn |") and rows[0].endswith("| not separated |  |")
     assert rows[1].startswith("| self_extend | lm_infinite |") and "**separated**" in rows[1]
     with pytest.raises(ValueError, match="same questions"):
         pairs.paired([1, 0], [1, 0, 1])
@@ -48,7 +48,7 @@ def test_a_column_asked_with_more_questions_is_compared_on_the_questions_both_ha
     is taken on those 8 and says so; the by-distance table shows each column at its own count."""
     from experiment.report import distances
     text = pairs.pairs_table({"long": [1.0] * 16, "short": [0.0] * 8}, list(range(16)))
-    assert "| long | short | +100.0 [+100.0, +100.0] | 8 / 0 | McNemar p = 0.00781, the first 8 questions |" in text
+    assert "| long | short | +100.0 [+100.0, +100.0] | 8 / 0 | McNemar p = 0.00781, the first 8 questions | **separated** | kept |" in text
     base = {"task": "niah_single_2", "eval_length": 1024, "placement": "designed", "needle_distances": ["300", "700"],
             "window": 256}
     long = {**base, "scores": [1.0] * 16, "targets": [300, 700] * 8, "distances": [301, 699] * 8,
@@ -60,3 +60,33 @@ def test_a_column_asked_with_more_questions_is_compared_on_the_questions_both_ha
     assert "| long | 100 [68, 100] (8) | 100 [68, 100] (8) | 100 [81, 100] (16) |" in table
     with pytest.raises(ValueError, match="not the first column's"):
         distances.cell_tables(distances.cell_key(long), {"long": long, "other": {**short, "distances": [5] * 8}})
+
+
+def test_holms_step_down_correction():
+    """Holm over m p-values: the i-th smallest (from 0) against 0.05 / (m - i), stopping at the first
+    that fails; a p that would pass its own threshold after a failure is kept out too."""
+    assert pairs.holm([0.01, 0.04, 0.03, 0.005]) == [True, False, False, True]  # 0.005<0.0125, 0.01<0.0167, 0.03>=0.025
+    assert pairs.holm([0.001, 0.02, 0.04]) == [True, True, True]  # 0.001<0.0167, 0.02<0.025, 0.04<0.05
+    assert pairs.holm([0.2, 0.001, 0.04]) == [False, True, False]  # 0.04 >= 0.025 stops it: 0.2 kept out as well
+    assert pairs.holm([]) == []
+    assert pairs.holm_threshold([0.2, 0.001, 0.04], 2) == pytest.approx(0.025)
+    # the far-needle table's case (issue 65): 21 pairs, p = 0.039 passes alone but not at its rank
+    p_values = [1e-8] * 16 + [0.039, 0.18, 0.375, 0.5, 1.0]
+    assert pairs.holm(p_values)[:16] == [True] * 16 and not pairs.holm(p_values)[16]
+    assert pairs.holm_threshold(p_values, 16) == pytest.approx(0.05 / 5)
+
+
+def test_the_pairs_table_keeps_only_the_separations_that_survive_holm():
+    """Four methods, six pairs: a 6-to-0 split (p = 0.031) is separated alone, and after Holm over the
+    six pairs only where its rank's threshold allows; a bootstrap table (contexts of several questions)
+    has no p-values and says so."""
+    strong, weak, none = [1] * 20 + [0] * 4, [1] * 6 + [0] * 18, [0] * 24
+    text = pairs.pairs_table({"a": strong, "b": weak, "c": none, "d": none})
+    rows = {tuple(r.split(" | ")[:2]): r for r in text.strip().splitlines()[2:]}
+    assert "Holm, 6 pairs |" in text.splitlines()[0]
+    assert rows[("| a", "b")].endswith("| **separated** | kept |")       # 14 to 0: p = 1.2e-4, third smallest
+    assert rows[("| b", "c")].endswith("| **separated** | not kept (threshold 0.017) |")  # 6 to 0: 0.031 > 0.05 / 3
+    assert rows[("| b", "d")].endswith("| **separated** | not kept (threshold 0.025) |")  # the same p, after it
+    assert rows[("| c", "d")].endswith("| not separated |  |")
+    clustered = pairs.pairs_table({"a": [1.0] * 8, "b": [0.0] * 8}, [0, 0, 1, 1, 2, 2, 3, 3])
+    assert clustered.splitlines()[0].endswith("Holm, 0 pairs |") and clustered.strip().endswith("| (no p-value) |")

@@ -123,7 +123,7 @@ def test_each_task_has_its_pairs_of_methods_on_the_same_prompts_and_designed_cel
     text = report.tables(report.columns([("run", [direct, yarn])]), set())
     assert "niah_single_1 at 16,384: pairs on the same 10 prompts" in text
     row = next(line for line in text.splitlines() if line.startswith("| direct | yarn |"))
-    assert "0 / 9" in row and "McNemar p = 0.00391" in row and row.endswith("| **separated** |")
+    assert "0 / 9" in row and "McNemar p = 0.00391" in row and row.endswith("| **separated** | kept |")
     from experiment.report import distances
     by_column = report.columns([("run", [direct, yarn] + far)])
     band = distances.tables(by_column)
