@@ -286,3 +286,22 @@ def test_the_matmul_peak_is_the_best_of_queued_products_of_several_shapes():
     assert set(measured["per_shape"]) == {"64x64x64", "128x32x64"} and measured["queued"] == 50
     assert measured["best"] == max(measured["per_shape"].values()) > 0
     assert len(common.PEAK_SHAPES["accelerator"]) >= 3 and len(common.PEAK_SHAPES["cpu"]) >= 3
+
+
+def test_compile_share_counts_the_programs_a_test_compiles(tmp_path):
+    """benchmarks/compile_share.py, as a pytest plugin over a test file of two tests: the one that
+    compiles a program is charged with it (and its compile seconds), the one that compiles nothing is not."""
+    (tmp_path / "test_two.py").write_text(
+        "import jax, jax.numpy as jnp\n"
+        "def test_compiles():\n    assert jax.jit(lambda x: jnp.sin(x) * 3)(jnp.ones(5)).shape == (5,)\n"
+        "def test_plain():\n    assert 1 + 1 == 2\n")
+    out = tmp_path / "share.json"
+    done = subprocess.run([sys.executable, "-m", "pytest", "-q", "-p", "benchmarks.compile_share", "-p", "no:cacheprovider",
+                           "--compile_share_json", str(out), "--rootdir", str(tmp_path), str(tmp_path / "test_two.py")],
+                          cwd=pathlib.Path(__file__).resolve().parents[1], capture_output=True, text=True, timeout=300,
+                          env={**os.environ, "LX_COMPILATION_CACHE": "off"})
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert "compile share: 2 tests" in done.stdout
+    tests = {k.split("::")[-1]: v for k, v in json.loads(out.read_text()).items()}
+    assert tests["test_compiles"]["programs"] >= 1 and tests["test_compiles"]["compile"] > 0
+    assert "programs" not in tests["test_plain"]

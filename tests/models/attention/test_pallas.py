@@ -20,8 +20,8 @@ from models.config import ModelConfig
 
 B, T, H, K, BLOCK = 2, 20, 2, 8, 8  # 3 blocks of 8 (the last one padded): diagonal, off-diagonal, padding
 # small option values keep the interpreter's compile time down; the formulas are the same
-SMALL = {"t5": {"num_buckets": 12, "max_distance": 8},  # beyond max_distance one value; 12: a padded table "fire": {"hidden": 4, "threshold_init": 8.0},
-         "sandwich": {"dim": 8}}
+SMALL = {"t5": {"num_buckets": 12, "max_distance": 8},  # beyond max_distance one value; 12: a padded table
+         "fire": {"hidden": 4, "threshold_init": 8.0}, "sandwich": {"dim": 8}}
 
 
 def _scheme(name: str, train_length: int = 16):
