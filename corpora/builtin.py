@@ -5,13 +5,24 @@ and the docstrings of the standard-library modules (module, class and function d
 with `ast` without importing anything). Each document goes to train / valid / test by a checksum
 of its name (about 85% / 5% / 10% of the text), so the split is the same on every machine with the same Python
 version. About 1.3 MB of text on Python 3.11.
+
+Reading the ~240 modules takes 1-2 s, which every process that trains or scores on this corpus (each run of
+the demo, each test that starts one) would pay again: the documents are kept in one JSON file under
+`~/.cache/lengthx/corpora/` (`$XDG_CACHE_HOME`; `LX_CORPUS_CACHE=DIR` picks another folder, `off` none),
+named by a hash of the Python version, the sources read (names, sizes, modification times) and this file,
+so another Python, an upgraded standard library or an edit here builds it again.
 """
 from __future__ import annotations
 
 import ast
 import functools
+import hashlib
+import json
+import os
 import pathlib
+import sys
 import sysconfig
+import tempfile
 import zlib
 
 BUILTIN_CORPORA = ("python_docs",)
@@ -19,16 +30,27 @@ BUILTIN_CORPORA = ("python_docs",)
 
 @functools.lru_cache(maxsize=1)
 def python_docs_documents() -> tuple[tuple[str, str], ...]:
-    """(name, text) for every help topic and every stdlib module with docstrings, in a fixed order."""
-    docs = []
-    try:
-        from pydoc_data.topics import topics
-    except ImportError:  # some distributions strip pydoc_data; the docstrings still exist
-        topics = {}
-    for key in sorted(topics):
-        docs.append((f"topic:{key}", topics[key]))
+    """(name, text) for every help topic and every stdlib module with docstrings, in a fixed order: read
+    from the cache file when one for these sources exists, else built and written there."""
     stdlib = pathlib.Path(sysconfig.get_paths()["stdlib"])
-    for path in sorted(stdlib.glob("*.py")):
+    modules = sorted(stdlib.glob("*.py"))
+    cached = _cache_file(modules)
+    if cached is not None:
+        try:
+            return tuple((name, text) for name, text in json.loads(cached.read_text(encoding="utf-8")))
+        except (OSError, ValueError, TypeError):  # absent, or left half-written by a killed process
+            pass
+    docs = _read_documents(modules)
+    if cached is not None:
+        _write_whole(cached, json.dumps(docs))
+    return docs
+
+
+def _read_documents(modules: list[pathlib.Path]) -> tuple[tuple[str, str], ...]:
+    docs = []
+    for key, text in sorted(_topics().items()):
+        docs.append((f"topic:{key}", text))
+    for path in modules:
         try:
             tree = ast.parse(path.read_text(encoding="utf-8"))
         except (SyntaxError, UnicodeDecodeError, OSError):
@@ -41,6 +63,52 @@ def python_docs_documents() -> tuple[tuple[str, str], ...]:
     if not docs:
         raise RuntimeError("the built-in corpus is empty: this Python has neither pydoc_data nor stdlib sources")
     return tuple(docs)
+
+
+def _topics() -> dict[str, str]:
+    try:
+        from pydoc_data.topics import topics
+    except ImportError:  # some distributions strip pydoc_data; the docstrings still exist
+        return {}
+    return topics
+
+
+def _cache_file(modules: list[pathlib.Path]) -> pathlib.Path | None:
+    """The cache file for these sources (None: LX_CORPUS_CACHE=off)."""
+    chosen = os.environ.get("LX_CORPUS_CACHE", "")
+    if chosen.lower() in ("off", "0", "none"):
+        return None
+    folder = pathlib.Path(chosen) if chosen else pathlib.Path(
+        os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "lengthx" / "corpora"
+    digest = hashlib.sha256(sys.version.encode())
+    digest.update(pathlib.Path(__file__).read_bytes())
+    try:
+        import pydoc_data.topics
+        sources = [pathlib.Path(pydoc_data.topics.__file__), *modules]
+    except ImportError:
+        sources = modules
+    for path in sources:
+        try:
+            stat = path.stat()
+        except OSError:
+            continue
+        digest.update(f"{path}:{stat.st_size}:{stat.st_mtime_ns}\n".encode())
+    return folder / f"python_docs-{digest.hexdigest()[:20]}.json"
+
+
+def _write_whole(path: pathlib.Path, text: str) -> None:
+    """Write by renaming a finished temporary file into place (concurrent writers: one wins, both whole);
+    a folder that cannot be written only means no cache."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
+                                         suffix=".tmp") as f:
+            temporary = pathlib.Path(f.name)
+            f.write(text)
+        os.replace(temporary, path)
+    except OSError:
+        if "temporary" in locals():
+            temporary.unlink(missing_ok=True)
 
 
 def split_of(document_name: str) -> str:

@@ -21,11 +21,16 @@ if _MADE_CACHE:
 _MADE_KERNELS = "LX_KERNEL_CACHE" not in os.environ
 if _MADE_KERNELS:
     os.environ["LX_KERNEL_CACHE"] = tempfile.mkdtemp(prefix="lengthx_kernels_")
+# and the built-in corpus's documents (corpora/builtin.py), read once, not in every process that trains
+_MADE_CORPORA = "LX_CORPUS_CACHE" not in os.environ
+if _MADE_CORPORA:
+    os.environ["LX_CORPUS_CACHE"] = tempfile.mkdtemp(prefix="lengthx_corpora_")
 
 
 def pytest_unconfigure(config):
     if not hasattr(config, "workerinput"):
-        for made, name in ((_MADE_CACHE, "LX_COMPILATION_CACHE"), (_MADE_KERNELS, "LX_KERNEL_CACHE")):
+        for made, name in ((_MADE_CACHE, "LX_COMPILATION_CACHE"), (_MADE_KERNELS, "LX_KERNEL_CACHE"),
+                           (_MADE_CORPORA, "LX_CORPUS_CACHE")):
             if made:
                 shutil.rmtree(os.environ[name], ignore_errors=True)
 

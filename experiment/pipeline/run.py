@@ -25,13 +25,19 @@ from experiment import config as config_lib
 from experiment.config import Config
 from experiment.evals.common import parse_overrides
 from experiment.evals.kinds import Request, evaluate_kinds
-from experiment.report import write_report
 from experiment.runtime import distributed, interrupts
 from experiment.store import output
 from experiment.store.run import opened
 from experiment.train import is_trained, train
 
 log = logging.getLogger(__name__)
+
+
+def write_report(workdirs, out):
+    """experiment.report's write_report, imported on first use: it loads matplotlib (~0.4 s), which a
+    process that only trains or scores never needs."""
+    from experiment.report import write_report as write
+    return write(workdirs, out)
 
 
 def train_and_evaluate(config, workdir: str | pathlib.Path, *, max_steps: int | None = None,

@@ -40,11 +40,13 @@ def _inputs(seed: int = 0):
     return q, k, v, pos
 
 
-BIAS_SCHEMES = [n for n in posenc.names() if _scheme(n).bias_fn() is not None]
+# The schemes whose bias is a function of positions (bias_fn), named here rather than found by building
+# every scheme at collection (~8 s in each test process); the test below builds them once and compares.
+BIAS_SCHEMES = ["alibi", "fire", "kerple_log", "kerple_power", "sandwich", "t5"]
 
 
 def test_every_additive_bias_scheme_provides_its_bias_as_a_function():
-    assert {"alibi", "t5", "kerple_log", "kerple_power", "sandwich", "fire"} <= set(BIAS_SCHEMES)
+    assert [n for n in posenc.names() if _scheme(n).bias_fn() is not None] == BIAS_SCHEMES
 
 
 @pytest.mark.parametrize("name", BIAS_SCHEMES)
