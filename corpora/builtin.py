@@ -17,6 +17,7 @@ from __future__ import annotations
 import ast
 import functools
 import hashlib
+import importlib.util
 import json
 import os
 import pathlib
@@ -38,7 +39,7 @@ def python_docs_documents() -> tuple[tuple[str, str], ...]:
     if cached is not None:
         try:
             return tuple((name, text) for name, text in json.loads(cached.read_text(encoding="utf-8")))
-        except (OSError, ValueError, TypeError):  # absent, or left half-written by a killed process
+        except (OSError, ValueError, TypeError):  # absent, or damaged (a full disk)
             pass
     docs = _read_documents(modules)
     if cached is not None:
@@ -82,12 +83,8 @@ def _cache_file(modules: list[pathlib.Path]) -> pathlib.Path | None:
         os.environ.get("XDG_CACHE_HOME", pathlib.Path.home() / ".cache")) / "lengthx" / "corpora"
     digest = hashlib.sha256(sys.version.encode())
     digest.update(pathlib.Path(__file__).read_bytes())
-    try:
-        import pydoc_data.topics
-        sources = [pathlib.Path(pydoc_data.topics.__file__), *modules]
-    except ImportError:
-        sources = modules
-    for path in sources:
+    topics = importlib.util.find_spec("pydoc_data.topics") if importlib.util.find_spec("pydoc_data") else None
+    for path in ([pathlib.Path(topics.origin)] if topics and topics.origin else []) + modules:
         try:
             stat = path.stat()
         except OSError:
@@ -99,6 +96,7 @@ def _cache_file(modules: list[pathlib.Path]) -> pathlib.Path | None:
 def _write_whole(path: pathlib.Path, text: str) -> None:
     """Write by renaming a finished temporary file into place (concurrent writers: one wins, both whole);
     a folder that cannot be written only means no cache."""
+    temporary = None
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
         with tempfile.NamedTemporaryFile("w", encoding="utf-8", dir=path.parent, delete=False,
@@ -107,7 +105,7 @@ def _write_whole(path: pathlib.Path, text: str) -> None:
             f.write(text)
         os.replace(temporary, path)
     except OSError:
-        if "temporary" in locals():
+        if temporary is not None:
             temporary.unlink(missing_ok=True)
 
 
