@@ -2,7 +2,9 @@
 their examples rebuilt (the same seed gives the same prompts) and each needle's distance from the
 prompt's end measured in the model's tokens (corpora.ruler.needle_distances). A needle more than
 the model's window back is one a method must reach past the window to find; LM-Infinite, whose
-window is the model's, cannot (save its sink tokens).
+window is the model's, cannot (save its sink tokens). Needles placed by design (`--needle_distances`)
+are left out: their records keep their measured distances, and experiment/report/ruler.py tabulates
+them by distance.
 
     python -m experiment.study.needles RUN --out DIR     # writes DIR/needles.md
 """
@@ -31,7 +33,10 @@ def needles_md(workdir: str) -> str:
     config = run.load_config()
     window = int(config.train.seq_len)
     tokenizer = run.tokenizer(config.data, write=False)
-    records = [r for r in run.records("ruler") if ruler.task(r["task"]).family == "niah"]
+    # needles placed by design (--needle_distances) are not at RULER's depths, which the rebuild below
+    # assumes: their measured distances are in their records and in the RULER report's own section
+    records = [r for r in run.records("ruler") if ruler.task(r["task"]).family == "niah"
+               and r.get("placement") != "designed"]
     if not records:
         raise FileNotFoundError(f"{workdir} holds no RULER needle records; score one first "
                                 f"(eval_extrapolate.py --ruler --ruler_tasks niah_single_1)")

@@ -144,3 +144,20 @@ def test_the_check_of_a_table_compares_the_rows_run_again(tmp_path):
     assert main(["rows", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--rows", "alibi"]) == 1
     assert main(["rows", str(tmp_path / "new.json"), str(tmp_path / "old.json"), "--rows", "alibi",
                  "--tolerance", "1e-6"]) == 0
+
+
+def test_the_needles_report_leaves_out_needles_placed_by_design(monkeypatch):
+    """experiment/study/needles.py rebuilds prompts at RULER's random depths: a designed record
+    (--needle_distances, its measured distances in the record) is not one of those, so it is left out."""
+    import types
+
+    from experiment.study import needles
+
+    designed = {"task": "niah_single_2", "placement": "designed", "eval_length": 65536, "template": "base",
+                "seed": 42, "scores": [1.0], "method": "self_extend"}
+    config = types.SimpleNamespace(train=types.SimpleNamespace(seq_len=512), data=None)
+    run = types.SimpleNamespace(load_config=lambda: config,
+                                tokenizer=lambda *a, **k: None, records=lambda kind: [designed])
+    monkeypatch.setattr(needles, "RunDir", lambda workdir: run)
+    with pytest.raises(FileNotFoundError, match="holds no RULER needle records"):
+        needles.needles_md("W")

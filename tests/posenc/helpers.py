@@ -103,7 +103,9 @@ def logits_through_hooks(scheme, q, k, pos):
 
 def rope_model(attention="dense", **options):
     cfg = ModelConfig(**{**CFG.__dict__, "attention": attention, "attention_block": 16})
-    return DecoderLM(cfg, rope_cfg(**options), train_length=ROPE_TRAIN_LENGTH, rngs=nnx.Rngs(0))
+    lm = DecoderLM(cfg, rope_cfg(**options), train_length=ROPE_TRAIN_LENGTH, rngs=nnx.Rngs(0))
+    lm.compile_calls = True  # a call outside a trace: one program per shape, not one per operation
+    return lm
 
 
 def tokens(t, seed=0):
