@@ -6,12 +6,12 @@ The training-free methods act on Gemma's global layers only (every sixth; the ot
 
     python study.py configs/studies/far_needles_gemma3.py                               # resumes
     python study.py configs/studies/far_needles_gemma3.py --param questions=16          # 16 a method
-    python study.py configs/studies/far_needles_gemma3.py --param methods=yarn,dca      # other methods
+    python study.py configs/studies/far_needles_gemma3.py --param methods=dca           # another method
     python study.py configs/studies/far_needles_gemma3.py --check    # one needle within the window (16k)
 """
 from experiment.study import Cell, Study
 
-PARAMS = {"questions": 8, "methods": "self_extend,lm_infinite,direct"}
+PARAMS = {"questions": 8, "methods": "self_extend,lm_infinite,direct,yarn"}
 FAR = "1.1w,1.35w,1.6w,1.85w"
 
 
