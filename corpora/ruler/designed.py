@@ -16,6 +16,7 @@ the haystack's boundaries allow (a long sentence; the nearest of ROUNDS placemen
     contexts = designed.build("niah_single_2", 16384, contexts=12, seed=42, prompter=p,
                               targets=[12288, 14336], questions=4)
     contexts[0].examples[q].ids        # question q's prompt; contexts[0].distances[q]: its needle's
+    contexts[0].span                   # a book haystack's (first word, words): contexts can share text
 """
 from __future__ import annotations
 
@@ -38,6 +39,8 @@ class Context:
     targets: list[int]
     distances: list[int]
     grain: float  # the haystack's tokens per unit (line or sentence): how near a target a needle can sit
+    span: tuple[int, int] | None = None  # a book haystack's (first word, words) in the book's words
+    haystack_words: int | None = None  # how many words the book holds (a stretch wraps round its end)
 
 
 def supports(name: str) -> bool:
@@ -126,5 +129,6 @@ def build(name: str, length: int, contexts: int, seed: int, prompter: Prompter, 
                              f"(got {got}); choose distances farther from the prompt's ends")
         if max(len(b.ids) for b in built) > length - t.tokens_to_generate:
             raise RulerError(f"{name} at {length}: a question's prompt passed the length's budget")
-        out.append(Context(built, wanted, got, grain))
+        span = haystacks.book_span(book, stream(seed_j, "book"), size) if t.haystack == "book" else None
+        out.append(Context(built, wanted, got, grain, span, len(book) if span else None))
     return out

@@ -68,18 +68,28 @@ def book_words(path: str | None = None) -> tuple[str, ...]:
     return tuple(word for book in books(path) if book.title in HAYSTACK_BOOKS for word in book.text.split())
 
 
-def book_stretch(words: Sequence[str], rng: random.Random, count: int) -> str:
-    """`count` words of `words` from a random sentence start (RULER takes its essays from their
-    beginning; a random start gives each example its own text), wrapping round where the words end."""
+def stretch_start(words: Sequence[str], rng: random.Random) -> int:
+    """Where a stretch of `words` begins: a random word, moved to the next sentence start where one is
+    near (RULER takes its essays from their beginning; a random start gives each example its own text)."""
     if not words:
         raise ValueError("the book haystack is empty")
     start = rng.randrange(len(words))
-    for i in range(start, min(start + 200, len(words))):  # the next sentence start, where one is near
+    for i in range(start, min(start + 200, len(words))):
         if words[i - 1].endswith((".", "!", "?")) and words[i][:1].isupper():
-            start = i
-            break
-    picked = [words[(start + i) % len(words)] for i in range(count)]
-    return " ".join(picked)
+            return i
+    return start
+
+
+def book_stretch(words: Sequence[str], rng: random.Random, count: int) -> str:
+    """`count` words of `words` from `stretch_start`, wrapping round where the words end. Two stretches
+    of one cell can share text; `book_span` says which words a stretch holds."""
+    start = stretch_start(words, rng)
+    return " ".join(words[(start + i) % len(words)] for i in range(count))
+
+
+def book_span(words: Sequence[str], rng: random.Random, count: int) -> tuple[int, int]:
+    """(first word, words) of the stretch `book_stretch` takes with the same stream and count."""
+    return stretch_start(words, rng), int(count)
 
 
 def sentences(text: str) -> list[str]:

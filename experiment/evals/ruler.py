@@ -19,7 +19,10 @@ and answered from a copy of its cache (models/generate.py `generate_shared`; the
 prompts). --samples counts questions (a multiple of k). The records say `placement` ("designed";
 RULER's: "ruler" or absent), the distances asked, each question's `targets`, measured `distances` and
 `contexts` (its context's index: questions of one context are one cluster, experiment/report/pairs.py),
-and the two placements are never taken for the same cell.
+and, in a book haystack, `spans` (each question's stretch of the books: [first word, words] of their
+`haystack_words`; prompts whose stretches share text are tested as one group); the two placements are
+never taken for the same cell. A designed book cell recorded without `spans` gets them the next time it
+is found done (--skip_done): its prompts built again and checked against the record's distances.
 
 Records (kind `ruler`, WORKDIR/eval/ruler.json; experiment/store/records.py): one per (task,
 eval_length, template, overrides or method), written as each finishes: its mean `score`, each
@@ -159,7 +162,17 @@ def _design(spec: RulerSpec, window: int, contexts) -> dict:
             "needle_distance_tokens": targets_of(spec, window), "questions_per_prefill": spec.questions,
             "contexts": [j for j, c in enumerate(contexts) for _ in c.examples],
             "targets": [int(d) for c in contexts for d in c.targets],
-            "distances": [int(d) for c in contexts for d in c.distances]}
+            "distances": [int(d) for c in contexts for d in c.distances],
+            **_spans(contexts)}
+
+
+def _spans(contexts) -> dict:
+    """A book haystack's stretch per question ([first word, words] of the books' `haystack_words`):
+    prompts whose stretches share text are tested together (experiment/report/pairs.py)."""
+    if not contexts or contexts[0].span is None:
+        return {}
+    return {"spans": [[int(c.span[0]), int(c.span[1])] for c in contexts for _ in c.examples],
+            "haystack_words": int(contexts[0].haystack_words)}
 
 
 def _build(name: str, length: int, spec: RulerSpec, prompts, window: int, contexts: int | None = None):
@@ -204,6 +217,7 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
     for length in scoring.lengths:
         for name in spec.tasks:
             if (name, int(length)) in done:
+                _add_spans(scoring, spec, name, int(length), prompts, window)
                 continue
             interrupts.check(functools.partial(scoring.interrupted, "ruler", list(finished), length))
             task = task_lib.task(name)
@@ -239,6 +253,33 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
             results.append(record)
         finished.append(length)
     return results
+
+
+def _lacks_spans(record: dict, spec: RulerSpec) -> bool:
+    """A designed book cell recorded before records kept each prompt's stretch: it is evaluated again,
+    and `_add_spans` gives it them (nothing is asked of the model)."""
+    return bool(spec.distances) and "spans" not in record and task_lib.task(record["task"]).book
+
+
+def _add_spans(scoring: Scoring, spec: RulerSpec, name: str, length: int, prompts, window: int) -> None:
+    """A designed book cell recorded before records kept each prompt's stretch (`spans`) gets them here:
+    its prompts built again (nothing asked of the model) and checked against the record's contexts,
+    targets and measured distances, so that the stretches are those of the prompts that were scored."""
+    header = scoring.header()
+    for r in scoring.run.records("ruler"):
+        if (r["task"] != name or int(r["eval_length"]) != length or not _lacks_spans(r, spec)
+                or not same_evaluation(r, header) or not _same_settings(r, spec)):
+            continue
+        _, contexts = _build(name, length, spec, prompts, window)
+        design = _design(spec, window, contexts)
+        if any(r.get(k) != design[k] for k in ("contexts", "targets", "distances")):
+            log.warning("ruler %s L=%d: the prompts built now are not the record's (measured distances differ); "
+                        "its book stretches are not added", name, length)
+            return
+        scoring.write("ruler", [{**r, **_spans(contexts)}])
+        log.info("ruler %s L=%d: the record's %d prompts built again; each one's book stretch added (`spans`)",
+                 name, length, len(design["spans"]))
+        return
 
 
 def _stopped(scoring: Scoring, finished: list[int], length: int, name: str, partial: Partial, total: int) -> str:
@@ -320,7 +361,8 @@ def _check(target: Target, request: Request) -> RulerSpec:
 def _recorded(recs: list[dict], header: dict, spec: RulerSpec) -> dict[int, list[dict]]:
     """{length: its records, one per task of `spec`} where `recs` hold every task at that length from
     this checkpoint, method and overrides with `spec`'s template, seed and sample count."""
-    cells = {(int(r["eval_length"]), r["task"]): r for r in recs if same_evaluation(r, header) and _same_settings(r, spec)}
+    cells = {(int(r["eval_length"]), r["task"]): r for r in recs if same_evaluation(r, header) and _same_settings(r, spec)
+             and not _lacks_spans(r, spec)}
     lengths = {length for length, _ in cells}
     return {n: [cells[(n, t)] for t in spec.tasks] for n in sorted(lengths) if all((n, t) in cells for t in spec.tasks)}
 

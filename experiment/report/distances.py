@@ -7,7 +7,8 @@ methods (or eval-time options) that answered it. Questions are matched by their 
 whose measured distances differ from the longest column's (another tokenizer, another build) is refused;
 a column with fewer questions (asked before the cell was extended) has the longest's first ones, and
 its pairs are taken on those.
-A band's interval is Wilson's where each question had its own prefill, else a bootstrap over contexts.
+A band's interval is Wilson's where each question had its own prefill, else a bootstrap over contexts;
+the pairs test groups of contexts where their book stretches share text (pairs.shared_text_groups).
 RULER's random placements are never pooled with these (experiment/report/ruler.py keeps them apart).
 """
 from __future__ import annotations
@@ -51,6 +52,7 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     window = int(first.get("window", 0))
     distances = np.asarray(first["distances"])
     clusters = np.asarray(first["contexts"])
+    groups = pairs.shared_text_groups(first["contexts"], first.get("spans"), first.get("haystack_words"))
     for name, record in by_column.items():
         if list(record["distances"]) != list(first["distances"])[:len(record["distances"])]:
             raise ValueError(f"{task} L={length}: {name}'s questions are not the first column's (their measured "
@@ -60,6 +62,9 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     counts = sorted({len(r["distances"]) for r in by_column.values()})
     lines = [f"### {task}, L = {length:,}, needles at {', '.join(asked)} ({k} question(s) a prefill, "
              f"{len(np.unique(clusters))} contexts, {'/'.join(map(str, counts))} questions; window {window:,})\n",
+             *([f"The contexts' book stretches share text in {len(np.unique(groups))} groups (largest "
+                f"{int(np.bincount(groups).max())} contexts): the pairs test groups, not contexts.\n"]
+               if len(np.unique(groups)) < len(np.unique(clusters)) else []),
              "Score in percent [95%] (questions) by the distance asked; the measured distance of each question is in "
              "the records (`distances`).\n",
              "| method | " + " | ".join(f"{d:,} back{' (past the window)' if window and d > window else ''}"
@@ -74,11 +79,11 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     lines.append("")
     if len(by_column) > 1:
         columns = {name: np.asarray(r["scores"], np.float64) for name, r in by_column.items()}
-        lines += ["Pairs, every question:\n", pairs.pairs_table(columns, clusters)]
+        lines += ["Pairs, every question:\n", pairs.pairs_table(columns, groups)]
         far = distances > window if window else np.zeros(len(distances), bool)
         if far.any() and not far.all():
             lines += [f"Pairs, the {int(far.sum())} questions past the window (measured distance > {window:,}):\n",
-                      pairs.pairs_table({n: s[far[:len(s)]] for n, s in columns.items()}, clusters[far])]
+                      pairs.pairs_table({n: s[far[:len(s)]] for n, s in columns.items()}, groups[far])]
     return "\n".join(lines)
 
 
@@ -94,8 +99,9 @@ def tables(by_column: dict[str, list[dict]]) -> str:
     out = ["## Needles placed by distance (`--needle_distances`)\n",
            "Each asked needle sits at a chosen distance from the prompt's end (RULER's random depths are not pooled "
            "with these). A pair is **separated** where its test says so at 95%: the exact McNemar test where each "
-           "question had its own prefill, else a bootstrap over contexts (the questions of one prefill move "
-           "together).\n"]
+           "question had its own prefill and shares no text with another, else the exact sign test over groups "
+           "(the questions of one prefill, and contexts whose book stretches share text, move together); the "
+           "interval is a bootstrap over the same units. A score's interval by distance is over contexts.\n"]
     for key in sorted(cells, key=lambda c: (c[1], c[0], c[2], str(c[3]), c[4], c[5])):
         out.append(cell_tables(key, cells[key]))
     return "\n".join(out)

@@ -182,7 +182,7 @@ def _pairs_lines(by_column: dict[str, list[dict]], task: str, lengths: list[int]
         for (count, _, _), columns in same.items():
             if len(columns) > 1:
                 binary = all(set(s) <= {0, 1} for s in columns.values())
-                test = "exact McNemar" if binary else "partial scores: a bootstrap over the prompts"
+                test = "exact McNemar" if binary else "partial scores: the sign test over the prompts"
                 out += [f"{task} at {n:,}: pairs on the same {count} prompts ({test}; separated at 95%)", "",
                         pairs.pairs_table(columns)]
     return out

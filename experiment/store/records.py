@@ -25,7 +25,8 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   `tokens_to_generate`, `prompt_tokens` ([fewest, most]), `seconds`, `answers` (each answer's start),
   `answer_tokens` (each answer's length in tokens; tokens_to_generate: it ran to the budget; optional);
   needles placed by design (optional): `placement` "designed", `needle_distances`, `needle_distance_tokens`,
-  `window`, `questions_per_prefill`, and per example `contexts`, `targets`, `distances`.
+  `window`, `questions_per_prefill`, and per example `contexts`, `targets`, `distances`; in a book
+  haystack `spans` (each example's [first word, words] of the books' `haystack_words`).
 """
 from __future__ import annotations
 
@@ -189,9 +190,12 @@ KINDS = {kind.name: kind for kind in (
           "placement": (lambda v: v in ("ruler", "designed"), "ruler or designed"),
           "questions_per_prefill": POSITIVE,
           **{k: (lambda v: isinstance(v, list) and all(_int(x) and x >= 0 for x in v), "a list of counts")
-             for k in ("targets", "distances", "contexts")}},
+             for k in ("targets", "distances", "contexts")},
+          "spans": (lambda v: _pairs(v, 2) and all(row[0] >= 0 and row[1] >= 1 for row in v),
+                    "a list of [first word, words] stretches"),
+          "haystack_words": POSITIVE},
          lambda r: next((f"{k} holds {len(r[k])} values for a count of {r['count']}"
-                         for k in ("scores", "answer_tokens", "targets", "distances", "contexts")
+                         for k in ("scores", "answer_tokens", "targets", "distances", "contexts", "spans")
                          if k in r and len(r[k]) != r["count"]), None), "--ruler"))}
 
 

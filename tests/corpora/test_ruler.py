@@ -203,6 +203,12 @@ def test_needles_placed_by_design_sit_at_the_distances_asked_in_the_models_token
         assert all(t[:question] == texts[0][:question] for t in texts)  # one context, k questions
         values = [b.example.references[0] for b in c.examples]
         assert len(set(values)) == 3 and all(texts[0].count(v) == 1 for v in values)
+        if ruler.task(name).book:  # the stretch of the book the context holds (contexts can share text)
+            start, count = c.span
+            assert count == c.examples[0].example.size and c.haystack_words == len(book)
+            assert " ".join(book[start:start + 4]) in texts[0] and book[start - 1].endswith(".")
+        else:
+            assert c.span is None and c.haystack_words is None
     again = designed.build(name, DESIGNED_LENGTH, 2, 7, prompter, targets, questions=3, book=book)
     assert [b.ids for c in again for b in c.examples] == [b.ids for c in contexts[:2] for b in c.examples]
 

@@ -140,7 +140,7 @@ def test_needles_by_distance_end_to_end_one_prefill_for_two_questions(trained, t
     assert kinds_lib.evaluate_kinds(trained, ("ruler",), request)["ruler"] == []  # --skip_done
     report.write([trained], tmp_path / "report")
     text = (tmp_path / "report" / "ruler.md").read_text()
-    assert "Needles placed by distance" in text and "| direct | yarn |" in text and "bootstrap, 2 contexts" in text
+    assert "Needles placed by distance" in text and "| direct | yarn |" in text and "sign test over 2 groups" in text
     for bad, match in (({"questions_per_prefill": 2, "needle_distances": ()}, "give\n?.*--needle_distances"),
                        ({"ruler_tasks": ("vt",)}, "vt cannot place needles by distance"),
                        ({"samples": 3}, "multiple of\n?.*--questions_per_prefill=2"),
@@ -171,3 +171,25 @@ def test_a_designed_cell_asked_with_more_questions_keeps_the_ones_recorded(train
     key = records.record_kind("ruler").key
     held = [r for r in json.loads((run / "eval" / "ruler.json").read_text()) if key(r) == key(more)]
     assert [r["count"] for r in held] == [4]
+
+
+@pytest.mark.slow
+def test_a_designed_book_cell_records_its_stretches_and_an_older_record_gets_them(trained, tmp_path):
+    """niah_single_2 (the book haystack) placed by design: the record keeps each prompt's stretch of the
+    books ([first word, words]); a record made before stretches were kept (spans removed) gets the same
+    ones when the cell is found done again, its prompts built again and checked, nothing asked anew."""
+    import shutil
+    from corpora.ruler import haystacks
+    run = tmp_path / "run"
+    shutil.copytree(trained, run)
+    options = {"ruler_tasks": ("niah_single_2",), "samples": 2, "needle_distances": ("300", "700")}
+    request = kinds_lib.Request(lengths=(1024,), options=options, skip_done=True)
+    (first,) = kinds_lib.evaluate_kinds(run, ("ruler",), request)["ruler"]
+    assert first["haystack_words"] == len(haystacks.book_words()) and len(first["spans"]) == 2
+    assert all(words > 50 for _, words in first["spans"]) and records.problem("ruler", [first]) is None
+    path = run / "eval" / "ruler.json"
+    older = [{k: v for k, v in r.items() if k not in ("spans", "haystack_words")} for r in json.loads(path.read_text())]
+    path.write_text(json.dumps(older))
+    assert kinds_lib.evaluate_kinds(run, ("ruler",), request)["ruler"] == []  # found done: nothing scored
+    (again,) = [r for r in json.loads(path.read_text()) if r["task"] == "niah_single_2"]
+    assert again == first

@@ -17,19 +17,48 @@ def test_the_exact_mcnemar_p_value():
     assert not d.separated and d.p == pytest.approx(1.0)
 
 
-def test_questions_of_one_context_move_together_in_the_interval():
+def test_questions_of_one_context_move_together_in_the_interval_and_the_test():
     """Eight contexts of four questions, each context all right or all wrong for A (B always wrong):
-    as independent questions the difference would look sure; resampling contexts shows 8 draws' worth."""
+    as independent questions the difference would look sure; resampling contexts shows 8 draws' worth,
+    and the test counts contexts: 5 to 0 is the exact sign test's p = 2 / 32, not separated (a
+    bootstrap over 8 clusters would have called it so), where 6 to 0 (p = 2 / 64) is."""
     a = np.repeat([1, 1, 1, 1, 1, 0, 0, 0], 4).astype(float)
     b = np.zeros(32)
     clusters = np.repeat(np.arange(8), 4)
     d = pairs.paired(a, b, clusters)
-    assert d.test == "cluster bootstrap" and d.clusters == 8 and d.estimate == pytest.approx(5 / 8)
+    assert d.test == "sign" and d.clusters == 8 and d.estimate == pytest.approx(5 / 8)
+    assert (d.a_only, d.b_only, d.a_groups, d.b_groups) == (20, 0, 5, 0)
     independent = pairs.paired(a, b)
+    assert independent.test == "mcnemar" and independent.p == pytest.approx(2 / 2 ** 20)
     assert (d.high - d.low) > 1.5 * (independent.high - independent.low)
-    assert d.low > 0 and d.separated  # 5 of 8 contexts against none
+    assert d.low > 0 and d.p == pytest.approx(2 / 32) and not d.separated
+    six = pairs.paired(np.repeat([1, 1, 1, 1, 1, 1, 0, 0], 4).astype(float), b, clusters)
+    assert six.p == pytest.approx(2 / 64) and six.separated
     tied = pairs.paired(np.repeat([1, 0, 1, 0], 4), np.repeat([0, 1, 1, 0], 4), np.repeat(np.arange(4), 4))
-    assert not tied.separated and tied.low < 0 < tied.high
+    assert not tied.separated and tied.low < 0 < tied.high and (tied.a_groups, tied.b_groups) == (1, 1)
+
+
+def test_prompts_whose_book_stretches_share_text_are_one_group():
+    """Stretches [first word, words] of a 1,000-word book: 0-99 and 50-149 share words, 140-239 shares
+    with the second (a chain: all three one group), 900-99 wraps round the end into the first; 500-599
+    stands alone. The k questions of a context share its stretch; without spans the groups are the
+    contexts."""
+    spans = [[0, 100], [50, 100], [140, 100], [500, 100], [950, 100], [600, 100]]
+    assert pairs.shared_text_groups(range(6), spans, 1000).tolist() == [0, 0, 0, 1, 0, 2]
+    assert pairs.shared_text_groups(range(3), [[0, 100], [100, 100], [200, 100]], 1000).tolist() == [0, 1, 2]
+    two_a_context = pairs.shared_text_groups([0, 0, 1, 1, 2, 2], [[0, 9], [0, 9], [5, 9], [5, 9], [300, 9], [300, 9]], 1000)
+    assert two_a_context.tolist() == [0, 0, 0, 0, 1, 1]
+    assert pairs.shared_text_groups([3, 3, 1, 1]).tolist() == [0, 0, 1, 1]
+    with pytest.raises(ValueError, match="one per question"):
+        pairs.shared_text_groups(range(3), [[0, 9]], 1000)
+    # four methods' worth of one pair: 8 prompts in 4 groups, A right and B wrong on every one: McNemar over
+    # prompts would say p = 2 / 256; over the groups it is 4 to 0, p = 2 / 16 = 0.125 (issue 65, Gemma 3)
+    groups = pairs.shared_text_groups(range(8), [[0, 50], [30, 50], [200, 50], [220, 50], [400, 50], [420, 50],
+                                                 [600, 50], [640, 50]], 1000)
+    d = pairs.paired([1.0] * 8, [0.0] * 8, groups)
+    assert d.clusters == 4 and d.p == pytest.approx(0.125) and not d.separated
+    text = pairs.pairs_table({"self_extend": [1.0] * 8, "direct": [0.0] * 8}, groups)
+    assert "| self_extend | direct | +100.0 [+100.0, +100.0] | 8 / 0 | sign test over 4 groups, 4 / 0: p = 0.125 | not separated |  |" in text
 
 
 def test_the_pairs_table_says_which_pairs_are_separated():
@@ -78,8 +107,8 @@ def test_holms_step_down_correction():
 
 def test_the_pairs_table_keeps_only_the_separations_that_survive_holm():
     """Four methods, six pairs: a 6-to-0 split (p = 0.031) is separated alone, and after Holm over the
-    six pairs only where its rank's threshold allows; a bootstrap table (contexts of several questions)
-    has no p-values and says so."""
+    six pairs only where its rank's threshold allows; a table of contexts of several questions tests
+    contexts (the sign test), in Holm's family too."""
     strong, weak, none = [1] * 20 + [0] * 4, [1] * 6 + [0] * 18, [0] * 24
     text = pairs.pairs_table({"a": strong, "b": weak, "c": none, "d": none})
     rows = {tuple(r.split(" | ")[:2]): r for r in text.strip().splitlines()[2:]}
@@ -89,4 +118,4 @@ def test_the_pairs_table_keeps_only_the_separations_that_survive_holm():
     assert rows[("| b", "d")].endswith("| **separated** | not kept (threshold 0.025) |")  # the same p, after it
     assert rows[("| c", "d")].endswith("| not separated |  |")
     clustered = pairs.pairs_table({"a": [1.0] * 8, "b": [0.0] * 8}, [0, 0, 1, 1, 2, 2, 3, 3])
-    assert clustered.splitlines()[0].endswith("Holm, 0 pairs |") and clustered.strip().endswith("| (no p-value) |")
+    assert clustered.splitlines()[0].endswith("Holm, 1 pairs |") and "4 / 0: p = 0.125 | not separated |" in clustered
