@@ -54,7 +54,7 @@ DESIGNED_TASKS = tuple(n for n in ("niah_single_1", "niah_single_2", "niah_singl
 
 
 def _examples(t: Task, seed: str, size: int, at: list[float], questions: int,
-              book: Sequence[str] | None) -> tuple[list[Example], int]:
+              book: Sequence[str] | None, start: int | None = None) -> tuple[list[Example], int]:
     """(the k questions of one context of `size` haystack units, how many units it holds): asked needle
     q sits before the unit at fraction `at[q]` of the units (clipped to [0, 1])."""
     s = t.settings
@@ -63,7 +63,7 @@ def _examples(t: Task, seed: str, size: int, at: list[float], questions: int,
     keys = distinct(draw, DRAWS[s["type_needle_k"]], max(s["num_needle_k"], questions))
     values = [distinct(draw, DRAWS[kind], 1)[0] for _ in keys]
     needles = [NEEDLE.format(kind=kind, key=key, value=value) for key, value in zip(keys, values)]
-    units, joiner = niah.haystack_units(t, seed, size, keys, book)
+    units, joiner = niah.haystack_units(t, seed, size, keys, book, start)
     count = len(units)
     place = stream(seed, "place")
     spots = [int(round(min(1.0, max(0.0, a)) * count)) for a in at]
@@ -78,11 +78,13 @@ def _examples(t: Task, seed: str, size: int, at: list[float], questions: int,
 
 
 def build(name: str, length: int, contexts: int, seed: int, prompter: Prompter, targets: Sequence[int],
-          questions: int = 1, book: Sequence[str] | None = None) -> list[Context]:
+          questions: int = 1, book: Sequence[str] | None = None, disjoint: bool = False) -> list[Context]:
     """`contexts` contexts of task `name` for target length `length` (RULER's: the prompt and the
     answer budget), each with `questions` asked needles at designed distances from `targets` (tokens
-    from the prompt's end). Context j of a (task, length, seed, targets, questions) is the same
-    whatever else is asked."""
+    from the prompt's end). Context j of a (task, length, seed, targets, questions, disjoint) is the
+    same whatever else is asked. A book haystack's stretch starts at a random sentence, or with
+    `disjoint` in a slot of its own (haystacks.disjoint_starts: no two contexts share text, up to as
+    many contexts as the books have slots for; those past that start at random)."""
     from corpora.ruler import Built, needle_distances
     if not supports(name):
         raise RulerError(f"{name}: needles by distance take the tasks asking one key's value: "
@@ -100,19 +102,26 @@ def build(name: str, length: int, contexts: int, seed: int, prompter: Prompter, 
         raise RulerError(f"{name} at {length}: a needle distance must lie in [32, {budget - 64}] tokens from the "
                          f"prompt's end (asked {min(targets)}..{far}); choose --needle_distances within the length")
     out, guess = [], max(1, budget // 32)
+    starts: list[int] = []
+    if disjoint and t.book:  # the slots' width from the words the first context takes at its random start
+        first, _ = fit(lambda size: _examples(t, f"{seed}/{name}/{length}/designed/{questions}/0", size,
+                                              [0.5] * questions, questions, book)[0][0],
+                       prompter, budget, guess, smallest=questions + 1)
+        starts = haystacks.disjoint_starts(book, first.size, f"{seed}/{name}/{length}/designed/{questions}")
     for j in range(contexts):
         seed_j = f"{seed}/{name}/{length}/designed/{questions}/{j}"
         wanted = [targets[(j * questions + q) % len(targets)] for q in range(questions)]
         fraction = [1 - d / budget for d in wanted]
+        start = starts[j] if j < len(starts) else None
 
-        def make(size, fraction=fraction, seed_j=seed_j):
-            return _examples(t, seed_j, size, fraction, questions, book)[0][0]
+        def make(size, fraction=fraction, seed_j=seed_j, start=start):
+            return _examples(t, seed_j, size, fraction, questions, book, start)[0][0]
         first, _ = fit(make, prompter, budget, guess, smallest=questions + 1)
         size = guess = first.size
         at = list(fraction)
         best = None  # (largest error, built, got, grain) of the nearest placement tried
         for _ in range(ROUNDS):
-            examples, units = _examples(t, seed_j, size, at, questions, book)
+            examples, units = _examples(t, seed_j, size, at, questions, book, start)
             built = [Built(e, prompter.ids(e)) for e in examples]
             got = [needle_distances(b, prompter)[0] for b in built]
             tokens = len(built[0].ids)
@@ -129,6 +138,6 @@ def build(name: str, length: int, contexts: int, seed: int, prompter: Prompter, 
                              f"(got {got}); choose distances farther from the prompt's ends")
         if max(len(b.ids) for b in built) > length - t.tokens_to_generate:
             raise RulerError(f"{name} at {length}: a question's prompt passed the length's budget")
-        span = haystacks.book_span(book, stream(seed_j, "book"), size) if t.haystack == "book" else None
+        span = haystacks.book_span(book, stream(seed_j, "book"), size, start) if t.book else None
         out.append(Context(built, wanted, got, grain, span, len(book) if span else None))
     return out

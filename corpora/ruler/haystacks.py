@@ -68,28 +68,43 @@ def book_words(path: str | None = None) -> tuple[str, ...]:
     return tuple(word for book in books(path) if book.title in HAYSTACK_BOOKS for word in book.text.split())
 
 
+def sentence_start(words: Sequence[str], index: int) -> int:
+    """The first sentence start at or after word `index`, where one is within 200 words; else `index`."""
+    for i in range(index, min(index + 200, len(words))):
+        if words[i - 1].endswith((".", "!", "?")) and words[i][:1].isupper():
+            return i
+    return index
+
+
 def stretch_start(words: Sequence[str], rng: random.Random) -> int:
     """Where a stretch of `words` begins: a random word, moved to the next sentence start where one is
     near (RULER takes its essays from their beginning; a random start gives each example its own text)."""
     if not words:
         raise ValueError("the book haystack is empty")
-    start = rng.randrange(len(words))
-    for i in range(start, min(start + 200, len(words))):
-        if words[i - 1].endswith((".", "!", "?")) and words[i][:1].isupper():
-            return i
-    return start
+    return sentence_start(words, rng.randrange(len(words)))
 
 
-def book_stretch(words: Sequence[str], rng: random.Random, count: int) -> str:
-    """`count` words of `words` from `stretch_start`, wrapping round where the words end. Two stretches
-    of one cell can share text; `book_span` says which words a stretch holds."""
-    start = stretch_start(words, rng)
+def book_stretch(words: Sequence[str], rng: random.Random, count: int, start: int | None = None) -> str:
+    """`count` words of `words` from `start` (None: `stretch_start`), wrapping round where the words end.
+    Two stretches of one cell can share text; `book_span` says which words a stretch holds."""
+    start = stretch_start(words, rng) if start is None else start
     return " ".join(words[(start + i) % len(words)] for i in range(count))
 
 
-def book_span(words: Sequence[str], rng: random.Random, count: int) -> tuple[int, int]:
-    """(first word, words) of the stretch `book_stretch` takes with the same stream and count."""
-    return stretch_start(words, rng), int(count)
+def book_span(words: Sequence[str], rng: random.Random, count: int, start: int | None = None) -> tuple[int, int]:
+    """(first word, words) of the stretch `book_stretch` takes with the same stream, count and start."""
+    return (stretch_start(words, rng) if start is None else start), int(count)
+
+
+def disjoint_starts(words: Sequence[str], words_each: int, seed: str, margin: float = 1.1) -> list[int]:
+    """Starts of stretches of about `words_each` words that share no text: the words cut into as many
+    slots as hold `margin` times that many, taken in an order shuffled by `seed`, each moved to its
+    first sentence start. A stretch that comes out longer than its slot reaches into the next."""
+    slots = max(1, int(len(words) // (margin * words_each)))
+    width = len(words) // slots
+    order = list(range(slots))
+    random.Random(f"{seed}/stretches").shuffle(order)
+    return [sentence_start(words, slot * width) for slot in order]
 
 
 def sentences(text: str) -> list[str]:

@@ -24,13 +24,13 @@ def _singular(text: str) -> str:
 
 
 def haystack_units(task: Task, seed: str, size: int, avoid: list[str],
-                   book: Sequence[str] | None) -> tuple[list[str], str]:
-    """(the haystack of `size` units: a book's sentences, noise lines or distractor lines; what joins
-    them), the needles not yet in it."""
+                   book: Sequence[str] | None, start: int | None = None) -> tuple[list[str], str]:
+    """(the haystack of `size` units: a book's sentences from word `start` (None: a random sentence
+    start), noise lines or distractor lines; what joins them), the needles not yet in it."""
     if task.haystack == "book":
         if book is None:
             raise ValueError(f"{task.name} needs the book haystack (corpora/books.py)")
-        return sentences(book_stretch(book, stream(seed, "book"), size)), " "
+        return sentences(book_stretch(book, stream(seed, "book"), size, start)), " "
     if task.haystack == "noise":
         return [NOISE] * size, "\n"
     filler = stream(seed, "distractors")  # needle: every line a distractor needle of another key

@@ -68,6 +68,7 @@ class RulerSpec:
     skip_done: bool = False
     distances: tuple[str, ...] = ()  # needles by design: tokens from the end, or multiples of the window ('1.25w')
     questions: int = 1               # needles asked per context, one prefill for them all
+    stretches: str = "random"        # a designed book cell's stretches: at random, or "disjoint" slots
 
     @property
     def placement(self) -> str:
@@ -153,7 +154,8 @@ def _same_settings(record: dict, spec: RulerSpec) -> bool:
     return (record.get("template") == spec.template and record.get("seed") == spec.seed
             and record.get("count") == spec.samples and record.get("placement", "ruler") == spec.placement
             and list(record.get("needle_distances", [])) == list(spec.distances)
-            and int(record.get("questions_per_prefill", 1)) == spec.questions)
+            and int(record.get("questions_per_prefill", 1)) == spec.questions
+            and record.get("stretches", "random") == spec.stretches)
 
 
 def _design(spec: RulerSpec, window: int, contexts) -> dict:
@@ -163,7 +165,7 @@ def _design(spec: RulerSpec, window: int, contexts) -> dict:
             "contexts": [j for j, c in enumerate(contexts) for _ in c.examples],
             "targets": [int(d) for c in contexts for d in c.targets],
             "distances": [int(d) for c in contexts for d in c.distances],
-            **_spans(contexts)}
+            **({"stretches": spec.stretches} if spec.stretches != "random" else {}), **_spans(contexts)}
 
 
 def _spans(contexts) -> dict:
@@ -180,7 +182,7 @@ def _build(name: str, length: int, spec: RulerSpec, prompts, window: int, contex
     if not spec.distances:
         return task_lib.build(name, length, spec.samples, spec.seed, prompts), None
     made = designed.build(name, length, contexts or spec.samples // spec.questions, spec.seed, prompts,
-                          targets_of(spec, window), spec.questions)
+                          targets_of(spec, window), spec.questions, disjoint=spec.stretches == "disjoint")
     return [b for c in made for b in c.examples], made
 
 
@@ -229,7 +231,7 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
                                                           "template": spec.template, "seed": spec.seed,
                                                           "tokens_to_generate": task.tokens_to_generate,
                                                           **{k: design[k] for k in ("placement", "needle_distances",
-                                                                                    "questions_per_prefill")
+                                                                                    "questions_per_prefill", "stretches")
                                                              if k in design}},
                                    [b.ids for b in built])
             earlier = _earlier(scoring, spec, name, int(length), design)
@@ -302,7 +304,11 @@ OPTIONS = (
            sequence=True),
     Option("questions_per_prefill", RulerSpec().questions, "ruler, with --needle_distances: needles asked about one "
            "context, prefilled once (--samples counts questions, a multiple of it)", domain=at_least(1),
-           example="--questions_per_prefill=4", sequence=False))
+           example="--questions_per_prefill=4", sequence=False),
+    Option("haystack_stretches", RulerSpec().stretches, "ruler, with --needle_distances and a book haystack: each "
+           "context's stretch of the books from a random sentence (contexts can share text; the report tests those "
+           "that do as one group) or from slots of the books that share no text (disjoint; as many contexts as the "
+           "books hold, those past that at random)", kind=str, choices=("random", "disjoint")))
 
 
 def checked_spec(target: Target, spec: RulerSpec) -> RulerSpec:
@@ -315,6 +321,9 @@ def checked_spec(target: Target, spec: RulerSpec) -> RulerSpec:
         raise ValueError(f"ruler needs tasks, samples >= 1 and a template of {', '.join(TEMPLATES)}; got tasks "
                          f"{list(tasks)}, samples {spec.samples}, template {spec.template!r}")
     window = int(target.config.train.seq_len)
+    if spec.stretches != "random" and not (spec.distances and any(task_lib.task(t).book for t in tasks)):
+        raise ValueError(f"--haystack_stretches={spec.stretches} draws a designed cell's book stretches apart: give "
+                         f"--needle_distances and a book-haystack task (niah_single_2, niah_multikey_1)")
     if spec.questions > 1 and not spec.distances:
         raise ValueError(f"--questions_per_prefill={spec.questions} places its needles by design: give "
                          f"--needle_distances (as many distances as questions, or more)")
@@ -341,7 +350,7 @@ _BUILT: set[tuple] = set()  # the checks already passed in this process (one per
 def _buildable(run, config, tasks: tuple[str, ...], length: int, spec: RulerSpec) -> None:
     """Build example 0 (context 0) of each task at `length` (a RulerError where its fixed text does
     not fit, or a designed distance does not)."""
-    key = (str(run.path), tasks, length, spec.seed, spec.template, spec.distances, spec.questions)
+    key = (str(run.path), tasks, length, spec.seed, spec.template, spec.distances, spec.questions, spec.stretches)
     if key in _BUILT:
         return
     prompts = prompter(text_of(run, run.tokenizer(config.data, write=False), spec.template), spec.template)
@@ -352,9 +361,9 @@ def _buildable(run, config, tasks: tuple[str, ...], length: int, spec: RulerSpec
 
 
 def _check(target: Target, request: Request) -> RulerSpec:
-    tasks, samples, template, seed, distances, questions = (request.option(option) for option in OPTIONS)
+    tasks, samples, template, seed, distances, questions, stretches = (request.option(option) for option in OPTIONS)
     spec = RulerSpec(tuple(tasks), int(samples), int(seed), str(template), request.skip_done,
-                     tuple(str(d) for d in distances or ()), int(questions))
+                     tuple(str(d) for d in distances or ()), int(questions), str(stretches))
     return checked_spec(target, spec)
 
 

@@ -27,7 +27,8 @@ def is_designed(record: dict) -> bool:
 
 def cell_key(record: dict) -> tuple:
     return (record["task"], int(record["eval_length"]), record.get("template", "base"), record.get("seed"),
-            tuple(record.get("needle_distances", ())), int(record.get("questions_per_prefill", 1)))
+            tuple(record.get("needle_distances", ())), int(record.get("questions_per_prefill", 1)),
+            record.get("stretches", "random"))
 
 
 def _interval(scores: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
@@ -47,7 +48,7 @@ def _band_cell(scores: np.ndarray, clusters: np.ndarray) -> str:
 
 def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     """One cell's tables: scores by distance band per column, then the pairs (all, and past the window)."""
-    task, length, template, seed, asked, k = key
+    task, length, template, seed, asked, k, stretches = key
     first = max(by_column.values(), key=lambda r: len(r["distances"]))  # the longest: every other's questions begin it
     window = int(first.get("window", 0))
     distances = np.asarray(first["distances"])
@@ -61,7 +62,8 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     bands = sorted(set(targets.tolist()))
     counts = sorted({len(r["distances"]) for r in by_column.values()})
     lines = [f"### {task}, L = {length:,}, needles at {', '.join(asked)} ({k} question(s) a prefill, "
-             f"{len(np.unique(clusters))} contexts, {'/'.join(map(str, counts))} questions; window {window:,})\n",
+             f"{len(np.unique(clusters))} contexts, {'/'.join(map(str, counts))} questions; window {window:,}"
+             f"{'; book stretches drawn apart' if stretches == 'disjoint' else ''})\n",
              *([f"The contexts' book stretches share text in {len(np.unique(groups))} groups (largest "
                 f"{int(np.bincount(groups).max())} contexts): the pairs test groups, not contexts.\n"]
                if len(np.unique(groups)) < len(np.unique(clusters)) else []),
@@ -102,6 +104,6 @@ def tables(by_column: dict[str, list[dict]]) -> str:
            "question had its own prefill and shares no text with another, else the exact sign test over groups "
            "(the questions of one prefill, and contexts whose book stretches share text, move together); the "
            "interval is a bootstrap over the same units. A score's interval by distance is over contexts.\n"]
-    for key in sorted(cells, key=lambda c: (c[1], c[0], c[2], str(c[3]), c[4], c[5])):
+    for key in sorted(cells, key=lambda c: (c[1], c[0], c[2], str(c[3]), c[4], c[5], c[6])):
         out.append(cell_tables(key, cells[key]))
     return "\n".join(out)

@@ -26,7 +26,8 @@ Every record carries what produced it (the header, experiment/evals/common.py): 
   `answer_tokens` (each answer's length in tokens; tokens_to_generate: it ran to the budget; optional);
   needles placed by design (optional): `placement` "designed", `needle_distances`, `needle_distance_tokens`,
   `window`, `questions_per_prefill`, and per example `contexts`, `targets`, `distances`; in a book
-  haystack `spans` (each example's [first word, words] of the books' `haystack_words`).
+  haystack `spans` (each example's [first word, words] of the books' `haystack_words`) and, where
+  they were drawn apart (--haystack_stretches disjoint), `stretches` "disjoint".
 """
 from __future__ import annotations
 
@@ -82,7 +83,7 @@ def ruler_key(record: dict) -> tuple:
     random depths, or the distances and questions per prefill of needles placed by design)."""
     return (record["task"], int(record["eval_length"]), record.get("template", "base"), curve_options(record),
             record.get("placement", "ruler"), tuple(record.get("needle_distances", ())),
-            int(record.get("questions_per_prefill", 1)))
+            int(record.get("questions_per_prefill", 1)), record.get("stretches", "random"))
 
 
 def attention_key(record: dict) -> tuple:
@@ -193,7 +194,8 @@ KINDS = {kind.name: kind for kind in (
              for k in ("targets", "distances", "contexts")},
           "spans": (lambda v: _pairs(v, 2) and all(row[0] >= 0 and row[1] >= 1 for row in v),
                     "a list of [first word, words] stretches"),
-          "haystack_words": POSITIVE},
+          "haystack_words": POSITIVE,
+          "stretches": (lambda v: v in ("random", "disjoint"), "random or disjoint")},
          lambda r: next((f"{k} holds {len(r[k])} values for a count of {r['count']}"
                          for k in ("scores", "answer_tokens", "targets", "distances", "contexts", "spans")
                          if k in r and len(r[k]) != r["count"]), None), "--ruler"))}

@@ -222,3 +222,28 @@ def test_needles_by_design_refuse_what_they_cannot_place(prompter, book):
     with pytest.raises(RulerError, match="must lie in"):
         designed.build("niah_single_1", DESIGNED_LENGTH, 1, 7, prompter, [5000])
     assert "vt" not in designed.DESIGNED_TASKS and "niah_single_2" in designed.DESIGNED_TASKS
+
+
+def test_book_stretches_drawn_apart_share_no_text(prompter, book):
+    """--haystack_stretches disjoint: each context's stretch of the book in a slot of its own (no two
+    share a word, so each is a group of its own in the pairs' test), the same contexts whatever else is
+    asked; past the slots the book holds, contexts start at random again (and the report groups them)."""
+    from corpora.ruler import designed
+    from experiment.report.pairs import shared_text_groups
+    targets = [1000, 3000]
+    apart = designed.build("niah_single_2", DESIGNED_LENGTH, 4, 7, prompter, targets, book=book, disjoint=True)
+    spans = [c.span for c in apart]
+    assert shared_text_groups(range(4), spans, len(book)).tolist() == [0, 1, 2, 3]
+    for c in apart:
+        start, count = c.span
+        assert " ".join(book[start:start + 4]) in prompter.text(c.examples[0].example)
+        assert all(abs(got - asked) <= 1.5 * c.grain for got, asked in zip(c.distances, c.targets))
+    at_random = designed.build("niah_single_2", DESIGNED_LENGTH, 4, 7, prompter, targets, book=book)
+    assert [c.span for c in at_random] != spans  # the default draws them as before
+    small = book[:int(6.7 * apart[0].span[1])]  # a book with room for 6 such stretches
+    more = designed.build("niah_single_2", DESIGNED_LENGTH, 8, 7, prompter, targets, book=small, disjoint=True)
+    two = designed.build("niah_single_2", DESIGNED_LENGTH, 2, 7, prompter, targets, book=small, disjoint=True)
+    assert [b.ids for c in two for b in c.examples] == [b.ids for c in more[:2] for b in c.examples]
+    first_six = shared_text_groups(range(6), [c.span for c in more[:6]], len(small))
+    assert len(set(first_six.tolist())) >= 5  # a stretch longer than its slot can touch the next one
+    assert len(set(shared_text_groups(range(8), [c.span for c in more], len(small)).tolist())) < 8  # 8 > 6 slots

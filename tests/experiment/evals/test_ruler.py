@@ -144,7 +144,8 @@ def test_needles_by_distance_end_to_end_one_prefill_for_two_questions(trained, t
     for bad, match in (({"questions_per_prefill": 2, "needle_distances": ()}, "give\n?.*--needle_distances"),
                        ({"ruler_tasks": ("vt",)}, "vt cannot place needles by distance"),
                        ({"samples": 3}, "multiple of\n?.*--questions_per_prefill=2"),
-                       ({"needle_distances": ("300", "2000")}, "must lie in")):
+                       ({"needle_distances": ("300", "2000")}, "must lie in"),
+                       ({"haystack_stretches": "disjoint"}, "book-haystack task")):
         with pytest.raises(ValueError, match=match):
             kinds_lib.check_request(trained, ("ruler",), kinds_lib.Request(lengths=(1024,), options={**options, **bad}))
 
@@ -177,7 +178,8 @@ def test_a_designed_cell_asked_with_more_questions_keeps_the_ones_recorded(train
 def test_a_designed_book_cell_records_its_stretches_and_an_older_record_gets_them(trained, tmp_path):
     """niah_single_2 (the book haystack) placed by design: the record keeps each prompt's stretch of the
     books ([first word, words]); a record made before stretches were kept (spans removed) gets the same
-    ones when the cell is found done again, its prompts built again and checked, nothing asked anew."""
+    ones when the cell is found done again, its prompts built again and checked, nothing asked anew; the
+    stretches drawn apart (--haystack_stretches disjoint) are another record."""
     import shutil
     from corpora.ruler import haystacks
     run = tmp_path / "run"
@@ -193,3 +195,11 @@ def test_a_designed_book_cell_records_its_stretches_and_an_older_record_gets_the
     assert kinds_lib.evaluate_kinds(run, ("ruler",), request)["ruler"] == []  # found done: nothing scored
     (again,) = [r for r in json.loads(path.read_text()) if r["task"] == "niah_single_2"]
     assert again == first
+    apart = kinds_lib.Request(lengths=(1024,), options={**options, "haystack_stretches": "disjoint"}, skip_done=True)
+    (drawn_apart,) = kinds_lib.evaluate_kinds(run, ("ruler",), apart)["ruler"]
+    assert drawn_apart["stretches"] == "disjoint" and drawn_apart["spans"] != first["spans"]
+    assert records.problem("ruler", [drawn_apart]) is None
+    from experiment.report.pairs import shared_text_groups
+    assert shared_text_groups(drawn_apart["contexts"], drawn_apart["spans"], drawn_apart["haystack_words"]).tolist() == [0, 1]
+    kept = [r for r in json.loads(path.read_text()) if r["task"] == "niah_single_2"]
+    assert len(kept) == 2  # the two ways of drawing the stretches are two records, never one replacing the other
