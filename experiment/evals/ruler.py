@@ -257,6 +257,9 @@ def _evaluate_ruler(scoring: Scoring, spec: RulerSpec, batch_tokens: int) -> lis
     return results
 
 
+_REBUILT: dict[tuple, list] = {}  # the last cell's contexts built again for `_add_spans`
+
+
 def _lacks_spans(record: dict, spec: RulerSpec) -> bool:
     """A designed book cell recorded before records kept each prompt's stretch: it is evaluated again,
     and `_add_spans` gives it them (nothing is asked of the model)."""
@@ -272,7 +275,11 @@ def _add_spans(scoring: Scoring, spec: RulerSpec, name: str, length: int, prompt
         if (r["task"] != name or int(r["eval_length"]) != length or not _lacks_spans(r, spec)
                 or not same_evaluation(r, header) or not _same_settings(r, spec)):
             continue
-        _, contexts = _build(name, length, spec, prompts, window)
+        key = (str(scoring.run.path), name, length, window, dataclasses.replace(spec, skip_done=False))
+        if key not in _REBUILT:  # one build serves every method of the command (the prompts are the same)
+            _REBUILT.clear()
+            _REBUILT[key] = _build(name, length, spec, prompts, window)[1]
+        contexts = _REBUILT[key]
         design = _design(spec, window, contexts)
         if any(r.get(k) != design[k] for k in ("contexts", "targets", "distances")):
             log.warning("ruler %s L=%d: the prompts built now are not the record's (measured distances differ); "
