@@ -7,8 +7,9 @@ methods (or eval-time options) that answered it. Questions are matched by their 
 whose measured distances differ from the longest column's (another tokenizer, another build) is refused;
 a column with fewer questions (asked before the cell was extended) has the longest's first ones, and
 its pairs are taken on those.
-A band's interval is Wilson's where each question had its own prefill, else a bootstrap over contexts;
-the pairs test groups of contexts where their book stretches share text (pairs.shared_text_groups).
+A band's interval is Wilson's where each question had its own prefill (prompts whose book stretches
+share text counted as one: pairs.shared_text_groups), else a bootstrap over groups; the pairs test the
+same groups.
 RULER's random placements are never pooled with these (experiment/report/ruler.py keeps them apart).
 """
 from __future__ import annotations
@@ -31,18 +32,22 @@ def cell_key(record: dict) -> tuple:
             record.get("stretches", "random"))
 
 
-def _interval(scores: np.ndarray, clusters: np.ndarray) -> tuple[float, float]:
-    if len(np.unique(clusters)) == len(scores):
-        return wilson(float(scores.sum()), len(scores))
-    return pairs.cluster_bootstrap(scores, clusters)
+def _interval(scores: np.ndarray, clusters: np.ndarray, groups: np.ndarray) -> tuple[float, float]:
+    """Wilson's over the groups (prompts whose book stretches share text counted as one prompt, at the
+    group's mean score: the most cautious reading; over the prompts where none share text), or a
+    bootstrap over the groups where a prefill served several questions."""
+    if len(np.unique(clusters)) < len(scores):
+        return pairs.cluster_bootstrap(scores, groups)
+    count = len(np.unique(groups))
+    return wilson(float(scores.mean()) * count, count)
 
 
-def _band_cell(scores: np.ndarray, clusters: np.ndarray) -> str:
+def _band_cell(scores: np.ndarray, clusters: np.ndarray, groups: np.ndarray) -> str:
     if not len(scores):
         return "-"
     if len(np.unique(clusters)) < 2 < len(scores):
         return f"{100 * scores.mean():.0f} (one context: no interval) ({len(scores)})"
-    low, high = _interval(scores, clusters)
+    low, high = _interval(scores, clusters, groups)
     return f"{100 * scores.mean():.0f} [{100 * low:.0f}, {100 * high:.0f}] ({len(scores)})"
 
 
@@ -75,9 +80,9 @@ def cell_tables(key: tuple, by_column: dict[str, dict]) -> str:
     for name, record in by_column.items():
         scores = np.asarray(record["scores"], np.float64)
         n = len(scores)
-        t, c = targets[:n], clusters[:n]
-        cells = [_band_cell(scores[t == d], c[t == d]) for d in bands]
-        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_band_cell(scores, c)} |")
+        t, c, g = targets[:n], clusters[:n], groups[:n]
+        cells = [_band_cell(scores[t == d], c[t == d], g[t == d]) for d in bands]
+        lines.append(f"| {name} | " + " | ".join(cells) + f" | {_band_cell(scores, c, g)} |")
     lines.append("")
     if len(by_column) > 1:
         columns = {name: np.asarray(r["scores"], np.float64) for name, r in by_column.items()}
@@ -103,7 +108,8 @@ def tables(by_column: dict[str, list[dict]]) -> str:
            "with these). A pair is **separated** where its test says so at 95%: the exact McNemar test where each "
            "question had its own prefill and shares no text with another, else the exact sign test over groups "
            "(the questions of one prefill, and contexts whose book stretches share text, move together); the "
-           "interval is a bootstrap over the same units. A score's interval by distance is over contexts.\n"]
+           "interval is a bootstrap over the same units. A score's interval by distance is Wilson's with each group "
+           "counted as one prompt (a bootstrap over groups where a prefill served several questions).\n"]
     for key in sorted(cells, key=lambda c: (c[1], c[0], c[2], str(c[3]), c[4], c[5], c[6])):
         out.append(cell_tables(key, cells[key]))
     return "\n".join(out)

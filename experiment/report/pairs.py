@@ -130,8 +130,7 @@ def shared_text_groups(contexts: Sequence[int], spans: Sequence[Sequence[int]] |
     are the contexts. Groups are numbered by their first question."""
     contexts = np.asarray(contexts)
     if spans is None or not len(spans):
-        _, first = np.unique(contexts, return_index=True)
-        return np.searchsorted(np.sort(first), first[np.unique(contexts, return_inverse=True)[1]])
+        return _numbered(contexts.tolist())
     if len(spans) != len(contexts) or not haystack_words:
         raise ValueError(f"spans: one per question and the haystack's words; got {len(spans)} for {len(contexts)}")
     starts = {}
@@ -152,11 +151,13 @@ def shared_text_groups(contexts: Sequence[int], spans: Sequence[Sequence[int]] |
             gap = (sb - sa) % n  # b's start, counted from a's, round the book
             if gap < wa or n - gap < wb or wa + wb > n:
                 parent[root(a)] = root(b)
-    roots = [root(c) for c in contexts.tolist()]
-    order = {}
-    for r in roots:
-        order.setdefault(r, len(order))
-    return np.asarray([order[r] for r in roots])
+    return _numbered([root(c) for c in contexts.tolist()])
+
+
+def _numbered(labels: list) -> np.ndarray:
+    """`labels` renumbered 0, 1, ... in the order each first appears."""
+    order: dict = {}
+    return np.asarray([order.setdefault(label, len(order)) for label in labels])
 
 
 def pairs_table(columns: dict[str, Sequence[float]], clusters: Sequence[int] | None = None,

@@ -119,3 +119,19 @@ def test_the_pairs_table_keeps_only_the_separations_that_survive_holm():
     assert rows[("| c", "d")].endswith("| not separated |  |")
     clustered = pairs.pairs_table({"a": [1.0] * 8, "b": [0.0] * 8}, [0, 0, 1, 1, 2, 2, 3, 3])
     assert clustered.splitlines()[0].endswith("Holm, 1 pairs |") and "4 / 0: p = 0.125 | not separated |" in clustered
+
+
+def test_a_scores_interval_counts_prompts_that_share_text_as_one():
+    """Eight prompts, one question each, whose stretches form two groups of four: the by-distance
+    interval is Wilson's over 2 (8 of 8 right: [34, 100], not the [68, 100] of 8 independent prompts);
+    where no two share text it is Wilson's over the prompts."""
+    from experiment.report import distances
+    base = {"task": "niah_single_2", "eval_length": 1024, "placement": "designed", "needle_distances": ["300"],
+            "window": 256, "scores": [1.0] * 8, "targets": [300] * 8, "distances": [301] * 8,
+            "contexts": list(range(8)), "haystack_words": 1000}
+    shared = {**base, "spans": [[0, 60], [30, 60], [60, 60], [90, 60], [500, 60], [530, 60], [560, 60], [590, 60]]}
+    table = distances.cell_tables(distances.cell_key(shared), {"a": shared, "b": {**shared, "scores": [0.0] * 8}})
+    assert "share text in 2 groups" in table and "| a | 100 [34, 100] (8) | 100 [34, 100] (8) |" in table
+    apart = {**base, "spans": [[100 * i, 60] for i in range(8)]}
+    table = distances.cell_tables(distances.cell_key(apart), {"a": apart, "b": {**apart, "scores": [0.0] * 8}})
+    assert "| a | 100 [68, 100] (8) | 100 [68, 100] (8) |" in table
